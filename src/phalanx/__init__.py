@@ -1,0 +1,15 @@
+"""phalanx: data-parallel training for Equinox models on JAX."""
+
+from . import callbacks as callbacks, models as models, strategies as strategies
+from ._state import TrainState as TrainState
+from ._trainer import DataParallelTrainer as DataParallelTrainer
+from .callbacks import Callback as Callback, StepInfo as StepInfo
+from .strategies import (
+    AccumulatingStrategy as AccumulatingStrategy,
+    PmapStrategy as PmapStrategy,
+    ShardingStrategy as ShardingStrategy,
+    Strategy as Strategy,
+)
+
+
+__version__ = "0.1.0"

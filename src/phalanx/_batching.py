@@ -1,0 +1,108 @@
+"""From a host batch to a device batch: check, pad, place."""
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._checks import (
+    BatchSpec,
+    check_finite,
+    check_labels,
+    flatten_batch,
+    num_examples,
+    signature,
+)
+from .strategies import Strategy
+
+
+class BatchPipeline:
+    """Turns the user's host batches into padded, sharded device batches.
+
+    Structure and shape checks run once per new shape/dtype signature; the
+    first batch ever seen fixes the `BatchSpec` (and `on_spec` validates it
+    against the model). Value checks (finite floats, class labels in range)
+    run on every batch when `value_checks` is on. A batch shorter than the
+    step's size is padded with zero-weight examples, so the update is exact.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        value_checks: bool,
+        labels_of: Callable[[Any], Any] | None,
+        on_spec: Callable[[BatchSpec, list[np.ndarray]], None],
+    ):
+        self.strategy = strategy
+        self.value_checks = value_checks
+        self.labels_of = labels_of
+        self.on_spec = on_spec
+        self.spec: BatchSpec | None = None
+        self.num_classes: int | None = None
+        self._sizes: dict[Any, int] = {}
+        self._weights: dict[tuple[int, int], jax.Array] = {}
+
+    def step_size(self, n: int, first: int | None) -> int:
+        """Examples in the padded step: the pass's first size, or n if larger."""
+        multiple = self.strategy.batch_multiple
+        return math.ceil(max(n, first or 0) / multiple) * multiple
+
+    def check(self, batch: Any, where: str) -> tuple[list[np.ndarray], Any, int]:
+        """Check a host batch; return its leaves, structure and example count."""
+        leaves, treedef = flatten_batch(batch, where)
+        key = signature(leaves, treedef)
+        n = self._sizes.get(key)
+        if n is None:
+            n = num_examples(leaves, treedef, where)
+            if self.spec is None:
+                spec = BatchSpec.of(leaves, treedef)
+                self.on_spec(spec, leaves)
+                self.spec = spec
+            else:
+                self.spec.check(leaves, treedef, where)
+            self._sizes[key] = n
+        if self.value_checks:
+            check_finite(leaves, treedef, where)
+            if self.labels_of is not None and self.num_classes is not None:
+                labels = self.labels_of(jax.tree.unflatten(treedef, leaves))
+                check_labels(labels, self.num_classes, where)
+        return leaves, treedef, n
+
+    def prepare(
+        self, batch: Any, where: str, first: int | None
+    ) -> tuple[list[jax.Array], jax.Array, int]:
+        """Check, pad and shard one batch.
+
+        Returns:
+            The device leaves, the device weights (1 real, 0 padding) and the
+            step size, to pass back as `first` for the rest of the pass.
+        """
+        leaves, _, n = self.check(batch, where)
+        size = self.step_size(n, first)
+        return self.strategy.shard(pad(leaves, size)), self.weights(n, size), size
+
+    def weights(self, n: int, size: int) -> jax.Array:
+        """Device weights for n real examples padded to size (cached)."""
+        weight = self._weights.get((n, size))
+        if weight is None:
+            host = np.zeros(size, np.float32)
+            host[:n] = 1.0
+            weight = self._weights[(n, size)] = jax.device_put(
+                host, self.strategy.split
+            )
+        return weight
+
+
+def pad(leaves: list[np.ndarray], size: int) -> list[np.ndarray]:
+    """Pad every leaf with zeros along the leading axis to `size` examples."""
+    return [
+        leaf
+        if leaf.shape[0] == size
+        else np.concatenate(
+            [leaf, np.zeros((size - leaf.shape[0], *leaf.shape[1:]), leaf.dtype)]
+        )
+        for leaf in leaves
+    ]

@@ -1,0 +1,220 @@
+"""Batch and gradient checks, and the messages they raise.
+
+Host checks of structure and shapes run once per new shape/dtype signature
+(cached), before any device work; value checks (finite inputs, labels in
+range) run on every batch while ``checks="on"``. Checks inside the compiled
+step run at trace time only, so they cost nothing in steady state.
+"""
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jaxtyping
+import numpy as np
+from beartype import beartype
+from jaxtyping import Array, Float, PyTree, jaxtyped
+
+
+def _dtype_class(dtype: np.dtype) -> Any:
+    """The jaxtyping class pinning `dtype` as it lives on device (e.g. Int32)."""
+    name = np.dtype(jax.dtypes.canonicalize_dtype(dtype)).name
+    if name == "bool":
+        return jaxtyping.Bool
+    kind, bits = name.rstrip("0123456789"), name[len(name.rstrip("0123456789")) :]
+    prefix = {"float": "Float", "int": "Int", "uint": "UInt", "bfloat": "BFloat"}
+    return getattr(jaxtyping, prefix[kind] + bits)
+
+
+Signature = tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]
+
+
+def _path_names(treedef: Any) -> list[str]:
+    paths = jax.tree_util.tree_flatten_with_path(
+        jax.tree.unflatten(treedef, [0] * treedef.num_leaves)
+    )[0]
+    return ["batch" + jax.tree_util.keystr(path) for path, _ in paths]
+
+
+def flatten_batch(batch: Any, where: str) -> tuple[list[np.ndarray], Any]:
+    """The leaves of a host batch as NumPy arrays, and its structure.
+
+    Raises:
+        TypeError: a leaf is not convertible to a numeric NumPy array.
+    """
+    leaves, treedef = jax.tree.flatten(batch)
+    if not leaves:
+        raise TypeError(
+            f"data: {where} is {batch!r}, which holds no arrays; yield pytrees of "
+            "arrays such as (x, y)"
+        )
+    arrays = []
+    for name, leaf in zip(_path_names(treedef), leaves, strict=True):
+        array = leaf if isinstance(leaf, np.ndarray) else np.asarray(leaf)
+        if array.dtype.kind not in "biuf":
+            raise TypeError(
+                f"data: {where} leaf {name} has dtype {array.dtype} "
+                f"(from {type(leaf).__name__}); every leaf must be a numeric array, "
+                "e.g. np.float32 features and np.int32 labels"
+            )
+        arrays.append(array)
+    return arrays, treedef
+
+
+def signature(leaves: Sequence[np.ndarray], treedef: Any) -> Signature:
+    """The cache key of a batch's checks: structure, shapes and dtypes."""
+    return treedef, tuple((leaf.shape, leaf.dtype.str) for leaf in leaves)
+
+
+def num_examples(leaves: Sequence[np.ndarray], treedef: Any, where: str) -> int:
+    """The shared leading (examples) axis of every leaf.
+
+    Raises:
+        ValueError: a leaf is a scalar, the leaves disagree, or it is zero.
+    """
+    names = _path_names(treedef)
+    for name, leaf in zip(names, leaves, strict=True):
+        if leaf.ndim == 0:
+            raise ValueError(
+                f"data: {where} leaf {name} is a scalar; every leaf needs a "
+                "leading examples axis, e.g. y of shape (batch,)"
+            )
+    sizes = {name: leaf.shape[0] for name, leaf in zip(names, leaves, strict=True)}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(
+            f"data: {where} leaves disagree on the leading (examples) axis: "
+            f"{sizes}; every leaf must hold the same number of examples"
+        )
+    n = leaves[0].shape[0]
+    if n == 0:
+        raise ValueError(
+            f"data: {where} holds 0 examples; drop empty batches from the data"
+        )
+    return n
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSpec:
+    """What every batch must look like: fixed by the first batch seen."""
+
+    treedef: Any
+    shapes: tuple[tuple[int, ...], ...]  # per example, without the leading axis
+    dtypes: tuple[np.dtype, ...]
+
+    @classmethod
+    def of(cls, leaves: Sequence[np.ndarray], treedef: Any) -> "BatchSpec":
+        return cls(
+            treedef,
+            tuple(leaf.shape[1:] for leaf in leaves),
+            tuple(leaf.dtype for leaf in leaves),
+        )
+
+    def describe(self) -> str:
+        parts = [
+            f"{name}: {dtype}{list(shape)}"
+            for name, shape, dtype in zip(
+                _path_names(self.treedef), self.shapes, self.dtypes, strict=True
+            )
+        ]
+        return "{" + ", ".join(parts) + "}"
+
+    def check(self, leaves: Sequence[np.ndarray], treedef: Any, where: str) -> None:
+        """Raise if a batch differs from the spec in structure, shape or dtype."""
+        if treedef != self.treedef:
+            raise ValueError(
+                f"data: {where} has structure {treedef} but the first batch had "
+                f"{self.treedef}; every batch must be the same pytree, e.g. "
+                "always (x, y)"
+            )
+        names = _path_names(treedef)
+        for name, leaf, shape, dtype in zip(
+            names, leaves, self.shapes, self.dtypes, strict=True
+        ):
+            if leaf.shape[1:] != shape:
+                raise ValueError(
+                    f"data: {where} leaf {name} has shape {leaf.shape}, i.e. "
+                    f"{leaf.ndim - 1}-d examples of shape {leaf.shape[1:]}, but the "
+                    f"first batch fixed examples of shape {shape}; only the number "
+                    "of examples (the leading axis) may change between batches"
+                )
+            if leaf.dtype != dtype:
+                raise TypeError(
+                    f"data: {where} leaf {name} has dtype {leaf.dtype} but the first "
+                    f"batch had {dtype}; cast it, e.g. {name}.astype(np.{dtype})"
+                )
+
+    def traced_check(self) -> Callable[[tuple[Array, ...], Array], None]:
+        """A jaxtyping + beartype check of a device batch, for use under jit.
+
+        Every leaf must have the spec's per-example shape and dtype, and share
+        the leading ``batch`` axis with the weights. Runs at trace time only.
+        """
+        annotations = tuple(
+            _dtype_class(dtype)[Array, f"batch {' '.join(map(str, shape))}".strip()]
+            for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
+        )
+
+        def check(leaves, weight):
+            del leaves, weight
+
+        check.__annotations__ = {
+            "leaves": tuple[annotations],  # pyright: ignore[reportInvalidTypeArguments]
+            "weight": Float[Array, " batch"],
+            "return": None,
+        }
+        return jaxtyped(typechecker=beartype)(check)
+
+
+def check_finite(leaves: Sequence[np.ndarray], treedef: Any, where: str) -> None:
+    """Raise if a floating leaf holds NaN or infinity."""
+    for name, leaf in zip(_path_names(treedef), leaves, strict=True):
+        if leaf.dtype.kind == "f" and not np.isfinite(leaf).all():
+            bad = int(np.argwhere(~np.isfinite(leaf))[0][0])
+            raise ValueError(
+                f"data: {where} leaf {name} holds a non-finite value (NaN or inf) "
+                f"at example {bad}; clean or impute the data, or pass "
+                "checks='off' to skip value checks"
+            )
+
+
+def check_labels(labels: np.ndarray, num_classes: int, where: str) -> None:
+    """Raise if integer class labels fall outside ``[0, num_classes)``."""
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= num_classes:
+        raise ValueError(
+            f"data: {where} has labels from {low} to {high}, outside [0, "
+            f"{num_classes}) for a model with {num_classes} outputs; labels must be "
+            f"class indices 0..{num_classes - 1} (or give the model more outputs)"
+        )
+
+
+def check_gradients(grads: PyTree, params: PyTree) -> None:
+    """Raise at trace time if gradients do not match the parameters leaf by leaf."""
+    grad_leaves, grad_def = jax.tree.flatten(grads)
+    param_leaves, param_def = jax.tree_util.tree_flatten_with_path(params)
+    if grad_def != jax.tree.structure(params):
+        raise TypeError(
+            f"gradients have structure {grad_def} but the parameters have "
+            f"{jax.tree.structure(params)}; return one gradient per parameter "
+            "(e.g. jax.tree.map over the gradient tree)"
+        )
+    for g, (path, p) in zip(grad_leaves, param_leaves, strict=True):
+        if g.shape != p.shape or g.dtype != p.dtype:
+            raise TypeError(
+                f"gradient of model{jax.tree_util.keystr(path)} is {g.dtype}"
+                f"{list(g.shape)} but the parameter is {p.dtype}{list(p.shape)}; "
+                "gradients must keep each parameter's shape and dtype"
+            )
+    del param_def
+
+
+def check_per_example(losses: Array, weight: Array, hook: str) -> None:
+    """At trace time: a loss or metric must give one value per example."""
+    if losses.shape != weight.shape:
+        raise ValueError(
+            f"{hook} returned shape {tuple(losses.shape)}, expected one value per "
+            f"example, shape {tuple(weight.shape)}; return per-example values "
+            "(e.g. without a final jnp.mean): the trainer weights, sums and "
+            "divides once by the global number of examples"
+        )

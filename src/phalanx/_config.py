@@ -1,0 +1,91 @@
+"""Validation of the trainer's arguments, before any device work."""
+
+from collections.abc import Iterable
+from typing import Any
+
+import equinox as eqx
+import optax
+
+from .callbacks import Callback
+from .strategies import Strategy
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_config(
+    *,
+    model: Any,
+    optimizer: Any,
+    strategy: Any,
+    loss: Any,
+    callbacks: Any,
+    seed: Any,
+    model_state: Any,
+    checks: Any,
+    nan_policy: Any,
+    sync_every: Any,
+) -> None:
+    """Raise TypeError / ValueError naming the first bad trainer argument."""
+    if not callable(model):
+        raise TypeError(
+            f"model={model!r} is not callable; pass an Equinox module whose "
+            "__call__ takes one example, e.g. px.models.MLP(64, 10, key=key)"
+        )
+    if not isinstance(optimizer, optax.GradientTransformation):
+        raise TypeError(
+            f"optimizer={optimizer!r} is not an optax GradientTransformation; pass "
+            "one such as optax.adam(1e-3) (an optax alias called with its "
+            "hyperparameters, not the function itself)"
+        )
+    if strategy is not None and not isinstance(strategy, Strategy):
+        raise TypeError(
+            f"strategy={strategy!r} is not a phalanx Strategy; pass "
+            "px.ShardingStrategy(), px.PmapStrategy() or px.AccumulatingStrategy(...)"
+        )
+    if not (callable(loss) or loss in ("cross_entropy", "mse")):
+        raise ValueError(
+            f"loss={loss!r} is not supported; pass 'cross_entropy', 'mse' or a "
+            "function (outputs, targets) -> per-example losses"
+        )
+    if isinstance(callbacks, Callback) or not isinstance(callbacks, Iterable):
+        raise TypeError(f"callbacks={callbacks!r} must be a sequence of px.Callback")
+    for callback in callbacks:
+        if not isinstance(callback, Callback):
+            raise TypeError(
+                f"callbacks contains {callback!r}, which is not a px.Callback; "
+                "subclass px.Callback and override its hooks"
+            )
+    if not _is_int(seed):
+        raise TypeError(f"seed={seed!r} must be an int, e.g. seed=0")
+    if model_state is not None and not isinstance(model_state, eqx.nn.State):
+        raise TypeError(
+            f"model_state={type(model_state).__name__} is not an eqx.nn.State; pass "
+            "the state from eqx.nn.make_with_state, or None"
+        )
+    if checks not in ("on", "off"):
+        raise ValueError(f"checks={checks!r} must be 'on' or 'off'")
+    if nan_policy not in ("raise", "skip", "off"):
+        raise ValueError(f"nan_policy={nan_policy!r} must be 'raise', 'skip' or 'off'")
+    if not _is_int(sync_every) or sync_every < 1:
+        raise ValueError(f"sync_every={sync_every!r} must be an int >= 1, e.g. 16")
+
+
+def check_duration(epochs: Any, steps: Any) -> tuple[int | None, int | None]:
+    """Validate fit's `epochs` and `steps`; default to one epoch."""
+    for name, value in (("epochs", epochs), ("steps", steps)):
+        if value is not None and (not _is_int(value) or value < 1):
+            raise ValueError(f"{name}={value!r} must be a positive int or None")
+    if epochs is None and steps is None:
+        epochs = 1
+    return epochs, steps
+
+
+def check_iterable(data: Any, name: str) -> None:
+    """Raise TypeError unless `data` can be iterated over."""
+    if not isinstance(data, Iterable):
+        raise TypeError(
+            f"{name}={type(data).__name__} is not iterable; pass an iterable of "
+            "batches, e.g. [(x, y)] or a loader"
+        )

@@ -1,0 +1,34 @@
+"""Built-in per-example losses and metrics.
+
+Every loss returns one value per example; the trainer weights and sums them
+and divides once by the global weight, so no reduction is a mean of means.
+"""
+
+import jax.numpy as jnp
+import optax
+from jaxtyping import Array, Float, Int, Shaped
+
+from ._typing import PerExample
+
+
+def cross_entropy(
+    logits: Float[Array, "batch classes"], labels: Int[Array, " batch"]
+) -> PerExample:
+    """Softmax cross-entropy against integer class labels."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def accuracy(
+    logits: Float[Array, "batch classes"], labels: Int[Array, " batch"]
+) -> PerExample:
+    """1 where the arg-max class is the label, else 0."""
+    return (jnp.argmax(logits, axis=-1) == labels).astype(logits.dtype)
+
+
+def mse(
+    outputs: Float[Array, "batch ..."], targets: Shaped[Array, "batch ..."]
+) -> PerExample:
+    """Squared error, averaged over each example's features."""
+    targets = targets.reshape(outputs.shape).astype(outputs.dtype)
+    error = jnp.square(outputs - targets)
+    return jnp.mean(error.reshape(error.shape[0], -1), axis=1)

@@ -1,0 +1,28 @@
+from typing import final
+
+import equinox as eqx
+import optax
+from jaxtyping import Array, Int, PRNGKeyArray
+
+
+@final
+class TrainState(eqx.Module):
+    """Everything a training run carries from one step to the next.
+
+    State goes into a step and a new state comes out; nothing hides on the
+    trainer. Every array is replicated on the strategy's devices, so a state
+    moves between strategies and device counts unchanged.
+
+    Attributes:
+        step: optimizer updates made so far.
+        model: the Equinox model, parameters included.
+        opt_state: the optax optimizer state.
+        key: the PRNG key the next step draws from.
+        model_state: `eqx.nn.State` for stateful layers (BatchNorm), else None.
+    """
+
+    step: Int[Array, ""]
+    model: eqx.Module
+    opt_state: optax.OptState
+    key: PRNGKeyArray
+    model_state: eqx.nn.State | None = None

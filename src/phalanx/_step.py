@@ -1,0 +1,210 @@
+"""The compiled train, eval and predict steps: split, compute, reduce once, update.
+
+Each step is a `jax.jit` function of flat lists of arrays (NOTES trap 4):
+the state's leaves, an on-device accumulator of the epoch's sums, and the
+batch's leaves with per-example weights (0 for padding).
+"""
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+
+from ._checks import check_gradients, check_per_example
+from ._forward import example_keys, forward
+from ._state import TrainState
+
+
+if TYPE_CHECKING:
+    from ._trainer import DataParallelTrainer
+
+
+def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
+    """Trainable parameters, other arrays, and the static rest of a model."""
+    params, others = eqx.partition(model, eqx.is_inexact_array)
+    arrays, static = eqx.partition(others, eqx.is_array)
+    return params, arrays, static
+
+
+def weighted_sums(trainer, model, outputs, targets, weight) -> dict[str, Any]:
+    """Σ weight · loss, Σ weight, and Σ weight · metric over this slice."""
+    losses = trainer.loss(model, outputs, targets)
+    check_per_example(losses, weight, "loss")
+    sums = {"loss": jnp.sum(weight * losses), "weight": jnp.sum(weight)}
+    for name, values in trainer.metrics(outputs, targets).items():
+        check_per_example(values, weight, f"metrics()[{name!r}]")
+        sums[name] = jnp.sum(weight * values.astype(weight.dtype))
+    return sums
+
+
+def _array_leaves(state: TrainState) -> list[jax.Array]:
+    """The state's arrays in the order of the trainer's flat state."""
+    return jax.tree.leaves(eqx.filter(state, eqx.is_array))
+
+
+def _means(sums: dict[str, Any]) -> dict[str, Any]:
+    """Divide every sum once by the global weight."""
+    return {k: v / sums["weight"] for k, v in sums.items() if k != "weight"}
+
+
+def build_steps(
+    trainer: "DataParallelTrainer",
+    state_treedef: Any,
+    state_static: Any,
+    batch_treedef: Any,
+    batch_check: Callable[[tuple[jax.Array, ...], jax.Array], None] | None,
+    pass_key: bool,
+) -> tuple[Callable, Callable]:
+    """Compile-ready train and eval steps for one trainer and batch structure."""
+    strategy = trainer.strategy
+
+    def unflatten(leaves) -> TrainState:
+        return eqx.combine(jax.tree.unflatten(state_treedef, leaves), state_static)
+
+    def examples(batch_leaves, weight):
+        if batch_check is not None:
+            batch_check(tuple(batch_leaves), weight)
+        batch = jax.tree.unflatten(batch_treedef, batch_leaves)
+        return batch, weight, jnp.arange(weight.shape[0])
+
+    def train_step(leaves, acc, batch_leaves, weight):
+        state = unflatten(leaves)
+        params, arrays, static = _split_model(state.model)
+        step_key, next_key = jr.split(state.key)
+
+        def local(replicated, model_state, examples):
+            params, arrays, step_key = replicated
+            batch, weight, index = examples
+            inputs, targets = trainer.split_batch(batch)
+            keys = example_keys(step_key, index)
+
+            def objective(params):
+                model = eqx.combine(params, arrays, static)
+                outputs, new_state = forward(
+                    model, inputs, state=model_state, keys=keys, pass_key=pass_key
+                )
+                sums = weighted_sums(trainer, model, outputs, targets, weight)
+                return sums["loss"], (sums, new_state)
+
+            grads, (sums, model_state) = jax.grad(objective, has_aux=True)(params)
+            return (grads, sums), model_state
+
+        (grads, sums), model_state = strategy.reduce(
+            local,
+            (params, arrays, step_key),
+            state.model_state,
+            examples(batch_leaves, weight),
+        )
+        grads = jax.tree.map(lambda g: g / sums["weight"].astype(g.dtype), grads)
+        grads = trainer.gradients(grads, state)
+        check_gradients(grads, params)
+        updates, opt_state = trainer.optimizer.update(grads, state.opt_state, params)
+        new = TrainState(
+            state.step + 1,
+            eqx.apply_updates(state.model, updates),
+            opt_state,
+            next_key,
+            model_state,
+        )
+        return _guard(trainer.nan_policy, state, new, grads, sums, acc)
+
+    def eval_step(leaves, acc, batch_leaves, weight):
+        state = unflatten(leaves)
+        model = eqx.nn.inference_mode(state.model)
+        params, arrays, static = _split_model(model)
+
+        def local(replicated, model_state, examples):
+            params, arrays, key = replicated
+            batch, weight, index = examples
+            inputs, targets = trainer.split_batch(batch)
+            model = eqx.combine(params, arrays, static)
+            outputs, _ = forward(
+                model,
+                inputs,
+                state=model_state,
+                keys=example_keys(key, index),
+                pass_key=pass_key,
+            )
+            return weighted_sums(trainer, model, outputs, targets, weight), model_state
+
+        sums, _ = strategy.reduce(
+            local,
+            (params, arrays, state.key),
+            state.model_state,
+            examples(batch_leaves, weight),
+        )
+        return jax.tree.map(jnp.add, acc, sums)
+
+    return train_step, eval_step
+
+
+def _guard(
+    policy: str, old: TrainState, new: TrainState, grads: Any, sums: Any, acc: Any
+) -> tuple[list[jax.Array], dict[str, jax.Array], dict[str, jax.Array]]:
+    """Apply the non-finite gradient policy; update the epoch accumulator.
+
+    ``"raise"`` freezes the state at the first bad step and records it, so the
+    host can raise at its next sync point with the state from before that
+    step; ``"skip"`` keeps the old state and counts the step; ``"off"``
+    always applies the update.
+    """
+    finite_leaves = jnp.stack(
+        [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]
+    )
+    finite = jnp.all(finite_leaves)
+    halted = acc["nonfinite_step"] >= 0
+    apply = {"off": jnp.bool_(True), "skip": finite, "raise": finite & ~halted}[policy]
+    first_bad = ~finite & ~halted
+    leaves = _array_leaves(new)
+    if policy != "off":
+        leaves = [
+            jnp.where(apply, n, o)
+            for n, o in zip(leaves, _array_leaves(old), strict=True)
+        ]
+    acc = {
+        **{k: acc[k] + jnp.where(apply, v, jnp.zeros_like(v)) for k, v in sums.items()},
+        "skipped": acc["skipped"] + (~apply).astype(jnp.int32),
+        "nonfinite_step": jnp.where(first_bad, old.step, acc["nonfinite_step"]),
+        "nonfinite_leaf": jnp.where(
+            first_bad,
+            jnp.argmin(finite_leaves).astype(jnp.int32),
+            acc["nonfinite_leaf"],
+        ),
+    }
+    metrics = _means(sums)
+    if policy == "skip":
+        metrics["skipped"] = (~apply).astype(jnp.float32)
+    return leaves, acc, metrics
+
+
+def build_predict_step(
+    trainer: "DataParallelTrainer",
+    state_treedef: Any,
+    state_static: Any,
+    inputs_treedef: Any,
+    pass_key: bool,
+) -> Callable:
+    """A predict step: per-example outputs of the model in inference mode."""
+
+    def predict_step(leaves, input_leaves):
+        state = eqx.combine(jax.tree.unflatten(state_treedef, leaves), state_static)
+        params, arrays, static = _split_model(eqx.nn.inference_mode(state.model))
+        inputs = jax.tree.unflatten(inputs_treedef, input_leaves)
+        index = jnp.arange(input_leaves[0].shape[0])
+
+        def local(replicated, examples):
+            params, arrays, key, model_state = replicated
+            inputs, index = examples
+            model = eqx.combine(params, arrays, static)
+            keys = example_keys(key, index)
+            return forward(
+                model, inputs, state=model_state, keys=keys, pass_key=pass_key
+            )[0]
+
+        replicated = (params, arrays, state.key, state.model_state)
+        return trainer.strategy.map(local, replicated, (inputs, index))
+
+    return predict_step

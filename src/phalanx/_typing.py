@@ -1,0 +1,42 @@
+"""Shared type aliases and the dimension names used in signatures.
+
+Dimensions:
+    batch: examples in one step's global batch, padding included.
+    example: the per-example axes of one leaf (``...`` in a signature).
+    in, out: a model's input and output features.
+
+Device arrays are typed with jaxtyping; host batches are NumPy pytrees with a
+shared leading ``batch`` axis.
+"""
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, TypeAlias
+
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, PyTree, Shaped
+
+
+# A batch of examples on device: every leaf shares the leading ``batch`` axis.
+Batch: TypeAlias = PyTree[Shaped[Array, "batch ..."]]
+# The same batch on the host, as the user's data yields it.
+HostBatch: TypeAlias = PyTree[np.ndarray]
+# Per-example weights: 1 for a real example, 0 for padding.
+Weight: TypeAlias = Float[Array, " batch"]
+ExampleIndex: TypeAlias = Int[Array, " batch"]
+PerExample: TypeAlias = Float[Array, " batch"]
+Scalar: TypeAlias = Float[Array, ""]
+Flag: TypeAlias = Bool[Array, ""]
+# Device scalars by name; fetched to the host only at log points.
+DeviceMetrics: TypeAlias = dict[str, Shaped[Array, ""]]
+HostMetrics: TypeAlias = dict[str, float]
+# ``loss=`` callables: (outputs, targets) -> one value per example.
+LossFn: TypeAlias = Callable[[Any, Any], PerExample]
+LossName: TypeAlias = Literal["cross_entropy", "mse"]
+ChecksMode: TypeAlias = Literal["on", "off"]
+NanPolicy: TypeAlias = Literal["raise", "skip", "off"]
+# A jax device (``jax.Device``, which type checkers cannot see as a class).
+Device: TypeAlias = Any
+# Strategy ``devices=``: None (all local), an int (the first n) or devices.
+Devices: TypeAlias = None | int | Sequence[Device]
+Data: TypeAlias = Iterable[Any]
+MetricsMapping: TypeAlias = Mapping[str, float]

@@ -1,0 +1,1 @@
+from ._callback import Callback as Callback, StepInfo as StepInfo

@@ -1,0 +1,99 @@
+import dataclasses
+import functools
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from .._typing import DeviceMetrics, HostMetrics
+
+
+if TYPE_CHECKING:
+    from .._state import TrainState
+    from .._trainer import DataParallelTrainer
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """What a callback hook is told about the run.
+
+    Attributes:
+        trainer: the trainer that is running.
+        step: optimizer updates made so far (counted on the host: no sync).
+        epoch: the current epoch, from 0.
+    """
+
+    trainer: "DataParallelTrainer"
+    step: int
+    epoch: int
+    device_metrics: DeviceMetrics | HostMetrics = dataclasses.field(
+        default_factory=dict, repr=False
+    )
+
+    @functools.cached_property
+    def metrics(self) -> HostMetrics:
+        """The metrics of this point as floats: fetched from device on first read.
+
+        At `on_step_end` these are the step's own; at `on_epoch_end` the
+        epoch's (eval metrics prefixed ``eval_``); at `on_eval_end` the
+        evaluation's. A callback that reads them only every n steps makes
+        the device wait only every n steps.
+        """
+        fetched: dict[str, Any] = jax.device_get(dict(self.device_metrics))
+        return {name: float(value) for name, value in fetched.items()}
+
+    @property
+    def state(self) -> "TrainState":
+        """The trainer's current `TrainState`."""
+        return self.trainer.state
+
+
+class Callback:
+    """Host-side hooks into `DataParallelTrainer.fit`; each does nothing by default.
+
+    Subclass and override the hooks you need (mark them
+    `@typing_extensions.override`). Within `fit` they fire in this order:
+
+    ```
+    on_fit_start
+      on_epoch_start
+        on_step_end            (after every optimizer update)
+      on_epoch_end             (after the epoch's evaluation, if eval_data)
+      ...                      (on_eval_end fires at the end of every evaluate)
+    on_fit_end
+    on_exception               (instead of the rest, if fit raises)
+    ```
+
+    Example:
+        ```python
+        class PrintLoss(px.Callback):
+            @override
+            def on_epoch_end(self, info: px.StepInfo) -> None:
+                print(info.epoch, info.metrics["loss"])
+        ```
+    """
+
+    def on_fit_start(self, info: StepInfo) -> None:
+        """Called once when `fit` begins, before the first batch is read."""
+
+    def on_fit_end(self, info: StepInfo) -> None:
+        """Called once when `fit` returns."""
+
+    def on_epoch_start(self, info: StepInfo) -> None:
+        """Called before the first batch of each epoch."""
+
+    def on_epoch_end(self, info: StepInfo) -> None:
+        """Called after each epoch (and its evaluation); metrics are the epoch's."""
+
+    def on_step_end(self, info: StepInfo) -> None:
+        """Called after each optimizer update has been dispatched."""
+
+    def on_eval_end(self, info: StepInfo) -> None:
+        """Called when an evaluation finishes; metrics are its results."""
+
+    def on_exception(self, info: StepInfo, error: BaseException) -> None:
+        """Called when `fit` raises, before the error propagates."""
+
+
+def overrides(callback: Callback, hook: str) -> bool:
+    """Whether `callback` does anything in `hook` (lets the loop skip no-ops)."""
+    return getattr(type(callback), hook) is not getattr(Callback, hook)

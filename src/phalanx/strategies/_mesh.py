@@ -1,0 +1,101 @@
+"""Building a 1-D device mesh and the per-device program both strategies share."""
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, PartitionSpec as P
+from jaxtyping import PyTree
+
+from .._typing import Devices
+from ._strategy import LocalFn, MapFn
+
+
+def make_mesh(devices: Devices, axis_name: str) -> Mesh:
+    """A 1-D mesh named `axis_name` over the chosen local devices.
+
+    Raises:
+        ValueError: `devices` asks for more devices than exist, or none.
+        TypeError: `devices` is neither None, an int nor a sequence of devices.
+    """
+    available = jax.local_devices()
+    if devices is None:
+        chosen = list(available)
+    elif isinstance(devices, bool) or not isinstance(devices, int | Sequence):
+        raise TypeError(
+            f"devices={devices!r} is not supported; pass None (all local devices), "
+            "an int (the first n) or a sequence of jax devices"
+        )
+    elif isinstance(devices, int):
+        if not 1 <= devices <= len(available):
+            raise ValueError(
+                f"devices={devices} but this process sees {len(available)} "
+                f"{available[0].platform} device(s); pass an int from 1 to "
+                f"{len(available)}, or devices=None for all of them"
+            )
+        chosen = list(available[:devices])
+    else:
+        chosen = list(devices)
+        if not chosen:
+            raise ValueError("devices=[] is empty; pass at least one device or None")
+        unknown = [d for d in chosen if d not in available]
+        if unknown or len(set(chosen)) != len(chosen):
+            raise ValueError(
+                f"devices={chosen!r} must be distinct devices of this process; "
+                f"choose from jax.local_devices() = {available!r}"
+            )
+    # Auto axes: jit propagates shardings through reshapes and vmaps on its own.
+    return Mesh(np.array(chosen), (axis_name,), axis_types=(AxisType.Auto,))
+
+
+def _to_summable(x: jax.Array) -> jax.Array:
+    return x.astype(jnp.int32) if x.dtype == jnp.bool_ else x
+
+
+def _device_mean(total: jax.Array, like: jax.Array, n: int) -> jax.Array:
+    """The mean over `n` devices of a summed leaf: ints floor, bools any."""
+    if like.dtype == jnp.bool_:
+        return total > 0
+    if jnp.issubdtype(like.dtype, jnp.inexact):
+        return total / jnp.asarray(n, like.dtype)
+    return total // jnp.asarray(n, like.dtype)
+
+
+def shard_map_reduce(
+    mesh: Mesh,
+    axis_name: str,
+    fn: LocalFn,
+    replicated: PyTree,
+    carry: PyTree,
+    examples: PyTree,
+) -> tuple[PyTree, PyTree]:
+    """Run `fn` on each device's slice, then sum over devices once."""
+
+    def per_device(replicated, carry, examples):
+        # Make replicated inputs device-varying: a gradient taken inside `fn`
+        # is then this device's own. Without it shard_map sums the gradient of
+        # a replicated input over devices by itself (NOTES trap 2), once per
+        # microbatch under accumulation.
+        replicated, carry = jax.lax.pcast((replicated, carry), axis_name, to="varying")
+        sums, carry = fn(replicated, carry, examples)
+        # One all-reduce for everything: gradients, loss sums and model state.
+        sums, total = jax.lax.psum((sums, jax.tree.map(_to_summable, carry)), axis_name)
+        carry = jax.tree.map(lambda t, c: _device_mean(t, c, mesh.size), total, carry)
+        return sums, carry
+
+    return jax.shard_map(
+        per_device,
+        mesh=mesh,
+        in_specs=(P(), P(), P(axis_name)),
+        out_specs=(P(), P()),
+    )(replicated, carry, examples)
+
+
+def shard_map_apply(
+    mesh: Mesh, axis_name: str, fn: MapFn, replicated: PyTree, examples: PyTree
+) -> PyTree:
+    """Run `fn` on each device's slice; outputs stay split along examples."""
+    return jax.shard_map(
+        fn, mesh=mesh, in_specs=(P(), P(axis_name)), out_specs=P(axis_name)
+    )(replicated, examples)

@@ -1,0 +1,70 @@
+from typing import final
+
+from jax.sharding import Mesh
+from jaxtyping import PyTree
+from typing_extensions import override
+
+from .._typing import Devices
+from ._mesh import make_mesh, shard_map_apply, shard_map_reduce
+from ._strategy import LocalFn, MapFn, Strategy
+
+
+@final
+class PmapStrategy(Strategy):
+    """Data parallelism as a per-device program with explicit collectives.
+
+    Each device runs the step on its slice of the batch inside `jax.shard_map`
+    (the successor of `jax.pmap`), then one `psum` adds up gradients, loss and
+    metrics. User code inside the loss may call `jax.lax.psum`,
+    `jax.lax.all_gather`, ... with `axis_name`. State stays ordinary
+    replicated arrays, interchangeable with [`phalanx.ShardingStrategy`][].
+
+    BatchNorm with ``axis_name="batch"`` normalises over each device's slice;
+    use ``axis_name=("batch", strategy.axis_name)`` for global statistics.
+
+    Example:
+        ```python
+        strategy = px.PmapStrategy(devices=8, axis_name="data")
+        ```
+    """
+
+    mesh: Mesh
+    axis_name: str
+    microbatches: int
+
+    def __init__(
+        self,
+        devices: Devices = None,
+        axis_name: str = "data",
+    ):
+        """Args:
+        devices: None for all local devices, an int for the first n, or a
+            sequence of devices.
+        axis_name: the name collectives use for the device axis.
+        """
+        if not isinstance(axis_name, str) or not axis_name or axis_name == "batch":
+            raise ValueError(
+                f"axis_name={axis_name!r} must be a non-empty string other than "
+                "'batch' (the per-example vmap axis); e.g. axis_name='data'"
+            )
+        self.axis_name = axis_name
+        self.mesh = make_mesh(devices, axis_name)
+        self.microbatches = 1
+
+    @override
+    def reduce(
+        self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
+    ) -> tuple[PyTree, PyTree]:
+        return self.reduce_per_device(fn, replicated, carry, examples)
+
+    @override
+    def reduce_per_device(
+        self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
+    ) -> tuple[PyTree, PyTree]:
+        return shard_map_reduce(
+            self.mesh, self.axis_name, fn, replicated, carry, examples
+        )
+
+    @override
+    def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
+        return shard_map_apply(self.mesh, self.axis_name, fn, replicated, examples)

@@ -1,0 +1,96 @@
+import abc
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import equinox as eqx
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxtyping import PyTree
+
+
+# ``fn(replicated, carry, examples) -> (sums, carry)``: the work of one slice of
+# examples. ``sums`` are additive over examples (weighted loss, gradients, ...);
+# ``carry`` is model state threaded through the step (e.g. BatchNorm averages).
+LocalFn: TypeAlias = Callable[[Any, Any, Any], tuple[Any, Any]]
+# ``fn(replicated, examples) -> per-example outputs``.
+MapFn: TypeAlias = Callable[[Any, Any], Any]
+
+
+class Strategy(eqx.Module):
+    """How one training step runs across devices.
+
+    A strategy places state (replicated) and batches (split along the leading
+    examples axis) on a 1-D device mesh, and turns a function of a slice of
+    examples into a global result with exactly one cross-device reduction.
+    The trainer builds its step from these pieces and never asks which
+    strategy it holds.
+
+    Concrete strategies: [`phalanx.ShardingStrategy`][],
+    [`phalanx.PmapStrategy`][] and [`phalanx.AccumulatingStrategy`][].
+    """
+
+    mesh: eqx.AbstractVar[Mesh]
+    axis_name: eqx.AbstractVar[str]
+    microbatches: eqx.AbstractVar[int]
+
+    @property
+    def num_devices(self) -> int:
+        """How many devices a step runs on."""
+        return self.mesh.size
+
+    @property
+    def batch_multiple(self) -> int:
+        """A step's global batch is padded to a multiple of this."""
+        return self.num_devices * self.microbatches
+
+    @property
+    def replicated(self) -> NamedSharding:
+        """The sharding of state: a full copy on every device."""
+        return NamedSharding(self.mesh, P())
+
+    @property
+    def split(self) -> NamedSharding:
+        """The sharding of batches: split along the leading examples axis."""
+        return NamedSharding(self.mesh, P(self.axis_name))
+
+    def shard(self, leaves: list[np.ndarray]) -> list[jax.Array]:
+        """Place host batch leaves on the mesh, split along the examples axis."""
+        return jax.device_put(leaves, self.split)
+
+    @abc.abstractmethod
+    def reduce(
+        self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
+    ) -> tuple[PyTree, PyTree]:
+        """Sum `fn` over every example of the global batch.
+
+        Called inside `jax.jit`. The result must equal ``fn`` applied to the
+        whole batch on one device, up to float summation order, and must cost
+        exactly one cross-device reduction.
+
+        Args:
+            fn: the work of one slice, ``fn(replicated, carry, examples) ->
+                (sums, carry)``.
+            replicated: arrays every device holds in full (parameters, keys).
+            carry: model state threaded through the step; every device
+                returns the same value (float state is averaged over devices).
+            examples: a pytree of arrays sharing the leading examples axis.
+
+        Returns:
+            ``(sums, carry)``, both replicated.
+        """
+
+    @abc.abstractmethod
+    def reduce_per_device(
+        self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
+    ) -> tuple[PyTree, PyTree]:
+        """As `reduce`, but `fn` always runs as a per-device program.
+
+        Inside `fn` the replicated inputs are device-varying, so gradients
+        taken there are this device's own; the one reduction happens after
+        `fn` returns. Wrapping strategies build on this.
+        """
+
+    @abc.abstractmethod
+    def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
+        """Apply `fn` to every example; outputs stay split across devices."""
