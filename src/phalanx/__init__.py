@@ -1,6 +1,7 @@
 """phalanx: data-parallel training for Equinox models on JAX."""
 
 from . import callbacks as callbacks, models as models, strategies as strategies
+from ._devices import fake_cpu_devices as fake_cpu_devices
 from ._state import TrainState as TrainState
 from ._trainer import DataParallelTrainer as DataParallelTrainer
 from .callbacks import Callback as Callback, StepInfo as StepInfo

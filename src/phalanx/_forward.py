@@ -5,7 +5,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.random as jr
-from jaxtyping import Array, PRNGKeyArray, PyTree
+from jaxtyping import Array, Key, PRNGKeyArray, PyTree
 
 from ._typing import ExampleIndex
 
@@ -19,7 +19,7 @@ def takes_key(model: Any) -> bool:
     return "key" in parameters
 
 
-def example_keys(key: PRNGKeyArray, index: ExampleIndex) -> PRNGKeyArray:
+def example_keys(key: PRNGKeyArray, index: ExampleIndex) -> Key[Array, " batch"]:
     """One key per example, from its index in the global batch.
 
     Keys depend on (seed, step, example) only, so dropout masks are the same
@@ -33,7 +33,7 @@ def forward(
     inputs: PyTree[Array],
     *,
     state: eqx.nn.State | None,
-    keys: PRNGKeyArray,
+    keys: Key[Array, " batch"],
     pass_key: bool,
 ) -> tuple[PyTree[Array], eqx.nn.State | None]:
     """Run the per-example model over a batch, threading model state.

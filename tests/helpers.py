@@ -1,0 +1,62 @@
+"""Shared test data, a hand-written reference trainer, and tree comparison."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import optax
+
+import phalanx as px
+
+
+IN, CLASSES, HIDDEN = 5, 3, (8,)
+
+
+def make_data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, IN)).astype(np.float32)
+    y = rng.integers(0, CLASSES, size=n).astype(np.int32)
+    return x, y
+
+
+def make_model(seed: int = 0) -> px.models.MLP:
+    return px.models.MLP(IN, CLASSES, hidden=HIDDEN, key=jr.key(seed))
+
+
+def params_of(model) -> list[jax.Array]:
+    return jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))
+
+
+def max_abs_diff(a, b) -> float:
+    """Max |a - b| over the parameters of two models (or pytrees of arrays)."""
+    la, lb = params_of(a), params_of(b)
+    assert len(la) == len(lb)
+    return max(
+        float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+        for x, y in zip(la, lb, strict=True)
+    )
+
+
+def reference_fit(model, batches, steps: int, lr: float = 1e-2):
+    """One device, full batch, plain jax.jit: the update every strategy must match."""
+    optimizer = optax.adam(lr)
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def step(params, opt_state, x, y):
+        def loss(params):
+            logits = jax.vmap(eqx.combine(params, static))(x)
+            return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+
+        grads = jax.grad(loss)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return eqx.apply_updates(params, updates), opt_state
+
+    device = jax.devices()[0]
+    for i in range(steps):
+        x, y = batches[i % len(batches)]
+        x, y = jax.device_put((x, y), device)
+        params, opt_state = step(params, opt_state, x, y)
+    return eqx.combine(params, static)
