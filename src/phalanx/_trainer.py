@@ -286,6 +286,19 @@ class DataParallelTrainer:
             return outputs[0]
         return jax.tree.map(lambda *os: jnp.concatenate(os), *outputs)
 
+    def lower(self, batch: PyTree) -> jax.stages.Lowered:
+        """The train step lowered for `batch`, to inspect what it compiles to.
+
+        Example:
+            ```python
+            hlo = trainer.lower((x, y)).compile().as_text()
+            ```
+        """
+        leaves, weight, _ = self._batches.prepare(batch, "batch", None)
+        return self._train_step.lower(
+            self._leaves, self._new_train_acc(), leaves, weight
+        )
+
     # -------------------------------------------------------------- the loop
 
     def _run_epoch(self, data: Iterable[Any], last: int | None, eval_data: Any) -> None:

@@ -1,0 +1,163 @@
+"""Invariant 3 (no recompilation, no host sync but at log points, long runs
+finish) and the order in which callback hooks fire."""
+
+import jax
+import optax
+import pytest
+from helpers import make_data, make_model
+from typing_extensions import override
+
+import phalanx as px
+
+
+class CountingTrainer(px.DataParallelTrainer):
+    """Counts how often the loss is traced (it runs only while tracing)."""
+
+    traces = 0
+
+    @override
+    def loss(self, model, outputs, targets):
+        type(self).traces += 1
+        return super().loss(model, outputs, targets)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        px.ShardingStrategy(8),
+        px.PmapStrategy(8),
+        px.AccumulatingStrategy(px.PmapStrategy(4), 2),
+    ],
+    ids=["sharding", "pmap", "accumulating"],
+)
+def test_no_recompilation_after_first_step(strategy):
+    x, y = make_data(100)
+    batches = [(x[:32], y[:32]), (x[32:64], y[32:64]), (x[64:96], y[64:96])]
+    ragged = [*batches, (x[96:], y[96:])]  # padded to 32: same compiled shape
+    trainer = CountingTrainer(make_model(), optax.adam(1e-2), strategy=strategy)
+    CountingTrainer.traces = 0
+    trainer.fit(batches[:1], steps=1)
+    after_first = CountingTrainer.traces
+    assert after_first > 0
+    trainer.fit(ragged, epochs=3)
+    trainer.fit(batches, steps=7)
+    assert CountingTrainer.traces == after_first
+    assert int(trainer.state.step) == 1 + 12 + 7
+
+
+def test_host_syncs_only_at_log_points(monkeypatch):
+    x, y = make_data(32)
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-2), strategy=px.PmapStrategy(8), sync_every=16
+    )
+    trainer.fit([(x, y)], steps=2)  # compile outside the counted run
+    fetches = []
+    real_get, real_block = jax.device_get, jax.block_until_ready
+    monkeypatch.setattr(
+        jax, "device_get", lambda t: fetches.append("get") or real_get(t)
+    )
+    monkeypatch.setattr(
+        jax, "block_until_ready", lambda t: fetches.append("block") or real_block(t)
+    )
+    # No implicit device-to-host transfer anywhere in the loop.
+    with jax.transfer_guard_device_to_host("disallow"):
+        trainer.fit([(x, y)] * 64, epochs=1)
+    # 64 steps: a sync every 16 (in-flight window) plus the epoch's log point.
+    assert len(fetches) == 64 // 16 + 1
+
+
+@pytest.mark.slow
+def test_two_thousand_steps_on_eight_devices():
+    x, y = make_data(64)
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-3), strategy=px.PmapStrategy(8)
+    )
+    trainer.fit([(x[:32], y[:32]), (x[32:], y[32:])], steps=2000)
+    assert int(trainer.state.step) == 2000
+    assert trainer.history[-1]["loss"] < trainer.history[0]["loss"]
+
+
+class Recorder(px.Callback):
+    def __init__(self):
+        self.events: list[str] = []
+
+    @override
+    def on_fit_start(self, info):
+        self.events.append("fit_start")
+
+    @override
+    def on_fit_end(self, info):
+        self.events.append("fit_end")
+
+    @override
+    def on_epoch_start(self, info):
+        self.events.append(f"epoch_start {info.epoch}")
+
+    @override
+    def on_epoch_end(self, info):
+        self.events.append(f"epoch_end {info.epoch} {sorted(info.metrics)}")
+
+    @override
+    def on_step_end(self, info):
+        self.events.append(f"step {info.step}")
+
+    @override
+    def on_eval_end(self, info):
+        self.events.append(f"eval {sorted(info.metrics)}")
+
+    @override
+    def on_exception(self, info, error):
+        self.events.append(f"exception {type(error).__name__}")
+
+
+def test_hooks_fire_in_documented_order():
+    x, y = make_data(64)
+    recorder = Recorder()
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-2), callbacks=[recorder]
+    )
+    trainer.fit([(x[:32], y[:32]), (x[32:], y[32:])], epochs=2, eval_data=[(x, y)])
+    epoch = "['accuracy', 'eval_accuracy', 'eval_loss', 'loss']"
+    assert recorder.events == [
+        "fit_start",
+        "epoch_start 0",
+        "step 1",
+        "step 2",
+        "eval ['accuracy', 'loss']",
+        f"epoch_end 0 {epoch}",
+        "epoch_start 1",
+        "step 3",
+        "step 4",
+        "eval ['accuracy', 'loss']",
+        f"epoch_end 1 {epoch}",
+        "fit_end",
+    ]
+
+
+def test_exception_hook_fires_and_error_propagates():
+    x, y = make_data(64)
+    recorder = Recorder()
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-2), callbacks=[recorder]
+    )
+    with pytest.raises(ValueError, match="labels"):
+        trainer.fit([(x, y + 5)])
+    assert recorder.events == ["fit_start", "epoch_start 0", "exception ValueError"]
+
+
+def test_step_metrics_are_lazy_floats():
+    seen = []
+
+    class Every2(px.Callback):
+        @override
+        def on_step_end(self, info):
+            if info.step % 2 == 0:
+                seen.append(info.metrics)
+
+    x, y = make_data(64)
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-2), callbacks=[Every2()]
+    )
+    trainer.fit([(x, y)], steps=4)
+    assert [sorted(m) for m in seen] == [["accuracy", "loss"]] * 2
+    assert all(isinstance(v, float) for m in seen for v in m.values())
