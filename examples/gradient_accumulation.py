@@ -56,6 +56,7 @@ def main() -> None:
             px.PmapStrategy(), microbatches=4
         ),
     }
+    print(f"{'':<26}  per device  at a time  loss per epoch")
     trained = {}
     for name, strategy in strategies.items():
         trainer = px.DataParallelTrainer(
@@ -65,11 +66,8 @@ def main() -> None:
         trained[name] = trainer.model
         per_device = 256 // strategy.num_devices
         at_a_time = per_device // strategy.microbatches
-        losses = ", ".join(f"{h['loss']:.6f}" for h in trainer.history)
-        print(
-            f"{name:<26}  {per_device:>3} examples per device, {at_a_time:>3} at a "
-            f"time; loss per epoch {losses}"
-        )
+        losses = "  ".join(f"{h['loss']:.6f}" for h in trainer.history)
+        print(f"{name:<26}  {per_device:>10}  {at_a_time:>9}  {losses}")
 
     reference = trained["8 devices"]
     for name in ("1 device", "8 devices x 4 microbatches"):

@@ -2,7 +2,10 @@ import os
 
 import jax
 
+from ._typing import validates_own_arguments
 
+
+@validates_own_arguments
 def fake_cpu_devices(n: int = 8) -> None:
     """Expose `n` CPU devices to JAX, for data parallelism on a CPU-only host.
 

@@ -29,6 +29,12 @@ def mse(
     outputs: Float[Array, "batch ..."], targets: Shaped[Array, "batch ..."]
 ) -> PerExample:
     """Squared error, averaged over each example's features."""
+    if targets.size != outputs.size:
+        raise ValueError(
+            f"loss='mse': targets have per-example shape {tuple(targets.shape[1:])} "
+            f"but the model outputs {tuple(outputs.shape[1:])}; give targets as "
+            "many values per example as the model outputs"
+        )
     targets = targets.reshape(outputs.shape).astype(outputs.dtype)
     error = jnp.square(outputs - targets)
     return jnp.mean(error.reshape(error.shape[0], -1), axis=1)

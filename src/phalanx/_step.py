@@ -157,7 +157,7 @@ def _guard(
     finite = jnp.all(finite_leaves)
     halted = acc["nonfinite_step"] >= 0
     apply = {"off": jnp.bool_(True), "skip": finite, "raise": finite & ~halted}[policy]
-    first_bad = ~finite & ~halted
+    first_bad = ~finite & ~halted if policy == "raise" else jnp.bool_(False)
     leaves = _array_leaves(new)
     if policy != "off":
         leaves = [

@@ -16,7 +16,15 @@ from ._config import check_config, check_duration, check_iterable
 from ._forward import example_keys, forward, takes_key
 from ._state import TrainState
 from ._step import build_predict_step, build_steps, weighted_sums
-from ._typing import ChecksMode, DeviceMetrics, HostMetrics, LossFn, LossName, NanPolicy
+from ._typing import (
+    ChecksMode,
+    DeviceMetrics,
+    HostMetrics,
+    LossFn,
+    LossName,
+    NanPolicy,
+    validates_own_arguments,
+)
 from .callbacks import Callback, StepInfo
 from .callbacks._callback import overrides
 from .strategies import ShardingStrategy, Strategy
@@ -51,6 +59,7 @@ class DataParallelTrainer:
         ```
     """
 
+    @validates_own_arguments
     def __init__(
         self,
         model: eqx.Module,
@@ -190,6 +199,7 @@ class DataParallelTrainer:
         """The current model."""
         return self.state.model
 
+    @validates_own_arguments
     def fit(
         self,
         data: Iterable[Any],
@@ -236,6 +246,7 @@ class DataParallelTrainer:
         self._notify("on_fit_end", self._info())
         return self.state
 
+    @validates_own_arguments
     def evaluate(self, data: Iterable[Any]) -> HostMetrics:
         """Loss and metrics over every example of `data`, weighted exactly.
 
@@ -261,6 +272,7 @@ class DataParallelTrainer:
         self._notify("on_eval_end", self._info(results))
         return results
 
+    @validates_own_arguments
     def predict(self, x: PyTree, *, batch_size: int | None = None) -> PyTree[jax.Array]:
         """Model outputs (inference mode) for every row of `x`, in order.
 

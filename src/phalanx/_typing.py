@@ -10,7 +10,7 @@ shared leading ``batch`` axis.
 """
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PyTree, Shaped
@@ -40,3 +40,18 @@ Device: TypeAlias = Any
 Devices: TypeAlias = None | int | Sequence[Device]
 Data: TypeAlias = Iterable[Any]
 MetricsMapping: TypeAlias = Mapping[str, float]
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def validates_own_arguments(fn: _F) -> _F:
+    """Mark a public entry point that checks its own arguments.
+
+    Its errors name the argument, its value and the fix. A runtime type
+    checker (the jaxtyping import hook with beartype) would pre-empt them with
+    generic messages, so it is told to skip this function: jaxtyping honours
+    ``__no_type_check__``. Static checkers still see every annotation.
+    """
+    fn.__no_type_check__ = True  # pyright: ignore[reportFunctionMemberAccess]
+    return fn

@@ -6,6 +6,7 @@ from jax.sharding import Mesh
 from jaxtyping import PyTree
 from typing_extensions import override
 
+from .._typing import validates_own_arguments
 from ._strategy import LocalFn, MapFn, Strategy
 
 
@@ -33,6 +34,7 @@ class AccumulatingStrategy(Strategy):
     mesh: Mesh
     axis_name: str
 
+    @validates_own_arguments
     def __init__(self, inner: Strategy, microbatches: int):
         """Args:
         inner: the strategy that places arrays and reduces across devices.

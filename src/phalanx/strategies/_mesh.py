@@ -22,7 +22,7 @@ def make_mesh(devices: Devices, axis_name: str) -> Mesh:
     available = jax.local_devices()
     if devices is None:
         chosen = list(available)
-    elif isinstance(devices, bool) or not isinstance(devices, int | Sequence):
+    elif isinstance(devices, bool | str) or not isinstance(devices, int | Sequence):
         raise TypeError(
             f"devices={devices!r} is not supported; pass None (all local devices), "
             "an int (the first n) or a sequence of jax devices"

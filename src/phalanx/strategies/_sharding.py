@@ -4,7 +4,7 @@ from jax.sharding import Mesh
 from jaxtyping import PyTree
 from typing_extensions import override
 
-from .._typing import Devices
+from .._typing import Devices, validates_own_arguments
 from ._mesh import make_mesh, shard_map_reduce
 from ._strategy import LocalFn, MapFn, Strategy
 
@@ -29,6 +29,7 @@ class ShardingStrategy(Strategy):
     axis_name: str
     microbatches: int
 
+    @validates_own_arguments
     def __init__(self, devices: Devices = None):
         """Args:
         devices: None for all local devices, an int for the first n, or a
