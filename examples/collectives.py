@@ -79,6 +79,7 @@ class TwoTower(eqx.Module):
 
 
 def _axis_bound(axis: str) -> bool:
+    """Whether this code runs inside a per-device program over `axis`."""
     try:
         jax.lax.axis_index(axis)
     except NameError:
@@ -130,10 +131,9 @@ class ContrastiveTrainer(px.DataParallelTrainer):
         left, right = embeddings[:, 0], embeddings[:, 1]
         labels = jnp.arange(left.shape[0])
         axis = self.strategy.axis_name
-        # phalanx also traces the loss once outside the per-device program, to
-        # check the first batch against the model; the device axis is unbound
-        # there (as under ShardingStrategy, whose loss sees the global batch),
-        # and this slice is the whole batch.
+        # Under PmapStrategy the loss sees one device's slice. Where the device
+        # axis is unbound (ShardingStrategy: one program over the global batch)
+        # the slice already is the whole batch, and there is nothing to gather.
         if _axis_bound(axis):
             # Everyone's right views in device order: device d's partners sit at
             # rows d * n ... (d + 1) * n - 1 of the gathered array.
@@ -152,34 +152,36 @@ def make_views(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--epochs", type=int, default=5, help="passes over the data")
     parser.add_argument("--steps", type=int, help="stop after this many updates")
     args = parser.parse_args()
     epochs = None if args.steps else args.epochs
 
-    show_collectives(px.PmapStrategy())
+    everywhere = px.PmapStrategy()  # every local device
+    show_collectives(everywhere)
 
     left, right = make_views(np.random.default_rng(0), 1024)
     data = [(left[i : i + 128], right[i : i + 128]) for i in range(0, 1024, 128)]
     model = TwoTower(16, 16, key=jax.random.key(0))
     print("part 2: contrastive loss, negatives all_gather-ed from every device")
-    trained = {}
-    for devices in (8, 1):
-        trainer = ContrastiveTrainer(
-            model, optax.adam(3e-3), strategy=px.PmapStrategy(devices=devices)
-        )
+    trained = []
+    for strategy in (everywhere, px.PmapStrategy(devices=1)):
+        trainer = ContrastiveTrainer(model, optax.adam(3e-3), strategy=strategy)
         trainer.fit(data, epochs=epochs, steps=args.steps)
-        trained[devices] = jax.device_get(eqx.filter(trainer.model, eqx.is_array))
-        history = trainer.history
+        trained.append(jax.device_get(eqx.filter(trainer.model, eqx.is_array)))
+        first, last = trainer.history[0], trainer.history[-1]
+        n = strategy.num_devices
         print(
-            f"  {devices} device(s), {128 // devices} examples each: loss "
-            f"{history[0]['loss']:.4f} -> {history[-1]['loss']:.4f}, partner "
-            f"found among 128: {history[0]['match']:.1%} -> {history[-1]['match']:.1%}"
+            f"  {n} device(s), {128 // n:>3} examples each: "
+            f"loss {first['loss']:.4f} -> {last['loss']:.4f}, partner found among "
+            f"128: {first['match']:.1%} -> {last['match']:.1%}"
         )
-    diffs = jax.tree.map(lambda a, b: np.abs(a - b).max(), trained[8], trained[1])
+    diffs = jax.tree.map(lambda a, b: np.abs(a - b).max(), *trained)
     print(
-        "  max |params(8 devices) - params(1 device)| = "
+        f"  max |params({everywhere.num_devices} devices) - params(1 device)| = "
         f"{max(jax.tree.leaves(diffs)):.2e}"
     )
 

@@ -37,7 +37,9 @@ def max_abs_difference(a: eqx.Module, b: eqx.Module) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--epochs", type=int, default=3, help="passes over the data")
     parser.add_argument("--steps", type=int, help="stop after this many updates")
     args = parser.parse_args()
@@ -49,11 +51,13 @@ def main() -> None:
     data = [(x[i : i + 256], y[i : i + 256]) for i in range(0, len(x), 256)]
     model = px.models.MLP(64, 10, hidden=(128,), key=jax.random.key(0))
 
+    everywhere = px.PmapStrategy()  # every local device
+    n = everywhere.num_devices
     strategies = {
         "1 device": px.PmapStrategy(devices=1),
-        "8 devices": px.PmapStrategy(),
-        "8 devices x 4 microbatches": px.AccumulatingStrategy(
-            px.PmapStrategy(), microbatches=4
+        f"{n} devices": everywhere,
+        f"{n} devices x 4 microbatches": px.AccumulatingStrategy(
+            everywhere, microbatches=4
         ),
     }
     print(f"{'':<26}  per device  at a time  loss per epoch")
@@ -69,12 +73,10 @@ def main() -> None:
         losses = "  ".join(f"{h['loss']:.6f}" for h in trainer.history)
         print(f"{name:<26}  {per_device:>10}  {at_a_time:>9}  {losses}")
 
-    reference = trained["8 devices"]
-    for name in ("1 device", "8 devices x 4 microbatches"):
-        print(
-            f"max |params(8 devices) - params({name})| = "
-            f"{max_abs_difference(reference, trained[name]):.2e}"
-        )
+    reference, *others = trained
+    for name in others:
+        difference = max_abs_difference(trained[reference], trained[name])
+        print(f"max |params({reference}) - params({name})| = {difference:.2e}")
 
 
 if __name__ == "__main__":

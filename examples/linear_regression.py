@@ -36,7 +36,9 @@ def fmt(values: np.ndarray) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--epochs", type=int, default=20, help="passes over the data")
     parser.add_argument("--steps", type=int, help="stop after this many updates")
     args = parser.parse_args()

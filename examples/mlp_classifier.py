@@ -69,7 +69,9 @@ def batches_of(
 
 
 def main(default_strategy: str = "pmap") -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--epochs", type=int, default=5, help="passes over the data")
     parser.add_argument("--steps", type=int, help="stop after this many updates")
     parser.add_argument(

@@ -6,9 +6,9 @@ import jax
 import numpy as np
 import optax
 import pytest
-from helpers import CLASSES, IN, make_data, make_model, params_of
 
 import phalanx as px
+from helpers import CLASSES, IN, make_data, make_model, params_of
 
 
 def snapshot(trainer):

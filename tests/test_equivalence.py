@@ -3,9 +3,9 @@ update of one device on the full batch (10 adam steps, max |Δ| ≤ 1e-5)."""
 
 import optax
 import pytest
-from helpers import make_data, make_model, max_abs_diff, reference_fit
 
 import phalanx as px
+from helpers import make_data, make_model, max_abs_diff, reference_fit
 
 
 DEVICES = (1, 2, 4, 8)

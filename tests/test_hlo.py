@@ -8,10 +8,10 @@ import re
 
 import optax
 import pytest
-from helpers import make_data, make_model
-from test_equivalence import KINDS, make_strategy
 
 import phalanx as px
+from helpers import make_data, make_model
+from test_equivalence import KINDS, make_strategy
 
 
 def computations(hlo: str) -> dict[str, str]:

@@ -4,10 +4,10 @@ finish) and the order in which callback hooks fire."""
 import jax
 import optax
 import pytest
-from helpers import make_data, make_model
 from typing_extensions import override
 
 import phalanx as px
+from helpers import make_data, make_model
 
 
 class CountingTrainer(px.DataParallelTrainer):

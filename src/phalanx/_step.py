@@ -57,8 +57,13 @@ def build_steps(
     batch_treedef: Any,
     batch_check: Callable[[tuple[jax.Array, ...], jax.Array], None] | None,
     pass_key: bool,
-) -> tuple[Callable, Callable]:
-    """Compile-ready train and eval steps for one trainer and batch structure."""
+) -> tuple[Callable, Callable, Callable]:
+    """The train step, the eval step and a probe for one batch structure.
+
+    The probe maps the model and loss over a batch through the strategy and
+    returns per-example outputs and per-device sums: `jax.eval_shape` of it
+    validates a batch against the model before anything is compiled.
+    """
     strategy = trainer.strategy
 
     def unflatten(leaves) -> TrainState:
@@ -70,23 +75,29 @@ def build_steps(
         batch = jax.tree.unflatten(batch_treedef, batch_leaves)
         return batch, weight, jnp.arange(weight.shape[0])
 
+    def run(static, params, replicated, model_state, examples):
+        """Model, loss and metrics on a slice: (weighted sums, outputs, state)."""
+        arrays, key = replicated
+        batch, weight, index = examples
+        inputs, targets = trainer.split_batch(batch)
+        model = eqx.combine(params, arrays, static)
+        keys = example_keys(key, index)
+        outputs, model_state = forward(
+            model, inputs, state=model_state, keys=keys, pass_key=pass_key
+        )
+        sums = weighted_sums(trainer, model, outputs, targets, weight)
+        return sums, outputs, model_state
+
     def train_step(leaves, acc, batch_leaves, weight):
         state = unflatten(leaves)
         params, arrays, static = _split_model(state.model)
         step_key, next_key = jr.split(state.key)
 
         def local(replicated, model_state, examples):
-            params, arrays, step_key = replicated
-            batch, weight, index = examples
-            inputs, targets = trainer.split_batch(batch)
-            keys = example_keys(step_key, index)
+            params, rest = replicated
 
             def objective(params):
-                model = eqx.combine(params, arrays, static)
-                outputs, new_state = forward(
-                    model, inputs, state=model_state, keys=keys, pass_key=pass_key
-                )
-                sums = weighted_sums(trainer, model, outputs, targets, weight)
+                sums, _, new_state = run(static, params, rest, model_state, examples)
                 return sums["loss"], (sums, new_state)
 
             grads, (sums, model_state) = jax.grad(objective, has_aux=True)(params)
@@ -94,7 +105,7 @@ def build_steps(
 
         (grads, sums), model_state = strategy.reduce(
             local,
-            (params, arrays, step_key),
+            (params, (arrays, step_key)),
             state.model_state,
             examples(batch_leaves, weight),
         )
@@ -113,32 +124,33 @@ def build_steps(
 
     def eval_step(leaves, acc, batch_leaves, weight):
         state = unflatten(leaves)
-        model = eqx.nn.inference_mode(state.model)
-        params, arrays, static = _split_model(model)
+        params, arrays, static = _split_model(eqx.nn.inference_mode(state.model))
 
         def local(replicated, model_state, examples):
-            params, arrays, key = replicated
-            batch, weight, index = examples
-            inputs, targets = trainer.split_batch(batch)
-            model = eqx.combine(params, arrays, static)
-            outputs, _ = forward(
-                model,
-                inputs,
-                state=model_state,
-                keys=example_keys(key, index),
-                pass_key=pass_key,
-            )
-            return weighted_sums(trainer, model, outputs, targets, weight), model_state
+            params, rest = replicated
+            return run(static, params, rest, model_state, examples)[0], model_state
 
         sums, _ = strategy.reduce(
             local,
-            (params, arrays, state.key),
+            (params, (arrays, state.key)),
             state.model_state,
             examples(batch_leaves, weight),
         )
         return jax.tree.map(jnp.add, acc, sums)
 
-    return train_step, eval_step
+    def probe(leaves, batch_leaves, weight):
+        state = unflatten(leaves)
+        params, arrays, static = _split_model(state.model)
+
+        def local(replicated, examples):
+            params, rest, model_state = replicated
+            sums, outputs, _ = run(static, params, rest, model_state, examples)
+            return outputs, jax.tree.map(lambda s: s[None], sums)
+
+        replicated = (params, (arrays, state.key), state.model_state)
+        return strategy.map(local, replicated, examples(batch_leaves, weight))
+
+    return train_step, eval_step, probe
 
 
 def _guard(
@@ -191,20 +203,21 @@ def build_predict_step(
 
     def predict_step(leaves, input_leaves):
         state = eqx.combine(jax.tree.unflatten(state_treedef, leaves), state_static)
-        params, arrays, static = _split_model(eqx.nn.inference_mode(state.model))
+        model = eqx.nn.inference_mode(state.model)
+        arrays, static = eqx.partition(model, eqx.is_array)
         inputs = jax.tree.unflatten(inputs_treedef, input_leaves)
         index = jnp.arange(input_leaves[0].shape[0])
 
         def local(replicated, examples):
-            params, arrays, key, model_state = replicated
+            arrays, key, model_state = replicated
             inputs, index = examples
-            model = eqx.combine(params, arrays, static)
+            model = eqx.combine(arrays, static)
             keys = example_keys(key, index)
             return forward(
                 model, inputs, state=model_state, keys=keys, pass_key=pass_key
             )[0]
 
-        replicated = (params, arrays, state.key, state.model_state)
+        replicated = (arrays, state.key, state.model_state)
         return trainer.strategy.map(local, replicated, (inputs, index))
 
     return predict_step

@@ -13,9 +13,9 @@ from . import _losses
 from ._batching import BatchPipeline, pad
 from ._checks import BatchSpec, flatten_batch, num_examples
 from ._config import check_config, check_duration, check_iterable
-from ._forward import example_keys, forward, takes_key
+from ._forward import takes_key
 from ._state import TrainState
-from ._step import build_predict_step, build_steps, weighted_sums
+from ._step import build_predict_step, build_steps
 from ._typing import (
     ChecksMode,
     DeviceMetrics,
@@ -380,7 +380,6 @@ class DataParallelTrainer:
 
     def _on_spec(self, spec: BatchSpec, leaves: list[np.ndarray]) -> None:
         """Validate the first batch against the model and loss; build the steps."""
-        state = self.state
         if self._loss_name == "cross_entropy":
             labels = self.split_batch(jax.tree.unflatten(spec.treedef, leaves))[1]
             if not isinstance(labels, np.ndarray) or labels.dtype.kind not in "iu":
@@ -391,33 +390,7 @@ class DataParallelTrainer:
                     "y.astype(np.int32) (or use loss='mse' for regression)"
                 )
 
-        def probe(batch_leaves):
-            batch = jax.tree.unflatten(spec.treedef, batch_leaves)
-            inputs, targets = self.split_batch(batch)
-            n = batch_leaves[0].shape[0]
-            outputs, _ = forward(
-                state.model,
-                inputs,
-                state=state.model_state,
-                keys=example_keys(state.key, jnp.arange(n)),
-                pass_key=self._pass_key,
-            )
-            weight = jnp.ones(n, jnp.float32)
-            return outputs, weighted_sums(self, state.model, outputs, targets, weight)
-
-        shapes = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for leaf in leaves]
-        try:
-            outputs, sums = jax.eval_shape(probe, shapes)
-        except (TypeError, ValueError) as error:
-            kind = TypeError if isinstance(error, TypeError) else ValueError
-            raise kind(
-                f"data: the first batch {spec.describe()} does not fit the model and "
-                f"loss; fix the batch or the model. The error was: {error}"
-            ) from error
-        if self._loss_name == "cross_entropy":
-            self._batches.num_classes = int(outputs.shape[-1])
-        self._metric_names = tuple(k for k in sums if k not in ("loss", "weight"))
-        train, evaluate = build_steps(
+        train, evaluate, probe = build_steps(
             self,
             self._state_treedef,
             self._state_static,
@@ -425,6 +398,25 @@ class DataParallelTrainer:
             spec.traced_check() if self.checks == "on" else None,
             self._pass_key,
         )
+        size = self._batches.step_size(leaves[0].shape[0], None)
+        shapes = [
+            jax.ShapeDtypeStruct((size, *shape), dtype)
+            for shape, dtype in zip(spec.shapes, spec.dtypes, strict=True)
+        ]
+        try:
+            outputs, sums = jax.eval_shape(
+                probe, self._leaves, shapes, jax.ShapeDtypeStruct((size,), jnp.float32)
+            )
+        except (TypeError, ValueError) as error:
+            kind = TypeError if isinstance(error, TypeError) else ValueError
+            raise kind(
+                f"data: the first batch {spec.describe()} does not fit the model and "
+                f"loss; fix the batch or the model. The error was: {error}"
+                + _hint(error)
+            ) from error
+        if self._loss_name == "cross_entropy":
+            self._batches.num_classes = int(outputs.shape[-1])
+        self._metric_names = tuple(k for k in sums if k not in ("loss", "weight"))
         replicated = self.strategy.replicated
         self._train_step = jax.jit(
             train, donate_argnums=(0, 1), out_shardings=replicated
@@ -477,6 +469,21 @@ class DataParallelTrainer:
     def _notify(self, hook: str, info: StepInfo) -> None:
         for callback in self.callbacks:
             getattr(callback, hook)(info)
+
+
+def _hint(error: Exception) -> str:
+    """Known causes of errors from inside the model, and their fixes."""
+    if "Old and new values have different structures" in str(error):
+        # eqx.nn.State.set compares a fresh constant (BatchNorm mode="ema" sets
+        # jnp.array(False)) against a value typed with shard_map's mesh under
+        # JAX 0.10, and the two never match (equinox 0.13.8).
+        return (
+            ". A stateful layer that writes a constant into eqx.nn.State cannot "
+            "run inside jax.shard_map (PmapStrategy, AccumulatingStrategy) with "
+            "this equinox; for BatchNorm pass mode='batch' (equinox's advice for "
+            "new code), or train with ShardingStrategy"
+        )
+    return ""
 
 
 def _empty_message(name: str, epoch: int | None = None) -> str:

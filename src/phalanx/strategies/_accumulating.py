@@ -92,12 +92,7 @@ class AccumulatingStrategy(Strategy):
             )
             first = jax.tree.map(lambda x: x[0], micro)
             shapes = jax.eval_shape(fn, replicated, carry, first)[0]
-            # The running total is device-varying, like the sums added to it.
-            zeros = jax.lax.pcast(
-                jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes),
-                self.axis_name,
-                to="varying",
-            )
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
             def body(state, microbatch):
                 total, carry = state

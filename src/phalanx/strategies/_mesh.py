@@ -70,14 +70,18 @@ def shard_map_reduce(
     carry: PyTree,
     examples: PyTree,
 ) -> tuple[PyTree, PyTree]:
-    """Run `fn` on each device's slice, then sum over devices once."""
+    """Run `fn` on each device's slice, then sum over devices once.
+
+    Each device differentiates its own slice's sum, and the global objective is
+    the sum over devices. That is pmap's semantics, so the program runs with
+    ``check_vma=False``: gradients of replicated inputs stay per device (with
+    vma checking on, shard_map would sum them over devices by itself, once per
+    microbatch under accumulation: NOTES trap 2), collectives in user code
+    transpose as under `jax.pmap`, and model state may take device-local
+    values (e.g. BatchNorm over the device's slice) before it is averaged.
+    """
 
     def per_device(replicated, carry, examples):
-        # Make replicated inputs device-varying: a gradient taken inside `fn`
-        # is then this device's own. Without it shard_map sums the gradient of
-        # a replicated input over devices by itself (NOTES trap 2), once per
-        # microbatch under accumulation.
-        replicated, carry = jax.lax.pcast((replicated, carry), axis_name, to="varying")
         sums, carry = fn(replicated, carry, examples)
         # One all-reduce for everything: gradients, loss sums and model state.
         sums, total = jax.lax.psum((sums, jax.tree.map(_to_summable, carry)), axis_name)
@@ -89,6 +93,7 @@ def shard_map_reduce(
         mesh=mesh,
         in_specs=(P(), P(), P(axis_name)),
         out_specs=(P(), P()),
+        check_vma=False,
     )(replicated, carry, examples)
 
 
@@ -97,5 +102,9 @@ def shard_map_apply(
 ) -> PyTree:
     """Run `fn` on each device's slice; outputs stay split along examples."""
     return jax.shard_map(
-        fn, mesh=mesh, in_specs=(P(), P(axis_name)), out_specs=P(axis_name)
+        fn,
+        mesh=mesh,
+        in_specs=(P(), P(axis_name)),
+        out_specs=P(axis_name),
+        check_vma=False,
     )(replicated, examples)

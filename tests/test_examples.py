@@ -1,0 +1,110 @@
+"""Smoke tests: every script in examples/ runs and prints what it promises."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+# How each example is run here: a few epochs or steps keep it quick.
+ARGS = {
+    "linear_regression.py": ["--epochs", "10"],
+    "mlp_classifier.py": ["--epochs", "3"],
+    "mlp_sharding.py": ["--steps", "20"],
+    "gradient_accumulation.py": ["--epochs", "1"],
+    "collectives.py": ["--epochs", "2"],
+}
+
+
+def run_example(name: str, *args: str, cwd: pathlib.Path = ROOT) -> str:
+    """Run one example in a fresh interpreter; return its stdout."""
+    env = dict(os.environ)
+    # Eight fake CPU devices need a thread pool of at least 16 (NOTES trap 1).
+    env.setdefault("NPROC", "16")
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, (
+        f"{name} exited with {result.returncode}\n"
+        f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    )
+    return result.stdout
+
+
+def floats(pattern: str, text: str) -> list[float]:
+    return [float(match) for match in re.findall(pattern, text)]
+
+
+def test_every_example_is_tested():
+    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(ARGS)
+
+
+@pytest.mark.slow
+def test_linear_regression():
+    out = run_example("linear_regression.py", *ARGS["linear_regression.py"])
+    [error] = floats(r"max \|learned - true\| = (\S+)", out)
+    assert error < 0.02, out
+
+
+@pytest.mark.slow
+def test_mlp_classifier():
+    out = run_example("mlp_classifier.py", *ARGS["mlp_classifier.py"])
+    assert "PmapStrategy on" in out, out
+    losses = floats(r"(?m)^epoch \d+/3\s+loss (\S+)", out)
+    assert len(losses) == 3, out
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0], out
+    [accuracy] = floats(r"final test loss \S+, accuracy (\S+)", out)
+    assert accuracy > 0.8, out
+
+
+@pytest.mark.slow
+def test_mlp_sharding():
+    # 20 steps of 16 per epoch: one full epoch and a partial second one.
+    out = run_example("mlp_sharding.py", *ARGS["mlp_sharding.py"])
+    assert "ShardingStrategy on" in out, out
+    losses = floats(r"(?m)^epoch \d+\s+loss (\S+)", out)
+    assert len(losses) == 2 and losses[1] < losses[0], out
+    assert "final test loss" in out, out
+
+
+@pytest.mark.slow
+def test_mlp_sharding_from_examples_folder():
+    # mlp_sharding imports mlp_classifier, which must work from any directory.
+    out = run_example("mlp_sharding.py", "--steps", "2", cwd=EXAMPLES)
+    assert "ShardingStrategy on" in out, out
+
+
+@pytest.mark.slow
+def test_gradient_accumulation():
+    out = run_example("gradient_accumulation.py", *ARGS["gradient_accumulation.py"])
+    differences = floats(r"max \|params\(.*?\)\| = (\S+)", out)
+    assert len(differences) == 2, out
+    assert max(differences) < 1e-5, out
+
+
+@pytest.mark.slow
+def test_collectives():
+    out = run_example("collectives.py", *ARGS["collectives.py"])
+    rows = re.findall(
+        r"device (\d+): holds (\d+)\s+psum -> (\d+)\s+all_gather -> \[([\d, ]+)\]",
+        out,
+    )
+    assert rows, out
+    held = [int(value) for _, value, _, _ in rows]
+    for _, _, total, gathered in rows:
+        assert int(total) == sum(held), out
+        assert [int(v) for v in gathered.split(",")] == held, out
+    [difference] = floats(r"max \|params\(.*?\)\| = (\S+)", out)
+    assert difference < 1e-5, out
+    matches = floats(r"partner found among 128: \S+% -> (\S+)%", out)
+    assert len(matches) == 2 and min(matches) > 50, out
