@@ -1,0 +1,91 @@
+"""Non-finite gradients: nan_policy 'raise' (state from before the bad step),
+'skip' (update dropped and counted), 'off'."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import phalanx as px
+from helpers import make_data, make_model, max_abs_diff, params_of
+
+
+def sqrt_loss(outputs, targets):
+    # A target of -1 gives sqrt(-1) = NaN: finite inputs, non-finite gradients.
+    return jnp.sum(outputs**2, axis=-1) * jnp.sqrt(targets.astype(jnp.float32))
+
+
+def batches():
+    x, y = make_data(16 * 6)
+    y = np.abs(y).astype(np.int32)
+    good = [(x[i * 16 : (i + 1) * 16], y[i * 16 : (i + 1) * 16]) for i in range(6)]
+    bad = (good[3][0], np.full(16, -1, np.int32))
+    return good, bad
+
+
+def trainer(policy, sync_every=16):
+    return px.DataParallelTrainer(
+        make_model(),
+        optax.adam(1e-2),
+        loss=sqrt_loss,
+        strategy=px.PmapStrategy(8),
+        nan_policy=policy,
+        sync_every=sync_every,
+    )
+
+
+@pytest.mark.parametrize("sync_every", [1, 4, 16])
+def test_raise_names_leaf_and_step_and_keeps_state(sync_every):
+    good, bad = batches()
+    clean = trainer("raise")
+    clean.fit(good[:3], epochs=1)
+    run = trainer("raise", sync_every)
+    with pytest.raises(FloatingPointError) as info:
+        run.fit([*good[:3], bad, *good[3:]], epochs=1)
+    message = str(info.value)
+    assert "model.layers[" in message and "at step 3" in message
+    assert "nan_policy='skip'" in message
+    # The steps after the bad one were frozen: the state is from before it.
+    assert max_abs_diff(run.model, clean.model) == 0
+    assert int(run.state.step) == 3
+
+
+def test_skip_drops_the_update_and_counts_it():
+    good, bad = batches()
+    clean = trainer("skip")
+    clean.fit(good, epochs=1)
+    run = trainer("skip")
+    run.fit([*good[:3], bad, *good[3:]], epochs=1)
+    assert run.history[0]["skipped_steps"] == 1
+    assert clean.history[0]["skipped_steps"] == 0
+    assert max_abs_diff(run.model, clean.model) == 0
+    # The epoch's loss counts only the updates that were applied.
+    assert run.history[0]["loss"] == pytest.approx(clean.history[0]["loss"])
+
+
+def test_off_applies_the_update():
+    good, bad = batches()
+    run = trainer("off")
+    run.fit([good[0], bad], epochs=1)
+    assert any(np.isnan(np.asarray(p)).any() for p in params_of(run.model))
+
+
+def test_skip_reports_per_step_flag():
+    good, bad = batches()
+    flags = []
+
+    class Record(px.Callback):
+        def on_step_end(self, info):
+            flags.append(info.metrics["skipped"])
+
+    run = px.DataParallelTrainer(
+        make_model(),
+        optax.adam(1e-2),
+        loss=sqrt_loss,
+        nan_policy="skip",
+        callbacks=[Record()],
+    )
+    run.fit([good[0], bad, good[1]], epochs=1)
+    assert flags == [0.0, 1.0, 0.0]
+    assert jax.tree.structure(run.state) == jax.tree.structure(trainer("skip").state)
