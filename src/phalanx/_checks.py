@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import equinox as eqx
 import jax
 import jaxtyping
 import numpy as np
@@ -218,3 +219,27 @@ def check_per_example(losses: Array, weight: Array, hook: str) -> None:
             "(e.g. without a final jnp.mean): the trainer weights, sums and "
             "divides once by the global number of examples"
         )
+
+
+def empty_data_message(name: str, epoch: int | None = None) -> str:
+    """The error for an iterable that yielded no batches."""
+    where = "" if epoch is None else f" in epoch {epoch}"
+    return (
+        f"{name}: yielded no batches{where}; pass a non-empty re-iterable such as a "
+        "list of (x, y) batches (a generator is used up after one pass: wrap it in "
+        "a class whose __iter__ makes a new one)"
+    )
+
+
+def nonfinite_error(step: int, leaf: int, model: Any) -> FloatingPointError:
+    """The error for the first non-finite gradient under nan_policy="raise"."""
+    paths = jax.tree_util.tree_flatten_with_path(
+        eqx.filter(model, eqx.is_inexact_array)
+    )[0]
+    name = "model" + jax.tree_util.keystr(paths[leaf][0])
+    return FloatingPointError(
+        f"non-finite gradient (NaN or inf) in {name} at step {step} "
+        "(nan_policy='raise'); the state is kept as it was before that step. "
+        "Lower the learning rate, clip gradients (optax.clip_by_global_norm), "
+        "check the data, or pass nan_policy='skip' to skip such updates"
+    )

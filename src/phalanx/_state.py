@@ -1,12 +1,15 @@
-from typing import final
+from typing import Generic, TypeVar, final
 
 import equinox as eqx
 import optax
 from jaxtyping import Array, Int, PRNGKeyArray
 
 
+_Model = TypeVar("_Model", bound=eqx.Module)
+
+
 @final
-class TrainState(eqx.Module):
+class TrainState(eqx.Module, Generic[_Model]):
     """Everything a training run carries from one step to the next.
 
     State goes into a step and a new state comes out; nothing hides on the
@@ -22,7 +25,7 @@ class TrainState(eqx.Module):
     """
 
     step: Int[Array, ""]
-    model: eqx.Module
+    model: _Model
     opt_state: optax.OptState
     key: PRNGKeyArray
     model_state: eqx.nn.State | None = None

@@ -1,5 +1,5 @@
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import equinox as eqx
 import jax
@@ -11,11 +11,17 @@ from jaxtyping import Array, Float, PyTree
 
 from . import _losses
 from ._batching import BatchPipeline, pad
-from ._checks import BatchSpec, flatten_batch, num_examples
+from ._checks import (
+    BatchSpec,
+    empty_data_message,
+    flatten_batch,
+    nonfinite_error,
+    num_examples,
+)
+from ._compiled import CompiledSteps
 from ._config import check_config, check_duration, check_iterable
 from ._forward import takes_key
 from ._state import TrainState
-from ._step import build_predict_step, build_steps
 from ._typing import (
     ChecksMode,
     DeviceMetrics,
@@ -30,7 +36,10 @@ from .callbacks._callback import overrides
 from .strategies import ShardingStrategy, Strategy
 
 
-class DataParallelTrainer:
+_Model = TypeVar("_Model", bound=eqx.Module)
+
+
+class DataParallelTrainer(Generic[_Model]):
     """Trains an Equinox model with optax on every device a strategy holds.
 
     The trainer is the loop: it checks and pads each host batch, runs the
@@ -62,7 +71,7 @@ class DataParallelTrainer:
     @validates_own_arguments
     def __init__(
         self,
-        model: eqx.Module,
+        model: _Model,
         optimizer: optax.GradientTransformation,
         *,
         strategy: Strategy | None = None,
@@ -121,7 +130,6 @@ class DataParallelTrainer:
         self._loss_name = loss if isinstance(loss, str) else None
         builtin = {"cross_entropy": _losses.cross_entropy, "mse": _losses.mse}
         self._loss_fn: LossFn = builtin[loss] if isinstance(loss, str) else loss
-        self._pass_key = takes_key(model)
         state = TrainState(
             jnp.asarray(0, jnp.int32),
             model,
@@ -140,10 +148,13 @@ class DataParallelTrainer:
         )
         self._step = 0
         self._epoch = 0
-        self._metric_names: tuple[str, ...] = ()
-        self._train_step: Any = None
-        self._eval_step: Any = None
-        self._predict_steps: dict[Any, Any] = {}
+        self._steps = CompiledSteps(
+            self,
+            self._state_treedef,
+            self._state_static,
+            pass_key=takes_key(model),
+            traced_checks=checks == "on",
+        )
         self._batches = BatchPipeline(
             self.strategy,
             value_checks=checks == "on",
@@ -188,14 +199,14 @@ class DataParallelTrainer:
     # ---------------------------------------------------------------- public
 
     @property
-    def state(self) -> TrainState:
+    def state(self) -> TrainState[_Model]:
         """The current `TrainState` (replicated device arrays)."""
         return eqx.combine(
             jax.tree.unflatten(self._state_treedef, self._leaves), self._state_static
         )
 
     @property
-    def model(self) -> eqx.Module:
+    def model(self) -> _Model:
         """The current model."""
         return self.state.model
 
@@ -207,7 +218,7 @@ class DataParallelTrainer:
         epochs: int | None = None,
         steps: int | None = None,
         eval_data: Iterable[Any] | None = None,
-    ) -> TrainState:
+    ) -> TrainState[_Model]:
         """Train on `data`, a re-iterable of host batches, in the order given.
 
         Args:
@@ -259,12 +270,12 @@ class DataParallelTrainer:
         for i, batch in enumerate(data):
             leaves, weight, first = self._batches.prepare(batch, f"batch {i}", first)
             if acc is None:
-                acc = self._zeros(("loss", "weight", *self._metric_names))
-            acc = self._eval_step(self._leaves, acc, leaves, weight)
+                acc = self._steps.eval_acc()
+            acc = self._steps.evaluate(self._leaves, acc, leaves, weight)
             if (i + 1) % self.sync_every == 0:
                 jax.block_until_ready(acc)
         if acc is None:
-            raise ValueError(_empty_message("data"))
+            raise ValueError(empty_data_message("data"))
         sums = jax.device_get(acc)
         results = {
             k: float(v / sums["weight"]) for k, v in sums.items() if k != "weight"
@@ -287,7 +298,7 @@ class DataParallelTrainer:
             raise ValueError(
                 f"batch_size={batch_size!r} must be a positive int or None"
             )
-        step = self._predict_step(treedef, leaves)
+        step = self._steps.predict(treedef, leaves, self._leaves)
         size = self._batches.step_size(min(chunk, n), None)
         outputs = []
         for start in range(0, n, chunk):
@@ -307,8 +318,8 @@ class DataParallelTrainer:
             ```
         """
         leaves, weight, _ = self._batches.prepare(batch, "batch", None)
-        return self._train_step.lower(
-            self._leaves, self._new_train_acc(), leaves, weight
+        return self._steps.train.lower(
+            self._leaves, self._steps.train_acc(), leaves, weight
         )
 
     # -------------------------------------------------------------- the loop
@@ -324,8 +335,8 @@ class DataParallelTrainer:
                 batch, f"batch {i} of epoch {epoch}", first
             )
             if acc is None:
-                acc = self._new_train_acc()
-            self._leaves, acc, metrics = self._train_step(
+                acc = self._steps.train_acc()
+            self._leaves, acc, metrics = self._steps.train(
                 self._leaves, acc, leaves, weight
             )
             self._step += 1
@@ -336,7 +347,7 @@ class DataParallelTrainer:
             if last is not None and self._step >= last:
                 break
         if acc is None:
-            raise ValueError(_empty_message("data", epoch))
+            raise ValueError(empty_data_message("data", epoch))
         logs = self._epoch_logs(jax.device_get(acc))
         if eval_data is not None:
             logs.update({f"eval_{k}": v for k, v in self.evaluate(eval_data).items()})
@@ -354,27 +365,19 @@ class DataParallelTrainer:
     def _epoch_logs(self, sums: dict[str, Any]) -> HostMetrics:
         self._raise_if_nonfinite(sums)
         logs = {
-            k: float(sums[k] / sums["weight"]) for k in ("loss", *self._metric_names)
+            k: float(sums[k] / sums["weight"])
+            for k in ("loss", *self._steps.metric_names)
         }
         if self.nan_policy == "skip":
             logs["skipped_steps"] = float(sums["skipped"])
         return logs
 
     def _raise_if_nonfinite(self, sums: dict[str, Any]) -> None:
-        bad_step = int(sums["nonfinite_step"])
-        if bad_step < 0:
-            return
-        self._step = bad_step
-        paths = jax.tree_util.tree_flatten_with_path(
-            eqx.filter(self.state.model, eqx.is_inexact_array)
-        )[0]
-        leaf = "model" + jax.tree_util.keystr(paths[int(sums["nonfinite_leaf"])][0])
-        raise FloatingPointError(
-            f"non-finite gradient (NaN or inf) in {leaf} at step {bad_step} "
-            "(nan_policy='raise'); the state is kept as it was before that step. "
-            "Lower the learning rate, clip gradients (optax.clip_by_global_norm), "
-            "check the data, or pass nan_policy='skip' to skip such updates"
-        )
+        if int(sums["nonfinite_step"]) >= 0:
+            self._step = int(sums["nonfinite_step"])
+            raise nonfinite_error(
+                self._step, int(sums["nonfinite_leaf"]), self.state.model
+            )
 
     # ------------------------------------------------------------ set-up
 
@@ -390,78 +393,10 @@ class DataParallelTrainer:
                     "y.astype(np.int32) (or use loss='mse' for regression)"
                 )
 
-        train, evaluate, probe = build_steps(
-            self,
-            self._state_treedef,
-            self._state_static,
-            spec.treedef,
-            spec.traced_check() if self.checks == "on" else None,
-            self._pass_key,
-        )
         size = self._batches.step_size(leaves[0].shape[0], None)
-        shapes = [
-            jax.ShapeDtypeStruct((size, *shape), dtype)
-            for shape, dtype in zip(spec.shapes, spec.dtypes, strict=True)
-        ]
-        try:
-            outputs, sums = jax.eval_shape(
-                probe, self._leaves, shapes, jax.ShapeDtypeStruct((size,), jnp.float32)
-            )
-        except (TypeError, ValueError) as error:
-            kind = TypeError if isinstance(error, TypeError) else ValueError
-            raise kind(
-                f"data: the first batch {spec.describe()} does not fit the model and "
-                f"loss; fix the batch or the model. The error was: {error}"
-                + _hint(error)
-            ) from error
+        outputs = self._steps.build(spec, self._leaves, size)
         if self._loss_name == "cross_entropy":
             self._batches.num_classes = int(outputs.shape[-1])
-        self._metric_names = tuple(k for k in sums if k not in ("loss", "weight"))
-        replicated = self.strategy.replicated
-        self._train_step = jax.jit(
-            train, donate_argnums=(0, 1), out_shardings=replicated
-        )
-        self._eval_step = jax.jit(
-            evaluate, donate_argnums=(1,), out_shardings=replicated
-        )
-
-    def _predict_step(self, treedef: Any, leaves: list[np.ndarray]) -> Any:
-        step = self._predict_steps.get(treedef)
-        if step is None:
-            fn = build_predict_step(
-                self, self._state_treedef, self._state_static, treedef, self._pass_key
-            )
-            step = jax.jit(fn, out_shardings=self.strategy.split)
-            rows = self.strategy.num_devices
-            shapes = [
-                jax.ShapeDtypeStruct((rows, *leaf.shape[1:]), leaf.dtype)
-                for leaf in leaves
-            ]
-            try:
-                jax.eval_shape(fn, self._leaves, shapes)
-            except (TypeError, ValueError) as error:
-                raise ValueError(
-                    f"x: rows of shapes {[leaf.shape[1:] for leaf in leaves]} do "
-                    "not fit the model; pass rows the model accepts. "
-                    f"The error was: {error}"
-                ) from error
-            self._predict_steps[treedef] = step
-        return step
-
-    def _new_train_acc(self) -> dict[str, jax.Array]:
-        acc = self._zeros(("loss", "weight", *self._metric_names))
-        extra = {"skipped": 0, "nonfinite_step": -1, "nonfinite_leaf": -1}
-        acc.update(
-            jax.device_put(
-                {k: np.int32(v) for k, v in extra.items()}, self.strategy.replicated
-            )
-        )
-        return acc
-
-    def _zeros(self, names: Iterable[str]) -> dict[str, jax.Array]:
-        return jax.device_put(
-            {k: np.float32(0) for k in names}, self.strategy.replicated
-        )
 
     def _info(self, metrics: DeviceMetrics | HostMetrics | None = None) -> StepInfo:
         return StepInfo(self, self._step, self._epoch, metrics or {})
@@ -469,27 +404,3 @@ class DataParallelTrainer:
     def _notify(self, hook: str, info: StepInfo) -> None:
         for callback in self.callbacks:
             getattr(callback, hook)(info)
-
-
-def _hint(error: Exception) -> str:
-    """Known causes of errors from inside the model, and their fixes."""
-    if "Old and new values have different structures" in str(error):
-        # eqx.nn.State.set compares a fresh constant (BatchNorm mode="ema" sets
-        # jnp.array(False)) against a value typed with shard_map's mesh under
-        # JAX 0.10, and the two never match (equinox 0.13.8).
-        return (
-            ". A stateful layer that writes a constant into eqx.nn.State cannot "
-            "run inside jax.shard_map (PmapStrategy, AccumulatingStrategy) with "
-            "this equinox; for BatchNorm pass mode='batch' (equinox's advice for "
-            "new code), or train with ShardingStrategy"
-        )
-    return ""
-
-
-def _empty_message(name: str, epoch: int | None = None) -> str:
-    where = "" if epoch is None else f" in epoch {epoch}"
-    return (
-        f"{name}: yielded no batches{where}; pass a non-empty re-iterable such as a "
-        "list of (x, y) batches (a generator is used up after one pass: wrap it in "
-        "a class whose __iter__ makes a new one)"
-    )

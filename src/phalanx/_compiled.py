@@ -1,0 +1,152 @@
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._checks import BatchSpec
+from ._step import build_predict_step, build_steps
+
+
+if TYPE_CHECKING:
+    from ._trainer import DataParallelTrainer
+
+
+class CompiledSteps:
+    """A trainer's jitted train, eval and predict steps.
+
+    They are built when the first batch fixes the `BatchSpec`. The model and
+    loss are first traced abstractly on that batch (`jax.eval_shape` through
+    the strategy), so a batch that does not fit fails with a clear message
+    before anything compiles or runs.
+    """
+
+    def __init__(
+        self,
+        trainer: "DataParallelTrainer",
+        state_treedef: Any,
+        state_static: Any,
+        *,
+        pass_key: bool,
+        traced_checks: bool,
+    ):
+        self.trainer = trainer
+        self.state_treedef = state_treedef
+        self.state_static = state_static
+        self.pass_key = pass_key
+        self.traced_checks = traced_checks
+        self.train: Any = None
+        self.evaluate: Any = None
+        self.metric_names: tuple[str, ...] = ()
+        self._predict: dict[Any, Any] = {}
+
+    @property
+    def replicated(self) -> jax.sharding.NamedSharding:
+        return self.trainer.strategy.replicated
+
+    def build(
+        self, spec: BatchSpec, state_leaves: list[jax.Array], size: int
+    ) -> jax.ShapeDtypeStruct:
+        """Validate `spec` (at a step of `size` examples) against the model and
+        loss; build the train and eval steps.
+
+        Returns:
+            The shape of the model's outputs for a batch of this spec.
+
+        Raises:
+            TypeError, ValueError: the batch does not fit the model or loss.
+        """
+        train, evaluate, probe = build_steps(
+            self.trainer,
+            self.state_treedef,
+            self.state_static,
+            spec.treedef,
+            spec.traced_check() if self.traced_checks else None,
+            self.pass_key,
+        )
+        shapes = [
+            jax.ShapeDtypeStruct((size, *shape), dtype)
+            for shape, dtype in zip(spec.shapes, spec.dtypes, strict=True)
+        ]
+        weight = jax.ShapeDtypeStruct((size,), jnp.float32)
+        try:
+            outputs, sums = jax.eval_shape(probe, state_leaves, shapes, weight)
+        except (TypeError, ValueError) as error:
+            kind = TypeError if isinstance(error, TypeError) else ValueError
+            raise kind(
+                f"data: the first batch {spec.describe()} does not fit the model and "
+                f"loss; fix the batch or the model. The error was: {error}"
+                + _hint(error)
+            ) from error
+        self.metric_names = tuple(k for k in sums if k not in ("loss", "weight"))
+        self.train = jax.jit(
+            train, donate_argnums=(0, 1), out_shardings=self.replicated
+        )
+        self.evaluate = jax.jit(
+            evaluate, donate_argnums=(1,), out_shardings=self.replicated
+        )
+        return outputs
+
+    def predict(
+        self, treedef: Any, leaves: list[np.ndarray], state_leaves: list[jax.Array]
+    ) -> Any:
+        """The jitted predict step for inputs of this structure (validated once)."""
+        step = self._predict.get(treedef)
+        if step is None:
+            strategy = self.trainer.strategy
+            fn = build_predict_step(
+                self.trainer,
+                self.state_treedef,
+                self.state_static,
+                treedef,
+                self.pass_key,
+            )
+            shapes = [
+                jax.ShapeDtypeStruct(
+                    (strategy.num_devices, *leaf.shape[1:]), leaf.dtype
+                )
+                for leaf in leaves
+            ]
+            try:
+                jax.eval_shape(fn, state_leaves, shapes)
+            except (TypeError, ValueError) as error:
+                raise ValueError(
+                    f"x: rows of shapes {[leaf.shape[1:] for leaf in leaves]} do "
+                    "not fit the model; pass rows the model accepts. "
+                    f"The error was: {error}" + _hint(error)
+                ) from error
+            step = self._predict[treedef] = jax.jit(fn, out_shardings=strategy.split)
+        return step
+
+    def train_acc(self) -> dict[str, jax.Array]:
+        """Zeroed on-device sums of an epoch, and the non-finite step record."""
+        return self._put(
+            {k: np.float32(0) for k in ("loss", "weight", *self.metric_names)}
+            | {"skipped": np.int32(0)}
+            | {"nonfinite_step": np.int32(-1), "nonfinite_leaf": np.int32(-1)}
+        )
+
+    def eval_acc(self) -> dict[str, jax.Array]:
+        """Zeroed on-device sums of an evaluation."""
+        return self._put(
+            {k: np.float32(0) for k in ("loss", "weight", *self.metric_names)}
+        )
+
+    def _put(self, values: Mapping[str, np.generic]) -> dict[str, jax.Array]:
+        return jax.device_put(values, self.replicated)
+
+
+def _hint(error: Exception) -> str:
+    """Known causes of errors from inside the model, and their fixes."""
+    if "Old and new values have different structures" in str(error):
+        # eqx.nn.State.set compares a fresh constant (BatchNorm mode="ema" sets
+        # jnp.array(False)) against a value typed with shard_map's mesh under
+        # JAX 0.10, and the two never match (equinox 0.13.8).
+        return (
+            ". A stateful layer that writes a constant into eqx.nn.State cannot "
+            "run inside jax.shard_map (PmapStrategy, AccumulatingStrategy) with "
+            "this equinox; for BatchNorm pass mode='batch' (equinox's advice for "
+            "new code), or train with ShardingStrategy"
+        )
+    return ""
