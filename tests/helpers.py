@@ -11,6 +11,12 @@ import phalanx as px
 
 
 IN, CLASSES, HIDDEN = 5, 3, (8,)
+# One of each strategy, for tests that must hold under all of them.
+STRATEGIES = {
+    "sharding": lambda: px.ShardingStrategy(8),
+    "pmap": lambda: px.PmapStrategy(8),
+    "accumulating": lambda: px.AccumulatingStrategy(px.PmapStrategy(4), 2),
+}
 
 
 def make_data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -240,3 +240,25 @@ def test_loss_must_return_one_value_per_example():
     message = str(info.value)
     assert "does not fit the model and loss" in message
     assert "one value per example" in message or "Float[" in message
+
+
+def test_traced_batch_check_uses_jaxtyping_and_beartype():
+    # Inside the compiled step the batch is checked against the spec at trace
+    # time: every leaf's per-example shape and dtype, one shared batch axis.
+    import jax.numpy as jnp
+    import jaxtyping
+
+    from phalanx._checks import BatchSpec
+
+    x, y = make_data(16)
+    leaves, treedef = jax.tree.flatten((x, y))
+    check = BatchSpec.of(leaves, treedef).traced_check()
+    weight = jnp.ones(16)
+    check((jnp.asarray(x), jnp.asarray(y)), weight)
+    for bad in [
+        (jnp.asarray(x[:, :3]), jnp.asarray(y)),  # per-example shape
+        (jnp.asarray(x), jnp.asarray(y, jnp.float32)),  # dtype
+        (jnp.asarray(x[:8]), jnp.asarray(y[:8])),  # batch axis vs weights
+    ]:
+        with pytest.raises(jaxtyping.TypeCheckError):
+            check(bad, weight)

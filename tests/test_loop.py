@@ -7,7 +7,7 @@ import pytest
 from typing_extensions import override
 
 import phalanx as px
-from helpers import make_data, make_model
+from helpers import STRATEGIES, make_data, make_model
 
 
 class CountingTrainer(px.DataParallelTrainer):
@@ -21,20 +21,14 @@ class CountingTrainer(px.DataParallelTrainer):
         return super().loss(model, outputs, targets)
 
 
-@pytest.mark.parametrize(
-    "strategy",
-    [
-        px.ShardingStrategy(8),
-        px.PmapStrategy(8),
-        px.AccumulatingStrategy(px.PmapStrategy(4), 2),
-    ],
-    ids=["sharding", "pmap", "accumulating"],
-)
-def test_no_recompilation_after_first_step(strategy):
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_no_recompilation_after_first_step(name):
     x, y = make_data(100)
     batches = [(x[:32], y[:32]), (x[32:64], y[32:64]), (x[64:96], y[64:96])]
     ragged = [*batches, (x[96:], y[96:])]  # padded to 32: same compiled shape
-    trainer = CountingTrainer(make_model(), optax.adam(1e-2), strategy=strategy)
+    trainer = CountingTrainer(
+        make_model(), optax.adam(1e-2), strategy=STRATEGIES[name]()
+    )
     CountingTrainer.traces = 0
     trainer.fit(batches[:1], steps=1)
     after_first = CountingTrainer.traces

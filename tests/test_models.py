@@ -11,14 +11,7 @@ import pytest
 from typing_extensions import override
 
 import phalanx as px
-from helpers import CLASSES, IN, make_data, max_abs_diff, params_of
-
-
-STRATEGIES = {
-    "sharding": lambda: px.ShardingStrategy(8),
-    "pmap": lambda: px.PmapStrategy(8),
-    "accumulating": lambda: px.AccumulatingStrategy(px.PmapStrategy(4), 2),
-}
+from helpers import CLASSES, IN, STRATEGIES, make_data, max_abs_diff, params_of
 
 
 class DropoutMLP(eqx.Module):

@@ -7,22 +7,16 @@ import optax
 import pytest
 
 import phalanx as px
-from helpers import CLASSES, make_data, make_model, max_abs_diff
+from helpers import CLASSES, STRATEGIES, make_data, make_model, max_abs_diff
 
 
-@pytest.mark.parametrize(
-    "strategy",
-    [
-        px.ShardingStrategy(8),
-        px.PmapStrategy(8),
-        px.AccumulatingStrategy(px.PmapStrategy(4), 2),
-    ],
-    ids=["sharding", "pmap", "accumulating"],
-)
+@pytest.mark.parametrize("name", list(STRATEGIES))
 @pytest.mark.parametrize("rows", [1, 13, 64])
-def test_predict_any_number_of_rows(strategy, rows):
+def test_predict_any_number_of_rows(name, rows):
     x, y = make_data(64)
-    trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2), strategy=strategy)
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-2), strategy=STRATEGIES[name]()
+    )
     trainer.fit([(x, y)], steps=2)
     expected = jax.vmap(jax.device_get(trainer.model))(x[:rows])
     out = trainer.predict(x[:rows])

@@ -156,9 +156,11 @@ class BatchSpec:
             for shape, dtype in zip(self.shapes, self.dtypes, strict=True)
         )
 
-        def check(leaves, weight):
-            del leaves, weight
-
+        # A lambda, not a def: the jaxtyping import hook decorates every def at
+        # import time, before these annotations exist, and beartype would then
+        # check the bare original instead of this signature.
+        check = lambda leaves, weight: None  # noqa: E731
+        check.__name__ = check.__qualname__ = "check_batch"
         check.__annotations__ = {
             "leaves": tuple[annotations],  # pyright: ignore[reportInvalidTypeArguments]
             "weight": Float[Array, " batch"],
