@@ -9,23 +9,14 @@ Device arrays are typed with jaxtyping; host batches are NumPy pytrees with a
 shared leading ``batch`` axis.
 """
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeAlias, TypeVar
 
-import numpy as np
-from jaxtyping import Array, Bool, Float, Int, PyTree, Shaped
+from jaxtyping import Array, Float, Int, Shaped
 
 
-# A batch of examples on device: every leaf shares the leading ``batch`` axis.
-Batch: TypeAlias = PyTree[Shaped[Array, "batch ..."]]
-# The same batch on the host, as the user's data yields it.
-HostBatch: TypeAlias = PyTree[np.ndarray]
-# Per-example weights: 1 for a real example, 0 for padding.
-Weight: TypeAlias = Float[Array, " batch"]
 ExampleIndex: TypeAlias = Int[Array, " batch"]
 PerExample: TypeAlias = Float[Array, " batch"]
-Scalar: TypeAlias = Float[Array, ""]
-Flag: TypeAlias = Bool[Array, ""]
 # Device scalars by name; fetched to the host only at log points.
 DeviceMetrics: TypeAlias = dict[str, Shaped[Array, ""]]
 HostMetrics: TypeAlias = dict[str, float]
@@ -38,8 +29,6 @@ NanPolicy: TypeAlias = Literal["raise", "skip", "off"]
 Device: TypeAlias = Any
 # Strategy ``devices=``: None (all local), an int (the first n) or devices.
 Devices: TypeAlias = None | int | Sequence[Device]
-Data: TypeAlias = Iterable[Any]
-MetricsMapping: TypeAlias = Mapping[str, float]
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
