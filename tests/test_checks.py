@@ -84,7 +84,7 @@ def test_bad_data_is_refused_and_state_kept(trainer, case):
     for phrase in phrases:
         assert phrase in str(info.value), str(info.value)
     assert_unchanged(trainer, before)
-    assert trainer.history == []
+    assert len(trainer.history) == 0
 
 
 def test_batch_structure_must_match_the_first(trainer):

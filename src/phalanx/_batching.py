@@ -73,16 +73,17 @@ class BatchPipeline:
 
     def prepare(
         self, batch: Any, where: str, first: int | None
-    ) -> tuple[list[jax.Array], jax.Array, int]:
+    ) -> tuple[list[jax.Array], jax.Array, int, int]:
         """Check, pad and shard one batch.
 
         Returns:
-            The device leaves, the device weights (1 real, 0 padding) and the
-            step size, to pass back as `first` for the rest of the pass.
+            The device leaves, the device weights (1 real, 0 padding), the
+            step size (pass it back as `first` for the rest of the pass) and
+            the number of examples in the batch.
         """
         leaves, _, n = self.check(batch, where)
         size = self.step_size(n, first)
-        return self.strategy.shard(pad(leaves, size)), self.weights(n, size), size
+        return self.strategy.shard(pad(leaves, size)), self.weights(n, size), size, n
 
     def weights(self, n: int, size: int) -> jax.Array:
         """Device weights for n real examples padded to size (cached)."""

@@ -80,6 +80,9 @@ def build_steps(
         arrays, key = replicated
         batch, weight, index = examples
         inputs, targets = trainer.split_batch(batch)
+        sample_weight = trainer.sample_weight(batch)
+        if sample_weight is not None:
+            weight = weight * sample_weight.astype(weight.dtype)
         model = eqx.combine(params, arrays, static)
         keys = example_keys(key, index)
         outputs, model_state = forward(

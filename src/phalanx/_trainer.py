@@ -1,4 +1,4 @@
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 from typing import Any, Generic, TypeVar
 
 import equinox as eqx
@@ -21,6 +21,7 @@ from ._checks import (
 from ._compiled import CompiledSteps
 from ._config import check_config, check_duration, check_iterable
 from ._forward import takes_key
+from ._history import History
 from ._state import TrainState
 from ._typing import (
     ChecksMode,
@@ -126,7 +127,9 @@ class DataParallelTrainer(Generic[_Model]):
         self.checks = checks
         self.nan_policy = nan_policy
         self.sync_every = sync_every
-        self.history: list[HostMetrics] = []
+        self.history = History()
+        # A callback sets this to end `fit` after the current step (Keras' idiom).
+        self.stop_training = False
         self._loss_name = loss if isinstance(loss, str) else None
         builtin = {"cross_entropy": _losses.cross_entropy, "mse": _losses.mse}
         self._loss_fn: LossFn = builtin[loss] if isinstance(loss, str) else loss
@@ -148,6 +151,7 @@ class DataParallelTrainer(Generic[_Model]):
         )
         self._step = 0
         self._epoch = 0
+        self._plan: tuple[int | None, int | None] = (None, None)
         self._steps = CompiledSteps(
             self,
             self._state_treedef,
@@ -167,14 +171,28 @@ class DataParallelTrainer(Generic[_Model]):
     # ----------------------------------------------------------------- hooks
 
     def split_batch(self, batch: PyTree) -> tuple[PyTree, PyTree]:
-        """Split a batch into model inputs and loss targets (default: ``(x, y)``)."""
-        if isinstance(batch, tuple | list) and len(batch) == 2:
+        """Split a batch into model inputs and loss targets.
+
+        Default: ``(x, y)`` or ``(x, y, sample_weight)``, as in Keras.
+        """
+        if isinstance(batch, tuple | list) and len(batch) in (2, 3):
             return batch[0], batch[1]
         raise TypeError(
-            f"data: a batch must be an (x, y) pair, got {type(batch).__name__} of "
-            f"structure {jax.tree.structure(batch)}; yield (x, y) pairs or override "
+            f"data: a batch must be an (x, y) pair or an (x, y, sample_weight) "
+            f"triple, got {type(batch).__name__} of structure "
+            f"{jax.tree.structure(batch)}; yield those or override "
             "DataParallelTrainer.split_batch"
         )
+
+    def sample_weight(self, batch: PyTree) -> Float[Array, " batch"] | None:
+        """Per-example weights of a batch, or None (default: a third element).
+
+        Losses and metrics are Σ weight · value / Σ weight; a weight of 0 drops
+        an example (e.g. loader padding).
+        """
+        if isinstance(batch, tuple | list) and len(batch) == 3:
+            return batch[2]
+        return None
 
     def loss(
         self, model: eqx.Module, outputs: PyTree, targets: PyTree
@@ -204,6 +222,28 @@ class DataParallelTrainer(Generic[_Model]):
         return eqx.combine(
             jax.tree.unflatten(self._state_treedef, self._leaves), self._state_static
         )
+
+    @state.setter
+    def state(self, state: TrainState[_Model]) -> None:
+        """Replace the state, e.g. with restored weights (same structure)."""
+        dynamic = eqx.filter(state, eqx.is_array)
+        leaves, treedef = jax.tree.flatten(dynamic)
+        if treedef != self._state_treedef:
+            raise ValueError(
+                f"state has structure {treedef}, which differs from the trainer's "
+                f"{self._state_treedef}; pass a TrainState of this trainer's model "
+                "and optimizer (e.g. one returned by fit)"
+            )
+        for new, old in zip(leaves, self._leaves, strict=True):
+            if new.shape != old.shape or new.dtype != old.dtype:
+                raise ValueError(
+                    f"state has a leaf {new.dtype}{list(new.shape)} where the trainer "
+                    f"has {old.dtype}{list(old.shape)}; pass a TrainState of this "
+                    "trainer's model and optimizer"
+                )
+        placed = jax.device_put(leaves, self.strategy.replicated)
+        self._leaves = self._copy(placed)
+        self._step = int(jax.device_get(state.step))
 
     @property
     def model(self) -> _Model:
@@ -244,11 +284,13 @@ class DataParallelTrainer(Generic[_Model]):
             check_iterable(eval_data, "eval_data")
         self._leaves = self._copy(self._leaves)
         last = None if steps is None else self._step + steps
+        self._plan = _plan(data, epochs, steps)
+        self.stop_training = False
         self._notify("on_fit_start", self._info())
         try:
             for _ in range(epochs) if epochs is not None else iter(int, 1):
                 self._run_epoch(data, last, eval_data)
-                if last is not None and self._step >= last:
+                if self.stop_training or (last is not None and self._step >= last):
                     break
         except BaseException as error:
             for callback in self.callbacks:
@@ -268,7 +310,7 @@ class DataParallelTrainer(Generic[_Model]):
         acc: Any = None
         first = None
         for i, batch in enumerate(data):
-            leaves, weight, first = self._batches.prepare(batch, f"batch {i}", first)
+            leaves, weight, first, _ = self._batches.prepare(batch, f"batch {i}", first)
             if acc is None:
                 acc = self._steps.eval_acc()
             acc = self._steps.evaluate(self._leaves, acc, leaves, weight)
@@ -317,7 +359,7 @@ class DataParallelTrainer(Generic[_Model]):
             hlo = trainer.lower((x, y)).compile().as_text()
             ```
         """
-        leaves, weight, _ = self._batches.prepare(batch, "batch", None)
+        leaves, weight, _, _ = self._batches.prepare(batch, "batch", None)
         return self._steps.train.lower(
             self._leaves, self._steps.train_acc(), leaves, weight
         )
@@ -331,7 +373,7 @@ class DataParallelTrainer(Generic[_Model]):
         acc: Any = None
         first = None
         for i, batch in enumerate(data):
-            leaves, weight, first = self._batches.prepare(
+            leaves, weight, first, n = self._batches.prepare(
                 batch, f"batch {i} of epoch {epoch}", first
             )
             if acc is None:
@@ -342,9 +384,11 @@ class DataParallelTrainer(Generic[_Model]):
             self._step += 1
             if self._step % self.sync_every == 0:
                 self._sync(acc)
-            for callback in step_hooks:
-                callback.on_step_end(StepInfo(self, self._step, epoch, metrics))
-            if last is not None and self._step >= last:
+            if step_hooks:
+                info = self._info(metrics, examples=n)
+                for callback in step_hooks:
+                    callback.on_step_end(info)
+            if self.stop_training or (last is not None and self._step >= last):
                 break
         if acc is None:
             raise ValueError(empty_data_message("data", epoch))
@@ -352,8 +396,9 @@ class DataParallelTrainer(Generic[_Model]):
         if eval_data is not None:
             logs.update({f"eval_{k}": v for k, v in self.evaluate(eval_data).items()})
         self.history.append(logs)
+        info = self._info(logs)
         self._epoch += 1
-        self._notify("on_epoch_end", StepInfo(self, self._step, epoch, logs))
+        self._notify("on_epoch_end", info)
 
     def _sync(self, acc: dict[str, jax.Array]) -> None:
         """Wait for the device (bounded in-flight window); surface a bad step."""
@@ -398,9 +443,31 @@ class DataParallelTrainer(Generic[_Model]):
         if self._loss_name == "cross_entropy":
             self._batches.num_classes = int(outputs.shape[-1])
 
-    def _info(self, metrics: DeviceMetrics | HostMetrics | None = None) -> StepInfo:
-        return StepInfo(self, self._step, self._epoch, metrics or {})
+    def _info(
+        self, metrics: DeviceMetrics | HostMetrics | None = None, examples: int = 0
+    ) -> StepInfo:
+        max_epochs, total_steps = self._plan
+        return StepInfo(
+            self,
+            self._step,
+            self._epoch,
+            metrics or {},
+            examples=examples,
+            max_epochs=max_epochs,
+            total_steps=total_steps,
+        )
 
     def _notify(self, hook: str, info: StepInfo) -> None:
         for callback in self.callbacks:
             getattr(callback, hook)(info)
+
+
+def _plan(
+    data: Iterable[Any], epochs: int | None, steps: int | None
+) -> tuple[int | None, int | None]:
+    """A fit's epochs and total steps, where they can be known up front."""
+    per_epoch = len(data) if isinstance(data, Sized) else None
+    total = None if epochs is None or per_epoch is None else epochs * per_epoch
+    if steps is not None:
+        total = steps if total is None else min(total, steps)
+    return epochs, total

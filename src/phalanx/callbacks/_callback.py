@@ -20,6 +20,10 @@ class StepInfo:
         trainer: the trainer that is running.
         step: optimizer updates made so far (counted on the host: no sync).
         epoch: the current epoch, from 0.
+        examples: at `on_step_end`, the examples in the step's batch.
+        max_epochs: the epochs `fit` was asked for, if given.
+        total_steps: the steps `fit` will make, if known up front (``steps=``,
+            or ``epochs=`` over data with a length).
     """
 
     trainer: "DataParallelTrainer"
@@ -28,6 +32,9 @@ class StepInfo:
     device_metrics: DeviceMetrics | HostMetrics = dataclasses.field(
         default_factory=dict, repr=False
     )
+    examples: int = 0
+    max_epochs: int | None = None
+    total_steps: int | None = None
 
     @functools.cached_property
     def metrics(self) -> HostMetrics:
@@ -36,9 +43,15 @@ class StepInfo:
         At `on_step_end` these are the step's own; at `on_epoch_end` the
         epoch's (eval metrics prefixed ``eval_``); at `on_eval_end` the
         evaluation's. A callback that reads them only every n steps makes
-        the device wait only every n steps.
+        the device wait only every n steps. Callbacks may add host values
+        (e.g. ``"lr"``); callbacks later in the list see them.
         """
-        fetched: dict[str, Any] = jax.device_get(dict(self.device_metrics))
+        metrics = self.device_metrics
+        if all(isinstance(value, float) for value in metrics.values()):
+            # Already on the host (epoch end): the very dict the history keeps,
+            # so entries a callback adds (e.g. "lr") reach later callbacks too.
+            return metrics  # pyright: ignore[reportReturnType]
+        fetched: dict[str, Any] = jax.device_get(dict(metrics))
         return {name: float(value) for name, value in fetched.items()}
 
     @property
