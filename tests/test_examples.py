@@ -18,6 +18,7 @@ ARGS = {
     "mlp_sharding.py": ["--steps", "20"],
     "gradient_accumulation.py": ["--epochs", "1"],
     "collectives.py": ["--epochs", "2"],
+    "custom_data.py": ["--epochs", "3"],
 }
 
 
@@ -108,3 +109,14 @@ def test_collectives():
     assert difference < 1e-5, out
     matches = floats(r"partner found among 128: \S+% -> (\S+)%", out)
     assert len(matches) == 2 and min(matches) > 50, out
+
+
+@pytest.mark.slow
+def test_custom_data():
+    # The digits, fed from a generator function: a new shuffled pass per epoch.
+    out = run_example("custom_data.py", *ARGS["custom_data.py"])
+    assert "1437 train / 360 test" in out, out
+    losses = floats(r"(?m)^epoch \d+/3\s+loss (\S+)", out)
+    assert len(losses) == 3 and losses == sorted(losses, reverse=True), out
+    [accuracy] = floats(r"final test loss \S+, accuracy (\S+)", out)
+    assert accuracy > 0.85, out

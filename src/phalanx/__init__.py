@@ -1,7 +1,13 @@
 """phalanx: data-parallel training for Equinox models on JAX."""
 
-from . import callbacks as callbacks, models as models, strategies as strategies
+from . import (
+    callbacks as callbacks,
+    data as data,
+    models as models,
+    strategies as strategies,
+)
 from ._devices import fake_cpu_devices as fake_cpu_devices
+from ._history import History as History
 from ._state import TrainState as TrainState
 from ._trainer import DataParallelTrainer as DataParallelTrainer
 from .callbacks import Callback as Callback, StepInfo as StepInfo

@@ -1,0 +1,289 @@
+"""Batches of in-memory NumPy arrays: shuffled, padded, sliced per process."""
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, final
+
+import numpy as np
+
+from .._typing import validates_own_arguments
+
+
+Arrays = Sequence[np.ndarray] | Mapping[str, np.ndarray]
+Batch = tuple[np.ndarray, ...] | dict[str, np.ndarray]
+WEIGHT_KEY = "sample_weight"
+
+
+@final
+class ArrayLoader:
+    """Batches of NumPy arrays that share a leading (examples) axis.
+
+    Every batch has the same structure and shape, with per-example weights
+    appended: ``(x, y)`` gives ``(x_b, y_b, w_b)``, the ``(x, y,
+    sample_weight)`` triple `DataParallelTrainer` weights by; a dict gives
+    ``{**arrays_b, "sample_weight": w_b}`` (override the trainer's
+    `split_batch` and `sample_weight` to read it). Weights are float32, 1 for
+    real examples. A short last batch is padded to `batch_size` with zeros of
+    weight 0, so the update stays exact and one compilation serves every
+    step; ``drop_last=True`` drops it instead.
+
+    Each epoch is a fresh permutation, reproducible from ``(seed, epoch)``.
+    With several processes, each yields only its contiguous slice of every
+    global batch (`batch_size` is the global size), so together they cover
+    every example exactly once per epoch.
+
+    Iteration is stateful, for exact resume: the loader tracks `epoch` and
+    `position` (batches already yielded this epoch). `iter` yields the rest
+    of the current epoch, then moves to the next epoch, so ``iter`` again
+    gives a new permutation, and breaking out mid-epoch and iterating again
+    resumes at the next batch. Save `state_dict` with a checkpoint and
+    restore it with `load_state_dict`.
+
+    Example:
+        ```python
+        loader = px.data.ArrayLoader((x, y), batch_size=256, seed=0)
+        len(loader)  # batches per epoch
+        trainer.fit(loader, epochs=5)  # each epoch a new shuffle
+        checkpoint = loader.state_dict()  # {"epoch": 5, "position": 0}
+        loader.load_state_dict(checkpoint)  # resume exactly
+        ```
+    """
+
+    @validates_own_arguments
+    def __init__(
+        self,
+        arrays: Arrays,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        process_index: int | None = None,
+        process_count: int | None = None,
+    ):
+        """Args:
+        arrays: a tuple or list, e.g. ``(x, y)``, or a dict of NumPy arrays
+            with the same leading (examples) axis.
+        batch_size: examples in a global batch, over all processes.
+        shuffle: a new permutation every epoch; False keeps the given order.
+        seed: with the epoch number, fixes each permutation.
+        drop_last: drop a short last batch instead of padding it.
+        process_index: this process, default ``jax.process_index()``.
+        process_count: processes sharing each batch, default
+            ``jax.process_count()``; must divide `batch_size`.
+
+        Raises:
+            TypeError, ValueError: an argument is invalid (the message names it).
+        """
+        self._keys, self._arrays = _check_arrays(arrays)
+        _check_int("batch_size", batch_size, low=1, fix="e.g. batch_size=256")
+        _check_bool("shuffle", shuffle)
+        _check_bool("drop_last", drop_last)
+        _check_int("seed", seed, low=0, fix="e.g. seed=0")
+        if process_index is None or process_count is None:
+            import jax  # Only to read two ints: the loader itself never uses JAX.
+
+            process_index = (
+                jax.process_index() if process_index is None else process_index
+            )
+            process_count = (
+                jax.process_count() if process_count is None else process_count
+            )
+        _check_int("process_count", process_count, low=1, fix="e.g. process_count=1")
+        _check_int(
+            "process_index",
+            process_index,
+            low=0,
+            fix=f"it must be in [0, {process_count}) for {process_count=}",
+        )
+        if process_index >= process_count:
+            raise ValueError(
+                f"{process_index=} is out of range for {process_count=}; pass an "
+                f"index in [0, {process_count - 1}]"
+            )
+        if batch_size % process_count:
+            raise ValueError(
+                f"{batch_size=} is not divisible by {process_count=}: every process "
+                "takes an equal slice of each global batch; use a multiple of "
+                f"{process_count}, e.g. {_multiples(batch_size, process_count)}"
+            )
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.process_index = process_index
+        self.process_count = process_count
+        self.num_examples = len(self._arrays[0])
+        if len(self) == 0:
+            raise ValueError(
+                f"drop_last=True with {batch_size=} > {self.num_examples} examples "
+                "leaves no batches; use a smaller batch_size or drop_last=False"
+            )
+        self._epoch = 0
+        self._position = 0
+        self._order: tuple[int, np.ndarray | None] | None = None
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        if self.drop_last:
+            return self.num_examples // self.batch_size
+        return -(-self.num_examples // self.batch_size)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from (0 first)."""
+        return self._epoch
+
+    @property
+    def position(self) -> int:
+        """Batches already yielded in the current epoch."""
+        return self._position
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Yield the rest of the current epoch, then move to the next epoch."""
+        epoch = self._epoch
+        while self._epoch == epoch:
+            batch = self._batch(self._position)
+            # Advance before yielding: a consumer that stops after this batch
+            # has used it, and the state is then already where to resume.
+            self._position += 1
+            if self._position == len(self):
+                self._epoch, self._position = self._epoch + 1, 0
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        """Where iteration stands: ``{"epoch": ..., "position": ...}``."""
+        return {"epoch": self._epoch, "position": self._position}
+
+    @validates_own_arguments
+    def load_state_dict(self, state_dict: Mapping[str, int]) -> None:
+        """Resume from a `state_dict`: the next batch is the one after it.
+
+        Raises:
+            TypeError, ValueError: `state_dict` is not one this loader made.
+        """
+        if not isinstance(state_dict, Mapping) or set(state_dict) != {
+            "epoch",
+            "position",
+        }:
+            raise ValueError(
+                f"state_dict={state_dict!r} must be a dict with exactly the keys "
+                "'epoch' and 'position', as returned by ArrayLoader.state_dict()"
+            )
+        epoch, position = state_dict["epoch"], state_dict["position"]
+        _check_int("state_dict['epoch']", epoch, low=0, fix="e.g. 0")
+        _check_int("state_dict['position']", position, low=0, fix="e.g. 0")
+        if position >= len(self):
+            raise ValueError(
+                f"state_dict['position']={position} is past the {len(self)} "
+                "batches of an epoch of this loader; load a state saved from a "
+                "loader with the same data, batch_size and drop_last"
+            )
+        self._epoch, self._position = epoch, position
+
+    # ------------------------------------------------------------- batches
+
+    def _permutation(self) -> np.ndarray | None:
+        """This epoch's order of examples (None: the natural order)."""
+        if self._order is None or self._order[0] != self._epoch:
+            order = (
+                np.random.default_rng([self.seed, self._epoch]).permutation(
+                    self.num_examples
+                )
+                if self.shuffle
+                else None
+            )
+            self._order = (self._epoch, order)
+        return self._order[1]
+
+    def _batch(self, index: int) -> Batch:
+        """This process's slice of global batch `index`, padded, with weights."""
+        local = self.batch_size // self.process_count
+        start = index * self.batch_size + self.process_index * local
+        stop = min(start + local, self.num_examples)
+        real = max(stop - start, 0)
+        order = self._permutation()
+        rows = slice(start, start + real) if order is None else order[start:stop]
+        parts = [_pad(array[rows], local) for array in self._arrays]
+        weight = np.zeros(local, np.float32)
+        weight[:real] = 1.0
+        if self._keys is None:
+            return (*parts, weight)
+        return {**dict(zip(self._keys, parts, strict=True)), WEIGHT_KEY: weight}
+
+
+def _pad(rows: np.ndarray, size: int) -> np.ndarray:
+    """Pad with zero rows along the leading axis to `size` rows."""
+    if len(rows) == size:
+        return rows
+    padding = np.zeros((size - len(rows), *rows.shape[1:]), rows.dtype)
+    return np.concatenate([rows, padding])
+
+
+def _check_arrays(arrays: Any) -> tuple[list[str] | None, list[np.ndarray]]:
+    """The keys (None for a sequence) and arrays of `arrays`, checked."""
+    if isinstance(arrays, Mapping):
+        keys = list(arrays)
+        bad = [k for k in keys if not isinstance(k, str)]
+        if bad:
+            raise TypeError(
+                f"arrays has non-string keys {bad!r}; use string keys, e.g. "
+                "{'x': x, 'y': y}"
+            )
+        if WEIGHT_KEY in arrays:
+            raise ValueError(
+                f"arrays already has a {WEIGHT_KEY!r} key; the loader adds it "
+                "(1 for real examples, 0 for padding): rename yours, e.g. 'weight'"
+            )
+        names, values = [f"arrays[{k!r}]" for k in keys], list(arrays.values())
+    elif isinstance(arrays, tuple | list):
+        keys = None
+        names, values = [f"arrays[{i}]" for i in range(len(arrays))], list(arrays)
+    else:
+        raise TypeError(
+            f"arrays is a {type(arrays).__name__}; pass a tuple such as (x, y) or "
+            "a dict such as {'x': x, 'y': y} of NumPy arrays"
+        )
+    if not values:
+        raise ValueError(
+            f"arrays={arrays!r} is empty; pass at least one array, e.g. (x, y)"
+        )
+    for name, value in zip(names, values, strict=True):
+        if not isinstance(value, np.ndarray):
+            raise TypeError(
+                f"{name} is a {type(value).__name__}, not a NumPy array; convert "
+                "it first, e.g. np.asarray(...)"
+            )
+        if value.ndim == 0 or value.dtype.kind not in "biuf":
+            raise TypeError(
+                f"{name} is a {value.dtype}{list(value.shape)} array; every array "
+                "needs a leading examples axis and a numeric dtype, e.g. "
+                "np.float32 features of shape (n, ...) and np.int32 labels (n,)"
+            )
+    sizes = {name: len(value) for name, value in zip(names, values, strict=True)}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(
+            f"arrays disagree on the number of examples (leading axis): {sizes}; "
+            "every array must hold one row per example"
+        )
+    if len(values[0]) == 0:
+        raise ValueError(f"arrays hold 0 examples ({sizes}); pass non-empty arrays")
+    return keys, values
+
+
+def _check_int(name: str, value: Any, *, low: int, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name}={value!r} must be an int; {fix}")
+    if value < low:
+        raise ValueError(f"{name}={value!r} must be at least {low}; {fix}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name}={value!r} must be True or False")
+
+
+def _multiples(batch_size: int, count: int) -> str:
+    """Multiples of `count` on either side of `batch_size`, for a message."""
+    below = batch_size // count * count
+    sizes = [s for s in (below, below + count) if s > 0]
+    return " or ".join(str(s) for s in sizes)
