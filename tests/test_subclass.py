@@ -137,3 +137,16 @@ def test_custom_batch_structure():
     trainer.fit([{"image": x, "label": y}], steps=3)
     assert int(trainer.state.step) == 3
     assert set(trainer.evaluate([{"image": x, "label": y}])) == {"loss", "accuracy"}
+
+
+def test_dict_batches_with_sample_weight_work_by_default():
+    # {"x", "y", "sample_weight"} dicts need no hook overrides; a zero weight
+    # drops an example exactly.
+    x, y = make_data(32)
+    weight = np.ones(32, np.float32)
+    weight[20:] = 0
+    weighted = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
+    weighted.fit([{"x": x, "y": y, "sample_weight": weight}], steps=3)
+    dropped = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
+    dropped.fit([{"x": x[:20], "y": y[:20]}], steps=3)
+    assert max_abs_diff(weighted.model, dropped.model) <= 1e-5

@@ -38,6 +38,7 @@ from .strategies import ShardingStrategy, Strategy
 
 
 _Model = TypeVar("_Model", bound=eqx.Module)
+_DICT_KEYS = {"x", "y", "sample_weight"}
 
 
 class DataParallelTrainer(Generic[_Model]):
@@ -173,25 +174,31 @@ class DataParallelTrainer(Generic[_Model]):
     def split_batch(self, batch: PyTree) -> tuple[PyTree, PyTree]:
         """Split a batch into model inputs and loss targets.
 
-        Default: ``(x, y)`` or ``(x, y, sample_weight)``, as in Keras.
+        Default: ``(x, y)``, ``(x, y, sample_weight)`` (as in Keras), or a dict
+        with keys ``"x"``, ``"y"`` and optionally ``"sample_weight"``.
         """
         if isinstance(batch, tuple | list) and len(batch) in (2, 3):
             return batch[0], batch[1]
+        if isinstance(batch, dict) and {"x", "y"} <= set(batch) <= _DICT_KEYS:
+            return batch["x"], batch["y"]
         raise TypeError(
-            f"data: a batch must be an (x, y) pair or an (x, y, sample_weight) "
-            f"triple, got {type(batch).__name__} of structure "
-            f"{jax.tree.structure(batch)}; yield those or override "
+            f"data: a batch must be an (x, y) pair, an (x, y, sample_weight) triple "
+            f"or a dict with keys x, y[, sample_weight]; got {type(batch).__name__} "
+            f"of structure {jax.tree.structure(batch)}; yield those or override "
             "DataParallelTrainer.split_batch"
         )
 
     def sample_weight(self, batch: PyTree) -> Float[Array, " batch"] | None:
-        """Per-example weights of a batch, or None (default: a third element).
+        """Per-example weights of a batch, or None (default: a third element, or
+        the ``"sample_weight"`` entry of a dict batch).
 
         Losses and metrics are Σ weight · value / Σ weight; a weight of 0 drops
         an example (e.g. loader padding).
         """
         if isinstance(batch, tuple | list) and len(batch) == 3:
             return batch[2]
+        if isinstance(batch, dict):
+            return batch.get("sample_weight")
         return None
 
     def loss(
