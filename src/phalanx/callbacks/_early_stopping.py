@@ -1,0 +1,166 @@
+import math
+from typing import Any, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from typing_extensions import override
+
+from .._state import TrainState
+from .._typing import validates_own_arguments
+from ._callback import Callback, StepInfo
+
+
+class EarlyStopping(Callback):
+    """Ends `fit` when a metric has stopped improving for `patience` epochs.
+
+    After each epoch it reads `monitor` from the epoch's metrics. An epoch
+    improves on the best so far when the value is lower (``mode="min"``) or
+    higher (``mode="max"``) by more than `min_delta`; NaN never improves.
+    After `patience` epochs in a row without improvement it sets
+    ``trainer.stop_training``, and `fit` returns after that epoch.
+
+    With `restore_best_weights`, it keeps a device copy of the whole
+    `TrainState` of the best epoch (one state's worth of device memory) and
+    puts it back into the trainer when it stops, or when `fit` ends otherwise
+    after a worse epoch. The whole state is restored: model, optimizer state,
+    key, and step (so a later `fit` continues from the best epoch); the
+    history keeps every epoch.
+
+    Its count carries across `fit` calls, so a run split into several fits
+    behaves as one; make a new one to start over. `state_dict` holds the
+    count and the best value, not the weights.
+
+    Place it **after** any callback that adds the monitored metric.
+
+    Args:
+        monitor: the epoch metric to watch, e.g. ``"eval_loss"`` (needs
+            ``fit(eval_data=...)``) or ``"loss"``.
+        mode: ``"min"`` if lower is better, ``"max"`` if higher is.
+        patience: stop after this many epochs in a row without improvement.
+        min_delta: the least change that counts as an improvement.
+        restore_best_weights: put the best epoch's state back at the end.
+
+    Raises:
+        TypeError, ValueError: an argument is invalid (the message names it).
+
+    Example:
+        ```python
+        stopper = EarlyStopping("eval_accuracy", mode="max", patience=5,
+                                restore_best_weights=True)
+        trainer = px.DataParallelTrainer(model, optax.adam(1e-3),
+                                         callbacks=[stopper])
+        trainer.fit(train, epochs=100, eval_data=test)
+        stopper.best_epoch, stopper.best  # the model now holds that epoch's weights
+        ```
+    """
+
+    @validates_own_arguments
+    def __init__(
+        self,
+        monitor: str = "eval_loss",
+        *,
+        mode: Literal["min", "max"] = "min",
+        patience: int = 3,
+        min_delta: float = 0.0,
+        restore_best_weights: bool = False,
+    ) -> None:
+        if not isinstance(monitor, str) or not monitor:
+            raise TypeError(
+                f"monitor={monitor!r} must be a metric's name, e.g. 'eval_loss'"
+            )
+        if mode not in ("min", "max"):
+            raise ValueError(
+                f"mode={mode!r} must be 'min' (lower is better, e.g. a loss) or "
+                "'max' (higher is better, e.g. an accuracy)"
+            )
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+            raise ValueError(f"patience={patience!r} must be an int >= 1, e.g. 3")
+        if (
+            isinstance(min_delta, bool)
+            or not isinstance(min_delta, int | float)
+            or not min_delta >= 0
+            or math.isinf(min_delta)
+        ):
+            raise ValueError(
+                f"min_delta={min_delta!r} must be a finite number >= 0, e.g. 1e-4 "
+                "(the direction comes from mode=)"
+            )
+        if not isinstance(restore_best_weights, bool):
+            raise TypeError(
+                f"restore_best_weights={restore_best_weights!r} must be True or False"
+            )
+        self.monitor = monitor
+        self.mode = mode
+        self.patience = patience
+        self.min_delta = float(min_delta)
+        self.restore_best_weights = restore_best_weights
+        self.best = math.inf if mode == "min" else -math.inf
+        self.best_epoch: int | None = None
+        self.wait = 0
+        self.stopped_epoch: int | None = None
+        self._best_state: TrainState | None = None
+        self._last_epoch: int | None = None
+
+    def improves(self, value: float) -> bool:
+        """Whether `value` beats the best so far by more than `min_delta`."""
+        if self.mode == "min":
+            return value < self.best - self.min_delta
+        return value > self.best + self.min_delta
+
+    @override
+    def on_epoch_end(self, info: StepInfo) -> None:
+        metrics = info.metrics
+        if self.monitor not in metrics:
+            raise KeyError(
+                f"EarlyStopping(monitor={self.monitor!r}): epoch {info.epoch} has no "
+                f"such metric; it has {sorted(metrics)}. Pass one of those (eval_* "
+                "metrics need fit(eval_data=...); values from other callbacks need "
+                "those callbacks placed before EarlyStopping)"
+            )
+        value = float(metrics[self.monitor])
+        self._last_epoch = info.epoch
+        if self.improves(value):
+            self.best, self.best_epoch, self.wait = value, info.epoch, 0
+            if self.restore_best_weights:
+                # The next step donates the trainer's buffers: copy them now.
+                self._best_state = jax.tree.map(
+                    lambda x: jnp.copy(x) if eqx.is_array(x) else x, info.state
+                )
+            return
+        self.wait += 1
+        if self.wait >= self.patience:
+            self.stopped_epoch = info.epoch
+            info.trainer.stop_training = True
+            self._restore(info)
+
+    @override
+    def on_fit_end(self, info: StepInfo) -> None:
+        self._restore(info)
+
+    def _restore(self, info: StepInfo) -> None:
+        """Put the best state back, unless the last epoch was the best."""
+        if (
+            self.restore_best_weights
+            and self._best_state is not None
+            and self._last_epoch != self.best_epoch
+        ):
+            info.trainer.state = self._best_state
+            self._last_epoch = self.best_epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The best value, its epoch and the count of epochs since (no weights)."""
+        return {
+            "best": self.best,
+            "best_epoch": self.best_epoch,
+            "wait": self.wait,
+            "stopped_epoch": self.stopped_epoch,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from `state_dict`; best weights are not restored (none kept)."""
+        self.best = float(state["best"])
+        self.best_epoch = state["best_epoch"]
+        self.wait = int(state["wait"])
+        self.stopped_epoch = state["stopped_epoch"]
+        self._best_state = None

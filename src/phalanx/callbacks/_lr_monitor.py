@@ -1,0 +1,119 @@
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from typing_extensions import override
+
+from .._typing import validates_own_arguments
+from ._callback import Callback, StepInfo
+
+
+class LearningRateMonitor(Callback):
+    """Adds the learning rate to the metrics, as a float named `name`.
+
+    The value after `n` updates is ``schedule(n)``: the rate the next update
+    uses (optax counts updates from 0), with `n` the trainer's real step, so it
+    follows the schedule across several `fit` calls. It is written into the
+    step's metrics every `log_every` steps (this reads them, a device sync, as
+    any logger would at that step) and into each epoch's metrics, so it lands
+    in `trainer.history`.
+
+    Place it **before** any logger in ``callbacks=``: callbacks see the values
+    that earlier callbacks added, not those of later ones.
+
+    Args:
+        schedule: the optax schedule given to the optimizer (a function
+            step -> rate), or a constant rate.
+        log_every: steps between log points.
+        name: the metric's name.
+
+    Raises:
+        TypeError: `schedule` is neither a number nor callable.
+        ValueError: `log_every` is not a positive int, or `name` is empty.
+
+    Example:
+        ```python
+        schedule = optax.cosine_decay_schedule(1e-3, decay_steps=10_000)
+        trainer = px.DataParallelTrainer(
+            model,
+            optax.adam(schedule),
+            callbacks=[LearningRateMonitor(schedule, log_every=50), logger],
+        )
+        trainer.fit(data, epochs=3)
+        trainer.history["lr"]  # the rate at the end of each epoch
+        ```
+    """
+
+    @validates_own_arguments
+    def __init__(
+        self,
+        schedule: float | Callable[[int], Any],
+        *,
+        log_every: int = 10,
+        name: str = "lr",
+    ) -> None:
+        number = isinstance(schedule, int | float) and not isinstance(schedule, bool)
+        if not (number or callable(schedule)):
+            raise TypeError(
+                f"schedule={schedule!r} is neither a number nor callable; pass the "
+                "optax schedule given to the optimizer (e.g. "
+                "optax.cosine_decay_schedule(1e-3, 1000)) or a constant rate"
+            )
+        if (
+            isinstance(log_every, bool)
+            or not isinstance(log_every, int)
+            or log_every < 1
+        ):
+            raise ValueError(f"log_every={log_every!r} must be an int >= 1, e.g. 10")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name={name!r} must be a non-empty str, e.g. 'lr'")
+        self.schedule = schedule
+        self.log_every = log_every
+        self.name = name
+
+    def rate(self, step: int) -> float:
+        """The learning rate after `step` updates, as a float.
+
+        Raises:
+            TypeError: the schedule does not return one number.
+        """
+        if not callable(self.schedule):
+            return float(self.schedule)
+        # Explicit fetch: optax schedules compute with jnp, on the default device.
+        value = np.asarray(jax.device_get(self.schedule(step)))
+        if value.ndim != 0 or not np.issubdtype(value.dtype, np.number):
+            raise TypeError(
+                f"schedule({step}) returned {value!r}, not one number; pass a "
+                "schedule that maps a step to a scalar learning rate"
+            )
+        return float(value)
+
+    @override
+    def on_fit_start(self, info: StepInfo) -> None:
+        # Fail before the first update rather than at the first log point.
+        rate = self.rate(info.step)
+        if not math.isfinite(rate):
+            raise ValueError(
+                f"schedule({info.step}) = {rate}; pass a schedule of finite rates"
+            )
+
+    @override
+    def on_step_end(self, info: StepInfo) -> None:
+        if info.step % self.log_every == 0:
+            self._write(info)
+
+    @override
+    def on_epoch_end(self, info: StepInfo) -> None:
+        self._write(info)
+
+    def _write(self, info: StepInfo) -> None:
+        metrics = info.metrics
+        if self.name in metrics:
+            raise ValueError(
+                f"LearningRateMonitor(name={self.name!r}) would overwrite the "
+                f"metric {self.name!r} already in {sorted(metrics)}; pick another "
+                "name"
+            )
+        metrics[self.name] = self.rate(info.step)

@@ -1,0 +1,106 @@
+import time
+
+from typing_extensions import override
+
+from .._typing import validates_own_arguments
+from ._callback import Callback, StepInfo
+
+
+class RateMeter:
+    """Examples and steps counted on the host since a start time.
+
+    The rates are only real once the device has caught up: read them after a
+    sync (e.g. after reading `StepInfo.metrics`), and restart when the device
+    is idle (an epoch's start follows the previous epoch's fetched sums).
+    """
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.examples = 0
+        self.steps = 0
+
+    def restart(self) -> None:
+        """Count from zero, from now."""
+        self.start = time.perf_counter()
+        self.examples = 0
+        self.steps = 0
+
+    def add(self, examples: int) -> None:
+        """Count one step of `examples` examples."""
+        self.examples += examples
+        self.steps += 1
+
+    def seconds(self) -> float:
+        """Seconds since the start."""
+        return time.perf_counter() - self.start
+
+    def rates(self) -> tuple[float, float]:
+        """``(examples per second, steps per second)`` since the start."""
+        seconds = max(self.seconds(), 1e-9)
+        return self.examples / seconds, self.steps / seconds
+
+
+class Throughput(Callback):
+    """Adds ``examples_per_sec`` and ``steps_per_sec`` to the metrics.
+
+    Every `log_every` steps it reads the step's metrics, which waits for the
+    device, so the figures are the device's real pace over the steps since the
+    previous log point (the first window of a run includes compilation). At
+    each epoch's end it adds the same two figures over the whole epoch, from
+    its first step to its end: the epoch-end evaluation, if any, is included.
+    The epoch figures land in `trainer.history`.
+
+    Place it **before** any logger in ``callbacks=``: callbacks see the values
+    that earlier callbacks added, not those of later ones.
+
+    Args:
+        log_every: steps between log points (each one a device sync).
+
+    Raises:
+        ValueError: `log_every` is not a positive int.
+
+    Example:
+        ```python
+        trainer = px.DataParallelTrainer(
+            model, optax.adam(1e-3), callbacks=[Throughput(log_every=50), logger]
+        )
+        trainer.fit(data, epochs=3)
+        trainer.history["examples_per_sec"]  # one figure per epoch
+        ```
+    """
+
+    @validates_own_arguments
+    def __init__(self, *, log_every: int = 10) -> None:
+        if (
+            isinstance(log_every, bool)
+            or not isinstance(log_every, int)
+            or log_every < 1
+        ):
+            raise ValueError(f"log_every={log_every!r} must be an int >= 1, e.g. 10")
+        self.log_every = log_every
+        self._window = RateMeter()
+        self._epoch = RateMeter()
+
+    @override
+    def on_epoch_start(self, info: StepInfo) -> None:
+        del info
+        # The device is idle here: the previous epoch ended with a fetch.
+        self._window.restart()
+        self._epoch.restart()
+
+    @override
+    def on_step_end(self, info: StepInfo) -> None:
+        self._window.add(info.examples)
+        self._epoch.add(info.examples)
+        if info.step % self.log_every == 0:
+            metrics = info.metrics  # waits for this step: the timing is real
+            examples, steps = self._window.rates()
+            metrics["examples_per_sec"] = examples
+            metrics["steps_per_sec"] = steps
+            self._window.restart()
+
+    @override
+    def on_epoch_end(self, info: StepInfo) -> None:
+        examples, steps = self._epoch.rates()
+        info.metrics["examples_per_sec"] = examples
+        info.metrics["steps_per_sec"] = steps
