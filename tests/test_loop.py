@@ -96,6 +96,10 @@ class Recorder(px.Callback):
         self.events.append(f"step {info.step}")
 
     @override
+    def on_eval_start(self, info):
+        self.events.append("eval_start")
+
+    @override
     def on_eval_end(self, info):
         self.events.append(f"eval {sorted(info.metrics)}")
 
@@ -117,11 +121,13 @@ def test_hooks_fire_in_documented_order():
         "epoch_start 0",
         "step 1",
         "step 2",
+        "eval_start",
         "eval ['accuracy', 'loss']",
         f"epoch_end 0 {epoch}",
         "epoch_start 1",
         "step 3",
         "step 4",
+        "eval_start",
         "eval ['accuracy', 'loss']",
         f"epoch_end 1 {epoch}",
         "fit_end",

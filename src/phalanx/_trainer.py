@@ -314,6 +314,7 @@ class DataParallelTrainer(Generic[_Model]):
             ``{"loss": ..., **metrics}`` as floats.
         """
         check_iterable(data, "data")
+        self._notify("on_eval_start", self._info())
         acc: Any = None
         first = None
         for i, batch in enumerate(data):

@@ -70,8 +70,9 @@ class Callback:
     on_fit_start
       on_epoch_start
         on_step_end            (after every optimizer update)
-      on_epoch_end             (after the epoch's evaluation, if eval_data)
-      ...                      (on_eval_end fires at the end of every evaluate)
+        on_eval_start, on_eval_end   (if eval_data)
+      on_epoch_end
+      ...                      (every `evaluate` fires on_eval_start/end)
     on_fit_end
     on_exception               (instead of the rest, if fit raises)
     ```
@@ -99,6 +100,9 @@ class Callback:
 
     def on_step_end(self, info: StepInfo) -> None:
         """Called after each optimizer update has been dispatched."""
+
+    def on_eval_start(self, info: StepInfo) -> None:
+        """Called when an evaluation begins (in `fit`, after the epoch's steps)."""
 
     def on_eval_end(self, info: StepInfo) -> None:
         """Called when an evaluation finishes; metrics are its results."""
