@@ -18,10 +18,12 @@ from typing_extensions import override
 
 import phalanx as px
 from helpers import make_data, make_model, params_of
-from phalanx.callbacks._early_stopping import EarlyStopping
-from phalanx.callbacks._lr_monitor import LearningRateMonitor
-from phalanx.callbacks._progress import ProgressBar
-from phalanx.callbacks._throughput import Throughput
+from phalanx.callbacks import (
+    EarlyStopping,
+    LearningRateMonitor,
+    ProgressBar,
+    Throughput,
+)
 
 
 BATCH = 16

@@ -300,8 +300,16 @@ class DataParallelTrainer(Generic[_Model]):
                 if self.stop_training or (last is not None and self._step >= last):
                     break
         except BaseException as error:
+            # Every callback gets to clean up (close files, stop displays), even
+            # if another one's on_exception fails.
             for callback in self.callbacks:
-                callback.on_exception(self._info(), error)
+                try:
+                    callback.on_exception(self._info(), error)
+                except Exception as hook_error:
+                    error.add_note(
+                        f"{type(callback).__name__}.on_exception also failed: "
+                        f"{hook_error!r}"
+                    )
             raise
         self._notify("on_fit_end", self._info())
         return self.state

@@ -1,1 +1,9 @@
 from ._callback import Callback as Callback, StepInfo as StepInfo
+from ._csv_logger import CSVLogger as CSVLogger
+from ._early_stopping import EarlyStopping as EarlyStopping
+from ._json_logger import JSONLogger as JSONLogger
+from ._lr_monitor import LearningRateMonitor as LearningRateMonitor
+from ._plot import PlotHistory as PlotHistory
+from ._progress import ProgressBar as ProgressBar
+from ._tensorboard import TensorBoardLogger as TensorBoardLogger
+from ._throughput import Throughput as Throughput

@@ -1,0 +1,136 @@
+import numbers
+import os
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import override
+
+from .._typing import validates_own_arguments
+from ._callback import Callback, StepInfo
+from ._csv_logger import check_file_path, check_log_every
+
+
+if TYPE_CHECKING:
+    from tensorboardX import SummaryWriter
+
+
+class TensorBoardLogger(Callback):
+    """Writes metrics as TensorBoard scalars (with tensorboardX).
+
+    Every `log_every` steps the step's own metrics go to ``train/<name>``; at
+    each epoch end the epoch's train means go to ``epoch/<name>`` and its
+    evaluation to ``eval/<name>`` (``eval_loss`` → ``eval/loss``). The x-axis
+    of every scalar is the global step (updates made so far), so step,
+    epoch and eval curves line up. Values earlier callbacks add (e.g.
+    ``lr``) are logged too. TensorBoard stores float32.
+
+    Each `fit` writes a new event file in `logdir` (created if missing),
+    flushed at each epoch end and closed when `fit` returns or raises. After
+    `load_state_dict`, the next fit tells TensorBoard to hide the events
+    that crashed run wrote past the restored step (``purge_step``).
+
+    Requires ``pip install 'phalanx[tensorboard]'``.
+
+    Example:
+        ```python
+        logger = px.callbacks.TensorBoardLogger("runs/mlp", log_every=50)
+        trainer = px.DataParallelTrainer(model, optax.adam(1e-3), callbacks=[logger])
+        trainer.fit(data, epochs=3, eval_data=test)
+        # tensorboard --logdir runs
+        ```
+    """
+
+    @validates_own_arguments
+    def __init__(self, logdir: str | os.PathLike[str], *, log_every: int = 10):
+        """Args:
+        logdir: the folder for event files; created at the first fit if
+            missing, but its own folder must exist.
+        log_every: log the step's metrics after every this many steps.
+
+        Raises:
+            ImportError: tensorboardX is not installed.
+            ValueError: `log_every` is not a positive int.
+            TypeError: `logdir` is not a str or path.
+            FileNotFoundError, NotADirectoryError, PermissionError: `logdir`
+                cannot be written.
+        """
+        try:
+            import tensorboardX  # noqa: F401
+        except ImportError as error:
+            raise ImportError(
+                "TensorBoardLogger needs tensorboardX; install it with "
+                "pip install 'phalanx[tensorboard]'"
+            ) from error
+        self.logdir = check_file_path(logdir, "logdir", directory=True)
+        self.log_every = check_log_every(log_every)
+        self._writer: SummaryWriter | None = None
+        self._last_step: int | None = None
+        self._restored = False
+
+    @override
+    def on_fit_start(self, info: StepInfo) -> None:
+        self._open(info.step)
+
+    @override
+    def on_step_end(self, info: StepInfo) -> None:
+        if info.step % self.log_every == 0:
+            self._add({f"train/{k}": v for k, v in info.metrics.items()}, info)
+
+    @override
+    def on_epoch_end(self, info: StepInfo) -> None:
+        scalars = {
+            f"eval/{name.removeprefix('eval_')}"
+            if name.startswith("eval_")
+            else f"epoch/{name}": value
+            for name, value in info.metrics.items()
+        }
+        self._add(scalars, info)
+        assert self._writer is not None
+        self._writer.flush()
+
+    @override
+    def on_fit_end(self, info: StepInfo) -> None:
+        del info
+        self._close()
+
+    @override
+    def on_exception(self, info: StepInfo, error: BaseException) -> None:
+        del info, error
+        self._close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step of the last scalars written."""
+        return {"last_step": self._last_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from `state_dict`; the next fit purges events past its step."""
+        self._close()
+        self._last_step = state["last_step"]
+        self._restored = True
+
+    # ----------------------------------------------------------- internals
+
+    def _open(self, step: int) -> None:
+        if self._writer is not None:
+            return
+        from tensorboardX import SummaryWriter
+
+        # TensorBoard hides earlier events with step >= purge_step: those the
+        # crashed run logged after the checkpoint this run resumes from (the
+        # saved state cannot tell whether it logged any: purge regardless).
+        self._writer = SummaryWriter(
+            str(self.logdir), purge_step=step + 1 if self._restored else None
+        )
+        self._restored = False
+
+    def _add(self, scalars: dict[str, Any], info: StepInfo) -> None:
+        self._open(info.step)
+        assert self._writer is not None
+        for tag, value in scalars.items():
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                self._writer.add_scalar(tag, float(value), info.step)
+        self._last_step = info.step
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
