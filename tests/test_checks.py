@@ -92,7 +92,7 @@ def test_batch_structure_must_match_the_first(trainer):
     trainer.fit([(x, y)], epochs=1)
     before = snapshot(trainer)
     for bad, phrase in [
-        ({"x": x, "y": y}, "structure"),
+        (((x, x), y), "structure"),
         ((x[:, :3], y), "examples of shape (5,)"),
         ((x, y[:, None]), "examples of shape ()"),
         ((x.astype(np.float64), y), "dtype float64"),

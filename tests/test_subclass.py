@@ -150,3 +150,17 @@ def test_dict_batches_with_sample_weight_work_by_default():
     dropped = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
     dropped.fit([{"x": x[:20], "y": y[:20]}], steps=3)
     assert max_abs_diff(weighted.model, dropped.model) <= 1e-5
+
+
+def test_weighted_and_unweighted_batches_mix():
+    # Sample weights are folded into the step's weights on the host, so a run
+    # fed (x, y, w) can be evaluated on (x, y) with one compiled step.
+    x, y = make_data(32)
+    trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
+    trainer.fit([(x, y, np.ones(32, np.float32))], steps=2)
+    trainer.fit([(x, y)], steps=2)
+    assert set(trainer.evaluate([(x, y)])) == {"loss", "accuracy"}
+    with pytest.raises(ValueError, match=r"sample_weight values outside \[0, inf\)"):
+        trainer.fit([(x, y, -np.ones(32, np.float32))], steps=1)
+    with pytest.raises(ValueError, match=r"one number per example, shape \(32,\)"):
+        trainer.fit([(x, y, np.ones(31, np.float32))], steps=1)

@@ -11,6 +11,7 @@ from ._checks import (
     BatchSpec,
     check_finite,
     check_labels,
+    check_sample_weight,
     flatten_batch,
     num_examples,
     signature,
@@ -21,24 +22,29 @@ from .strategies import Strategy
 class BatchPipeline:
     """Turns the user's host batches into padded, sharded device batches.
 
-    Structure and shape checks run once per new shape/dtype signature; the
-    first batch ever seen fixes the `BatchSpec` (and `on_spec` validates it
-    against the model). Value checks (finite floats, class labels in range)
-    run on every batch when `value_checks` is on. A batch shorter than the
-    step's size is padded with zero-weight examples, so the update is exact.
+    `split` turns a user batch into ``(inputs, targets, sample_weight)`` on
+    the host; the device batch is ``(inputs, targets)`` and the sample weights
+    are folded into the step's per-example weights. Structure and shape
+    checks run once per new shape/dtype signature; the first batch ever seen
+    fixes the `BatchSpec` (and `on_spec` validates it against the model).
+    Value checks (finite floats, class labels in range, weights) run on
+    every batch when `value_checks` is on. A batch shorter than the step's
+    size is padded with zero-weight examples, so the update is exact.
     """
 
     def __init__(
         self,
         strategy: Strategy,
         *,
+        split: Callable[[Any], tuple[Any, Any, Any]],
         value_checks: bool,
-        labels_of: Callable[[Any], Any] | None,
+        class_labels: bool,
         on_spec: Callable[[BatchSpec, list[np.ndarray]], None],
     ):
         self.strategy = strategy
+        self.split = split
         self.value_checks = value_checks
-        self.labels_of = labels_of
+        self.class_labels = class_labels
         self.on_spec = on_spec
         self.spec: BatchSpec | None = None
         self.num_classes: int | None = None
@@ -50,9 +56,17 @@ class BatchPipeline:
         multiple = self.strategy.batch_multiple
         return math.ceil(max(n, first or 0) / multiple) * multiple
 
-    def check(self, batch: Any, where: str) -> tuple[list[np.ndarray], Any, int]:
-        """Check a host batch; return its leaves, structure and example count."""
-        leaves, treedef = flatten_batch(batch, where)
+    def check(
+        self, batch: Any, where: str
+    ) -> tuple[list[np.ndarray], Any, int, np.ndarray | None]:
+        """Check a host batch.
+
+        Returns:
+            The leaves and structure of ``(inputs, targets)``, the number of
+            examples, and the sample weights (or None).
+        """
+        inputs, targets, sample_weight = self.split(batch)
+        leaves, treedef = flatten_batch((inputs, targets), where)
         key = signature(leaves, treedef)
         n = self._sizes.get(key)
         if n is None:
@@ -64,12 +78,14 @@ class BatchPipeline:
             else:
                 self.spec.check(leaves, treedef, where)
             self._sizes[key] = n
+        if sample_weight is not None:
+            sample_weight = check_sample_weight(sample_weight, n, where)
         if self.value_checks:
             check_finite(leaves, treedef, where)
-            if self.labels_of is not None and self.num_classes is not None:
-                labels = self.labels_of(jax.tree.unflatten(treedef, leaves))
+            if self.class_labels and self.num_classes is not None:
+                labels = jax.tree.unflatten(treedef, leaves)[1]
                 check_labels(labels, self.num_classes, where)
-        return leaves, treedef, n
+        return leaves, treedef, n, sample_weight
 
     def prepare(
         self, batch: Any, where: str, first: int | None
@@ -77,13 +93,17 @@ class BatchPipeline:
         """Check, pad and shard one batch.
 
         Returns:
-            The device leaves, the device weights (1 real, 0 padding), the
-            step size (pass it back as `first` for the rest of the pass) and
-            the number of examples in the batch.
+            The device leaves of ``(inputs, targets)``, the device weights
+            (sample weights, 0 for padding), the step size (pass it back as
+            `first` for the rest of the pass) and the number of examples.
         """
-        leaves, _, n = self.check(batch, where)
+        leaves, _, n, sample_weight = self.check(batch, where)
         size = self.step_size(n, first)
-        return self.strategy.shard(pad(leaves, size)), self.weights(n, size), size, n
+        if sample_weight is None:
+            weight = self.weights(n, size)
+        else:
+            weight = jax.device_put(pad([sample_weight], size)[0], self.strategy.split)
+        return self.strategy.shard(pad(leaves, size)), weight, size, n
 
     def weights(self, n: int, size: int) -> jax.Array:
         """Device weights for n real examples padded to size (cached)."""

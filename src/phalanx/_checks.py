@@ -181,6 +181,23 @@ def check_finite(leaves: Sequence[np.ndarray], treedef: Any, where: str) -> None
             )
 
 
+def check_sample_weight(weight: Any, n: int, where: str) -> np.ndarray:
+    """Sample weights as float32 of shape (n,): finite and non-negative."""
+    array = np.asarray(weight)
+    if array.dtype.kind not in "biuf" or array.shape != (n,):
+        raise ValueError(
+            f"data: {where} has sample_weight of dtype {array.dtype} and shape "
+            f"{array.shape}; it must be one number per example, shape ({n},)"
+        )
+    array = array.astype(np.float32)
+    if not np.isfinite(array).all() or (array < 0).any():
+        raise ValueError(
+            f"data: {where} has sample_weight values outside [0, inf) (min "
+            f"{np.nanmin(array)}); weights must be finite and non-negative"
+        )
+    return array
+
+
 def check_labels(labels: np.ndarray, num_classes: int, where: str) -> None:
     """Raise if integer class labels fall outside ``[0, num_classes)``."""
     low, high = int(labels.min()), int(labels.max())

@@ -79,10 +79,7 @@ def build_steps(
         """Model, loss and metrics on a slice: (weighted sums, outputs, state)."""
         arrays, key = replicated
         batch, weight, index = examples
-        inputs, targets = trainer.split_batch(batch)
-        sample_weight = trainer.sample_weight(batch)
-        if sample_weight is not None:
-            weight = weight * sample_weight.astype(weight.dtype)
+        inputs, targets = batch
         model = eqx.combine(params, arrays, static)
         keys = example_keys(key, index)
         outputs, model_state = forward(

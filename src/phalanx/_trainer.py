@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import optax
-from jaxtyping import Array, Float, PyTree
+from jaxtyping import Array, Float, PyTree, Shaped
 
 from . import _losses
 from ._batching import BatchPipeline, pad
@@ -49,10 +49,13 @@ class DataParallelTrainer(Generic[_Model]):
     steps in flight), and calls the callbacks. Every update equals one
     device's update on the whole batch.
 
-    This is the one class meant for subclassing. Override these hooks; each
-    runs inside the compiled step (trace time), so keep them pure:
+    This is the one class meant for subclassing. Override these hooks. The
+    first two run on the host, on each NumPy batch; the others inside the
+    compiled step (at trace time), so keep them pure:
 
-    - `split_batch(batch) -> (inputs, targets)`: default takes an ``(x, y)`` pair.
+    - `split_batch(batch) -> (inputs, targets)`: default takes ``(x, y)``,
+      ``(x, y, sample_weight)`` or a dict with keys x, y[, sample_weight].
+    - `sample_weight(batch) -> per-example weights | None`.
     - `loss(model, outputs, targets) -> Float[Array, "batch"]`: one value per
       example; default from ``loss=``. Add regularisers here.
     - `metrics(outputs, targets) -> dict[str, Float[Array, "batch"]]`:
@@ -162,10 +165,9 @@ class DataParallelTrainer(Generic[_Model]):
         )
         self._batches = BatchPipeline(
             self.strategy,
+            split=lambda batch: (*self.split_batch(batch), self.sample_weight(batch)),
             value_checks=checks == "on",
-            labels_of=(lambda b: self.split_batch(b)[1])
-            if self._loss_name == "cross_entropy"
-            else None,
+            class_labels=self._loss_name == "cross_entropy",
             on_spec=self._on_spec,
         )
 
@@ -188,7 +190,7 @@ class DataParallelTrainer(Generic[_Model]):
             "DataParallelTrainer.split_batch"
         )
 
-    def sample_weight(self, batch: PyTree) -> Float[Array, " batch"] | None:
+    def sample_weight(self, batch: PyTree) -> Shaped[np.ndarray, " batch"] | None:
         """Per-example weights of a batch, or None (default: a third element, or
         the ``"sample_weight"`` entry of a dict batch).
 
@@ -445,7 +447,7 @@ class DataParallelTrainer(Generic[_Model]):
     def _on_spec(self, spec: BatchSpec, leaves: list[np.ndarray]) -> None:
         """Validate the first batch against the model and loss; build the steps."""
         if self._loss_name == "cross_entropy":
-            labels = self.split_batch(jax.tree.unflatten(spec.treedef, leaves))[1]
+            labels = jax.tree.unflatten(spec.treedef, leaves)[1]
             if not isinstance(labels, np.ndarray) or labels.dtype.kind not in "iu":
                 raise TypeError(
                     "data: labels y have dtype "

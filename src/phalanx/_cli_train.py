@@ -1,0 +1,196 @@
+"""``phalanx train``: arguments checked up front, then one data-parallel run."""
+
+import argparse
+import dataclasses
+import datetime
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+class UsageError(Exception):
+    """A bad command: reported in one line with exit code 2."""
+
+
+# Files `phalanx train` writes into a run folder; --overwrite replaces only these.
+RUN_FILES = ("metrics.csv", "metrics.jsonl", "history.png", "tensorboard")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainArgs:
+    model: str
+    hidden: tuple[int, ...]
+    dataset: str
+    strategy: str
+    microbatches: int
+    devices: int | None
+    batch_size: int
+    epochs: int
+    lr: float
+    optimizer: str
+    schedule: str
+    clip_norm: float | None
+    seed: int
+    run_dir: Path
+    overwrite: bool
+    log_every: int
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> "TrainArgs":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in vars(ns).items() if k in fields}
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        values["run_dir"] = Path(ns.run_dir or Path("runs") / stamp)
+        return cls(**values)
+
+
+Split = tuple[np.ndarray, np.ndarray]
+
+
+def load_dataset(spec: str) -> tuple[Split, Split]:
+    """``digits``, ``mnist:PATH`` or ``npz:PATH`` as float features and int labels.
+
+    Raises:
+        UsageError: unknown dataset, unreadable file, bad arrays or labels.
+    """
+    from .data import load_digits, load_mnist
+
+    kind, _, path = spec.partition(":")
+    if kind == "digits" and not path:
+        train, test = load_digits()
+    elif kind == "mnist" and path:
+        try:
+            train, test = load_mnist(path)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--dataset {spec}: {error}") from None
+    elif kind == "npz" and path:
+        train, test = _load_npz(spec, Path(path))
+    else:
+        raise UsageError(
+            f"--dataset {spec!r} is not one of digits, mnist:PATH, npz:PATH"
+        )
+    return _check_split(spec, train, test)
+
+
+def _load_npz(spec: str, path: Path) -> tuple[Split, Split]:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [
+                k for k in ("x_train", "y_train", "x_test", "y_test") if k not in npz
+            ]
+            if missing:
+                raise UsageError(
+                    f"--dataset {spec}: {path} has no {', '.join(missing)}; it needs "
+                    f"x_train, y_train, x_test, y_test (it has {', '.join(npz.files)})"
+                )
+            arrays = [npz[k] for k in ("x_train", "y_train", "x_test", "y_test")]
+    except (OSError, ValueError) as error:
+        raise UsageError(
+            f"--dataset {spec}: cannot read {path} as an .npz archive ({error})"
+        ) from None
+    return (arrays[0], arrays[1]), (arrays[2], arrays[3])
+
+
+def _check_split(spec: str, train: Split, test: Split) -> tuple[Split, Split]:
+    """Flatten features to standardised float32 rows; labels must be ints in
+    one class range."""
+    out = []
+    for name, (x, y) in (("train", train), ("test", test)):
+        if len(x) != len(y):
+            raise UsageError(
+                f"--dataset {spec}: x_{name} has {len(x)} rows but y_{name} has "
+                f"{len(y)}; every example needs one label"
+            )
+        if len(x) == 0:
+            raise UsageError(f"--dataset {spec}: x_{name} is empty")
+        if y.ndim != 1 or y.dtype.kind not in "iu":
+            raise UsageError(
+                f"--dataset {spec}: y_{name} must be a 1-d array of integer class "
+                f"labels, got {y.dtype} of shape {y.shape}"
+            )
+        if x.dtype.kind not in "biuf":
+            raise UsageError(f"--dataset {spec}: x_{name} is not numeric ({x.dtype})")
+        out.append((x.reshape(len(x), -1).astype(np.float32), y.astype(np.int32)))
+    (x_train, y_train), (x_test, y_test) = out
+    classes = int(y_train.max()) + 1
+    for name, y in (("y_train", y_train), ("y_test", y_test)):
+        if y.min() < 0 or y.max() >= classes:
+            raise UsageError(
+                f"--dataset {spec}: {name} has labels from {y.min()} to {y.max()}, "
+                f"outside the classes 0..{classes - 1} seen in y_train"
+            )
+    if x_train.shape[1] != x_test.shape[1]:
+        raise UsageError(
+            f"--dataset {spec}: x_train has {x_train.shape[1]} features per example "
+            f"but x_test has {x_test.shape[1]}"
+        )
+    # Standardise each feature with the training set's statistics.
+    mean, std = x_train.mean(axis=0), x_train.std(axis=0)
+    std = np.where(std > 0, std, 1.0).astype(np.float32)
+    return ((x_train - mean) / std, y_train), ((x_test - mean) / std, y_test)
+
+
+def check_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """A run folder must be new or empty, unless --overwrite."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir {run_dir} exists and is not a folder")
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
+        raise UsageError(
+            f"--run-dir {run_dir} exists and is not empty; choose a new folder or "
+            "pass --overwrite (phalanx then replaces only its own files: "
+            f"{', '.join(RUN_FILES)})"
+        )
+
+
+def select_devices(requested: int | None) -> list:
+    """Start JAX with the requested devices (faking CPU devices on a CPU host).
+
+    If JAX has already started in this process (a notebook, a test), the
+    devices it has are used.
+    """
+    from ._devices import fake_cpu_devices
+
+    try:
+        fake_cpu_devices(requested or 8)
+    except RuntimeError:
+        pass
+    import jax
+
+    devices = jax.local_devices()
+    if requested is not None and requested > len(devices):
+        raise UsageError(
+            f"--devices {requested} but this process has {len(devices)} "
+            f"{devices[0].platform} device(s); pass at most {len(devices)}"
+        )
+    if devices[0].platform == "cpu" and requested is None:
+        print(
+            "phalanx: no accelerator found; using 8 fake CPU devices "
+            "(--devices N to change)",
+            file=sys.stderr,
+        )
+        requested = 8
+    return devices[: requested or len(devices)]
+
+
+def check_batch_size(batch_size: int, devices: int, microbatches: int) -> None:
+    multiple = devices * microbatches
+    if batch_size % multiple:
+        lower = batch_size // multiple * multiple
+        upper = lower + multiple
+        options = f"{lower} or {upper}" if lower else f"{upper}"
+        raise UsageError(
+            f"--batch-size {batch_size} is not a multiple of --devices {devices} x "
+            f"--microbatches {microbatches} = {multiple}; use e.g. {options}"
+        )
+
+
+def run_train(args: TrainArgs) -> int:
+    """Validate, then train; returns the exit code."""
+    train, test = load_dataset(args.dataset)
+    check_run_dir(args.run_dir, args.overwrite)
+    devices = select_devices(args.devices)
+    check_batch_size(args.batch_size, len(devices), args.microbatches)
+    from ._cli_run import train_and_report
+
+    return train_and_report(args, devices, train, test)
