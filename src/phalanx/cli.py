@@ -107,15 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--batch-size",
         type=_positive_int,
-        default=128,
+        default=64,
         help="global batch size (a multiple of devices x microbatches)",
     )
     add("--epochs", type=_positive_int, default=30, help="passes over the data")
-    add("--lr", type=_positive_float, default=1e-3, help="peak learning rate")
+    add("--lr", type=_positive_float, default=0.1, help="peak learning rate")
     add(
         "--optimizer",
         choices=("adam", "adamw", "sgd"),
-        default="adam",
+        default="sgd",
         help="optax optimizer (sgd uses momentum 0.9)",
     )
     add(
