@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--hidden",
         type=_widths,
-        default=(256, 128),
+        default="256,128",
         metavar="W1,W2,...",
         help="hidden layer widths of the MLP",
     )
