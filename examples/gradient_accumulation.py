@@ -48,7 +48,6 @@ def main() -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(1000, 64)).astype(np.float32)
     y = (x[:, :10].argmax(axis=1)).astype(np.int32)
-    data = [(x[i : i + 256], y[i : i + 256]) for i in range(0, len(x), 256)]
     model = px.models.MLP(64, 10, hidden=(128,), key=jax.random.key(0))
 
     everywhere = px.PmapStrategy()  # every local device
@@ -66,6 +65,9 @@ def main() -> None:
         trainer = px.DataParallelTrainer(
             model, optax.adam(1e-2), strategy=strategy, seed=0
         )
+        # The same shuffled order for each run: a fresh loader with the same seed.
+        # 1000 examples in batches of 256: the last is padded with zero weights.
+        data = px.data.ArrayLoader((x, y), batch_size=256, seed=0)
         trainer.fit(data, epochs=epochs, steps=args.steps)
         trained[name] = trainer.model
         per_device = 256 // strategy.num_devices

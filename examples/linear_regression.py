@@ -47,7 +47,7 @@ def main() -> None:
     true_w = np.array([[2.0, -3.0, 0.5, 1.0]], np.float32)
     true_b = np.array([0.7], np.float32)
     x, y = make_data(rng, 2048, true_w, true_b)
-    batches = [(x[i : i + 256], y[i : i + 256]) for i in range(0, len(x), 256)]
+    batches = px.data.ArrayLoader((x, y), batch_size=256, seed=0)
 
     strategy = px.PmapStrategy()
     print(f"linear regression on {strategy.num_devices} devices (PmapStrategy)")

@@ -62,12 +62,6 @@ def make_data(
     return images.astype(np.float32), labels.astype(np.int32)
 
 
-def batches_of(
-    x: np.ndarray, y: np.ndarray, size: int
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    return [(x[i : i + size], y[i : i + size]) for i in range(0, len(x), size)]
-
-
 def main(default_strategy: str = "pmap") -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -86,8 +80,8 @@ def main(default_strategy: str = "pmap") -> None:
     prototypes = 0.35 * (rng.uniform(size=(10, 784)) < 0.2)
     x_train, y_train = make_data(rng, 4096, prototypes)
     x_test, y_test = make_data(rng, 1024, prototypes)
-    train = batches_of(x_train, y_train, BATCH_SIZE)
-    test = batches_of(x_test, y_test, BATCH_SIZE)
+    train = px.data.ArrayLoader((x_train, y_train), BATCH_SIZE, seed=0)
+    test = px.data.ArrayLoader((x_test, y_test), BATCH_SIZE, shuffle=False)
 
     strategy = STRATEGIES[args.strategy]()
     n = strategy.num_devices
