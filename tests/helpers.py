@@ -66,3 +66,32 @@ def reference_fit(model, batches, steps: int, lr: float = 1e-2):
         x, y = jax.device_put((x, y), device)
         params, opt_state = step(params, opt_state, x, y)
     return eqx.combine(params, static)
+
+
+def read_event_scalars(logdir) -> dict[str, list[tuple[int, float]]]:
+    """Scalars of every TensorBoard event file in `logdir`: tag -> [(step, value)].
+
+    Parses the TFRecord framing (u64 length, u32 length CRC, payload, u32
+    payload CRC) with tensorboardX's protobuf, so no TensorFlow is needed.
+    """
+    import pathlib
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    event_class = event_pb2.Event  # pyright: ignore[reportAttributeAccessIssue]
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(pathlib.Path(logdir).glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack_from("<Q", data, offset)
+            offset += 12
+            event = event_class.FromString(data[offset : offset + length])
+            offset += length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append(
+                    (event.step, value.simple_value)
+                )
+        assert offset == len(data), f"{path} ends inside a record"
+    return scalars

@@ -1,6 +1,5 @@
 """The training run behind ``phalanx train``, once every argument is valid."""
 
-import shutil
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -63,7 +62,8 @@ def train_and_report(
     run.mkdir(parents=True, exist_ok=True)
     for name in ("metrics.csv", "metrics.jsonl", "history.png"):
         (run / name).unlink(missing_ok=True)
-    shutil.rmtree(run / "tensorboard", ignore_errors=True)
+    for events in (run / "tensorboard").glob("events.out.tfevents.*"):
+        events.unlink()
     every = args.log_every
     strategy = make_strategy(args, devices)
     trainer = DataParallelTrainer(
@@ -86,7 +86,8 @@ def train_and_report(
         f"phalanx: {args.model.upper()} {features}-{hidden + '-' if hidden else ''}"
         f"{classes} on {args.dataset} ({len(x_train)} train / {len(x_test)} test), "
         f"{type(strategy).__name__} on {len(devices)} {devices[0].platform} "
-        f"device(s), batch {args.batch_size}, {args.epochs} epochs"
+        f"device(s), batch {args.batch_size}, {args.epochs} "
+        f"epoch{'s' if args.epochs != 1 else ''}"
     )
     trainer.fit(loader, epochs=args.epochs, eval_data=test_loader)
     results = trainer.evaluate(test_loader)

@@ -40,9 +40,18 @@ class TrainArgs:
     def from_namespace(cls, ns: argparse.Namespace) -> "TrainArgs":
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in vars(ns).items() if k in fields}
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        values["run_dir"] = Path(ns.run_dir or Path("runs") / stamp)
+        values["run_dir"] = Path(ns.run_dir) if ns.run_dir else _new_run_dir()
         return cls(**values)
+
+
+def _new_run_dir() -> Path:
+    """runs/<date-time>, with a suffix if a run started in the same second."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path, n = Path("runs") / stamp, 1
+    while path.exists():
+        n += 1
+        path = Path("runs") / f"{stamp}-{n}"
+    return path
 
 
 Split = tuple[np.ndarray, np.ndarray]
@@ -85,9 +94,12 @@ def _load_npz(spec: str, path: Path) -> tuple[Split, Split]:
                     f"x_train, y_train, x_test, y_test (it has {', '.join(npz.files)})"
                 )
             arrays = [npz[k] for k in ("x_train", "y_train", "x_test", "y_test")]
-    except (OSError, ValueError) as error:
+    except OSError as error:
+        raise UsageError(f"--dataset {spec}: cannot read {path} ({error})") from None
+    except ValueError:
         raise UsageError(
-            f"--dataset {spec}: cannot read {path} as an .npz archive ({error})"
+            f"--dataset {spec}: {path} is not an .npz archive of plain arrays "
+            "(np.savez with x_train, y_train, x_test, y_test)"
         ) from None
     return (arrays[0], arrays[1]), (arrays[2], arrays[3])
 
@@ -111,6 +123,12 @@ def _check_split(spec: str, train: Split, test: Split) -> tuple[Split, Split]:
             )
         if x.dtype.kind not in "biuf":
             raise UsageError(f"--dataset {spec}: x_{name} is not numeric ({x.dtype})")
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            row = int(np.argwhere(~np.isfinite(x.reshape(len(x), -1)))[0][0])
+            raise UsageError(
+                f"--dataset {spec}: x_{name} holds NaN or inf (first at row {row}); "
+                "clean or impute the data"
+            )
         out.append((x.reshape(len(x), -1).astype(np.float32), y.astype(np.int32)))
     (x_train, y_train), (x_test, y_test) = out
     classes = int(y_train.max()) + 1
@@ -143,11 +161,14 @@ def check_run_dir(run_dir: Path, overwrite: bool) -> None:
         )
 
 
-def select_devices(requested: int | None) -> list:
+def select_devices(requested: int | None) -> tuple[list, bool]:
     """Start JAX with the requested devices (faking CPU devices on a CPU host).
 
     If JAX has already started in this process (a notebook, a test), the
     devices it has are used.
+
+    Returns:
+        The devices, and whether 8 fake CPU devices were chosen by default.
     """
     from ._devices import fake_cpu_devices
 
@@ -164,13 +185,8 @@ def select_devices(requested: int | None) -> list:
             f"{devices[0].platform} device(s); pass at most {len(devices)}"
         )
     if devices[0].platform == "cpu" and requested is None:
-        print(
-            "phalanx: no accelerator found; using 8 fake CPU devices "
-            "(--devices N to change)",
-            file=sys.stderr,
-        )
-        requested = 8
-    return devices[: requested or len(devices)]
+        return devices[:8], True
+    return devices[: requested or len(devices)], False
 
 
 def check_batch_size(batch_size: int, devices: int, microbatches: int) -> None:
@@ -189,8 +205,14 @@ def run_train(args: TrainArgs) -> int:
     """Validate, then train; returns the exit code."""
     train, test = load_dataset(args.dataset)
     check_run_dir(args.run_dir, args.overwrite)
-    devices = select_devices(args.devices)
+    devices, defaulted = select_devices(args.devices)
     check_batch_size(args.batch_size, len(devices), args.microbatches)
+    if defaulted:
+        print(
+            "phalanx: no accelerator found; using 8 fake CPU devices "
+            "(--devices N to change)",
+            file=sys.stderr,
+        )
     from ._cli_run import train_and_report
 
     return train_and_report(args, devices, train, test)

@@ -6,6 +6,7 @@ one-line reason and leaves nothing behind.
 """
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -22,16 +23,26 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer, got {text!r}"
+        ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(
+            f"must be a positive finite number, got {text}"
+        )
     return value
 
 
@@ -42,8 +53,10 @@ def _widths(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a comma-separated list of widths, e.g. 256,128"
         ) from None
-    if any(w < 1 for w in widths):
-        raise argparse.ArgumentTypeError(f"widths must be positive, got {text!r}")
+    if not widths or any(w < 1 for w in widths):
+        raise argparse.ArgumentTypeError(
+            f"widths must be positive integers, e.g. 256,128; got {text!r}"
+        )
     return widths
 
 
