@@ -2,6 +2,7 @@
 
 from . import (
     callbacks as callbacks,
+    checkpoint as checkpoint,
     data as data,
     models as models,
     strategies as strategies,
@@ -11,6 +12,7 @@ from ._history import History as History
 from ._state import TrainState as TrainState
 from ._trainer import DataParallelTrainer as DataParallelTrainer
 from .callbacks import Callback as Callback, StepInfo as StepInfo
+from .checkpoint import load_model as load_model, save_model as save_model
 from .strategies import (
     AccumulatingStrategy as AccumulatingStrategy,
     PmapStrategy as PmapStrategy,

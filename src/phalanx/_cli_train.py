@@ -84,7 +84,8 @@ def load_dataset(spec: str) -> tuple[Split, Split]:
 
 def _load_npz(spec: str, path: Path) -> tuple[Split, Split]:
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        # Our own file handle: np.load leaks its own when the file is corrupt.
+        with open(path, "rb") as file, np.load(file, allow_pickle=False) as npz:
             missing = [
                 k for k in ("x_train", "y_train", "x_test", "y_test") if k not in npz
             ]
@@ -96,7 +97,7 @@ def _load_npz(spec: str, path: Path) -> tuple[Split, Split]:
             arrays = [npz[k] for k in ("x_train", "y_train", "x_test", "y_test")]
     except OSError as error:
         raise UsageError(f"--dataset {spec}: cannot read {path} ({error})") from None
-    except ValueError:
+    except (ValueError, TypeError):  # TypeError: an .npy array, not an archive
         raise UsageError(
             f"--dataset {spec}: {path} is not an .npz archive of plain arrays "
             "(np.savez with x_train, y_train, x_test, y_test)"

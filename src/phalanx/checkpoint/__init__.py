@@ -1,0 +1,1 @@
+from ._model_file import load_model as load_model, save_model as save_model

@@ -1,0 +1,148 @@
+"""Inference weights in one file: `save_model` / `load_model`.
+
+The file is an ``.npz`` archive (NumPy's own format: no pickle, nothing is
+executed on load) holding every array leaf of the model and a JSON spec of
+their paths, shapes and dtypes, so loading into a model of another
+architecture names the first leaf that differs. It is written to a temporary
+file and renamed into place, so a crash never leaves a half-written model.
+"""
+
+import json
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any, TypeVar
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from .._typing import validates_own_arguments
+
+
+_Model = TypeVar("_Model")
+_FORMAT = "phalanx-model-1"
+
+
+def _spec(model: Any) -> tuple[list[Any], list[dict[str, Any]]]:
+    leaves = jax.tree_util.tree_flatten_with_path(eqx.filter(model, eqx.is_array))[0]
+    spec = [
+        {
+            "path": jax.tree_util.keystr(path),
+            "shape": list(leaf.shape),
+            "dtype": str(leaf.dtype),
+        }
+        for path, leaf in leaves
+    ]
+    return [leaf for _, leaf in leaves], spec
+
+
+@validates_own_arguments
+def save_model(path: str | os.PathLike[str], model: eqx.Module) -> None:
+    """Save a model's arrays (no optimizer state) for inference.
+
+    Args:
+        path: the file to write (conventionally ``*.npz``); its folder must
+            exist. An existing file is replaced atomically.
+        model: any Equinox model, e.g. ``trainer.model``.
+
+    Raises:
+        FileNotFoundError: the folder of `path` does not exist.
+        TypeError: a leaf cannot be stored (e.g. a PRNG key array).
+
+    Example:
+        ```python
+        px.save_model("mlp.npz", trainer.model)
+        model = px.load_model("mlp.npz", like=px.models.MLP(64, 10, key=key))
+        ```
+    """
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(
+            f"path={str(path)!r}: folder {str(path.parent)!r} does not exist; "
+            "create it first (os.makedirs)"
+        )
+    leaves, spec = _spec(model)
+    arrays = {}
+    for index, (leaf, entry) in enumerate(zip(leaves, spec, strict=True)):
+        if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            raise TypeError(
+                f"model{entry['path']} is a PRNG key array, which save_model does "
+                "not store; keep keys out of the model or save them separately"
+            )
+        arrays[f"leaf_{index}"] = np.asarray(jax.device_get(leaf))
+    header = json.dumps(
+        {"format": _FORMAT, "model": type(model).__name__, "leaves": spec}
+    )
+    arrays["spec"] = np.frombuffer(header.encode(), dtype=np.uint8)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            np.savez(file, **arrays)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+@validates_own_arguments
+def load_model(path: str | os.PathLike[str], *, like: _Model) -> _Model:
+    """Load weights saved by `save_model` into a model shaped like `like`.
+
+    Args:
+        path: a file written by `save_model`.
+        like: a model of the same architecture (its values are replaced).
+
+    Returns:
+        `like` with the saved arrays.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        ValueError: the file is corrupt or truncated, or holds another
+            architecture (the message names the first differing leaf and
+            both shapes).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"path={str(path)!r} does not exist; pass a file written by px.save_model"
+        )
+    try:
+        # Our own file handle: np.load leaks its own when the zip is corrupt.
+        with open(path, "rb") as file, np.load(file, allow_pickle=False) as archive:
+            header = json.loads(archive["spec"].tobytes().decode())
+            if header.get("format") != _FORMAT:
+                raise ValueError(f"format {header.get('format')!r}")
+            stored = [archive[f"leaf_{i}"] for i in range(len(header["leaves"]))]
+    except (
+        OSError,
+        ValueError,
+        TypeError,
+        KeyError,
+        EOFError,
+        zipfile.BadZipFile,
+    ) as error:
+        raise ValueError(
+            f"path={str(path)!r} is not a readable px.save_model file ({error}); "
+            "it may be truncated or corrupt: save the model again"
+        ) from None
+    leaves, spec = _spec(like)
+    saved = header["leaves"]
+    for expected, got in zip(spec, saved, strict=False):
+        if expected != got:
+            raise ValueError(
+                f"path={str(path)!r} holds another architecture: at model"
+                f"{got['path']} it stores {got['dtype']}{got['shape']} but `like` "
+                f"has model{expected['path']} {expected['dtype']}{expected['shape']}; "
+                "build `like` exactly as the saved model was built"
+            )
+    if len(spec) != len(saved):
+        raise ValueError(
+            f"path={str(path)!r} holds {len(saved)} arrays but `like` has "
+            f"{len(spec)}; build `like` exactly as the saved model was built"
+        )
+    arrays = iter(jax.numpy.asarray(array) for array in stored)
+    return jax.tree.map(lambda leaf: next(arrays) if eqx.is_array(leaf) else leaf, like)
