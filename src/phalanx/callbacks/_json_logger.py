@@ -2,16 +2,17 @@ import json
 import math
 import numbers
 import os
-from typing import IO, Any
+from typing import IO, Any, final
 
 from typing_extensions import override
 
 from .._typing import validates_own_arguments
-from ._callback import Callback, StepInfo
-from ._csv_logger import check_file_path, check_log_every, log_row, replace_atomically
+from ._files import replace_atomically
+from ._row_logger import RowLogger
 
 
-class JSONLogger(Callback):
+@final
+class JSONLogger(RowLogger[str]):
     """Writes metrics as JSON Lines: an object per logged step and per epoch.
 
     Each line is ``{"kind": "step" | "epoch", "step": ..., "epoch": ...,
@@ -51,65 +52,9 @@ class JSONLogger(Callback):
             FileNotFoundError, NotADirectoryError, IsADirectoryError,
                 PermissionError: `path` cannot be written.
         """
-        self.path = check_file_path(path, "path", example="metrics.jsonl")
-        self.log_every = check_log_every(log_every)
-        # Complete lines in the file; None until the first fit starts a file.
-        self._rows: int | None = None
-        self._last_step: int | None = None
-        self._file: IO[str] | None = None
+        super().__init__(path, log_every, example="metrics.jsonl")
 
     @override
-    def on_fit_start(self, info: StepInfo) -> None:
-        del info
-        self._open()
-
-    @override
-    def on_step_end(self, info: StepInfo) -> None:
-        if info.step % self.log_every == 0:
-            self._write(log_row("step", info))
-
-    @override
-    def on_epoch_end(self, info: StepInfo) -> None:
-        self._write(log_row("epoch", info))
-
-    @override
-    def on_fit_end(self, info: StepInfo) -> None:
-        del info
-        self._close()
-
-    @override
-    def on_exception(self, info: StepInfo, error: BaseException) -> None:
-        del info, error
-        self._close()
-
-    def state_dict(self) -> dict[str, Any]:
-        """Lines written and the step of the last one."""
-        return {"rows": self._rows, "last_step": self._last_step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from `state_dict`; the next fit keeps only the lines it counts."""
-        self._close()
-        self._rows = state["rows"]
-        self._last_step = state["last_step"]
-
-    # ----------------------------------------------------------- internals
-
-    def _open(self) -> None:
-        if self._file is not None:
-            return
-        lines = [] if self._rows is None else self._read()[: self._rows]
-        self._rows = len(lines)
-        text = "".join(lines).encode("utf-8")
-        replace_atomically(self.path, lambda file: file.write(text))
-        self._file = open(self.path, "a", encoding="utf-8")
-
-    def _close(self) -> None:
-        if self._file is not None:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
-
     def _read(self) -> list[str]:
         """The file's complete lines (a line cut short by a crash is dropped)."""
         try:
@@ -119,14 +64,25 @@ class JSONLogger(Callback):
             return []
         return [line for line in lines if line.endswith("\n")]
 
-    def _write(self, row: dict[str, Any]) -> None:
-        self._open()
-        assert self._file is not None and self._rows is not None
+    @override
+    def _reopen(self, rows: list[str]) -> IO[str]:
+        text = "".join(rows).encode("utf-8")
+        replace_atomically(self.path, lambda file: file.write(text))
+        return open(self.path, "a", encoding="utf-8")
+
+    @override
+    def _append(self, file: IO[str], row: dict[str, Any]) -> None:
         encoded = {name: _json_value(value) for name, value in row.items()}
-        self._file.write(json.dumps(encoded, allow_nan=False) + "\n")
-        self._file.flush()
-        self._rows += 1
-        self._last_step = row["step"]
+        file.write(json.dumps(encoded, allow_nan=False) + "\n")
+        file.flush()
+
+    @override
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    @override
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        del state
 
 
 def _json_value(value: Any) -> Any:

@@ -6,7 +6,7 @@ from typing_extensions import override
 from .._history import History
 from .._typing import validates_own_arguments
 from ._callback import Callback, StepInfo
-from ._csv_logger import check_file_path, replace_atomically
+from ._files import check_file_path, replace_atomically
 
 
 class PlotHistory(Callback):

@@ -6,7 +6,7 @@ from typing_extensions import override
 
 from .._typing import validates_own_arguments
 from ._callback import Callback, StepInfo
-from ._csv_logger import check_file_path, check_log_every
+from ._files import check_file_path, check_log_every
 
 
 if TYPE_CHECKING:

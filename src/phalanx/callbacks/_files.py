@@ -1,0 +1,85 @@
+import os
+import pathlib
+import secrets
+from collections.abc import Callable
+from typing import IO, Any
+
+from ._callback import StepInfo
+
+
+def log_row(kind: str, info: StepInfo) -> dict[str, Any]:
+    """``kind``, ``step``, ``epoch``, then the metrics (read at this point)."""
+    row: dict[str, Any] = {"kind": kind, "step": info.step, "epoch": info.epoch}
+    for name, value in info.metrics.items():
+        row.setdefault(name, value)
+    return row
+
+
+def check_log_every(log_every: object) -> int:
+    """`log_every` if a positive int, else a ValueError saying so (as the
+    trainer's ``sync_every`` and the other callbacks do)."""
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        raise ValueError(
+            f"log_every={log_every!r} must be an int >= 1 (the steps between "
+            "log rows), e.g. log_every=10"
+        )
+    return log_every
+
+
+def check_file_path(
+    path: object, name: str, *, directory: bool = False, example: str = ""
+) -> pathlib.Path:
+    """`path` as a Path, if its folder exists and is writable (and it is a file,
+    or with `directory`, a folder or not there yet)."""
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(
+            f"{name}={path!r} must be a str or os.PathLike path, "
+            f"not {type(path).__name__}"
+        )
+    file = pathlib.Path(path)
+    if directory and file.exists() and not file.is_dir():
+        raise NotADirectoryError(
+            f"{name}={str(path)!r} is a file; pass a folder (new or existing) "
+            "for the logs"
+        )
+    if not directory and file.is_dir():
+        raise IsADirectoryError(
+            f"{name}={str(path)!r} is a folder; pass a file path, "
+            f"e.g. {str(file / example)!r}"
+        )
+    parent = file.parent
+    if not parent.is_dir():
+        raise FileNotFoundError(
+            f"{name}={str(path)!r}: its folder {str(parent)!r} does not exist; "
+            f"create it first (os.makedirs({str(parent)!r}, exist_ok=True))"
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"{name}={str(path)!r}: its folder {str(parent)!r} is not writable; "
+            "pass a path in a folder you can write to"
+        )
+    return file
+
+
+def replace_atomically(
+    path: pathlib.Path, write: Callable[[IO[bytes]], object]
+) -> None:
+    """Replace `path` with what `write` writes, all or nothing: a temporary
+    file in the same folder, flushed and synced, then `os.replace`."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(temporary, "xb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    if os.name == "posix":
+        # The rename itself survives a power cut only once the folder is synced.
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)

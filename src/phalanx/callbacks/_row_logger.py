@@ -1,0 +1,126 @@
+import abc
+import os
+from typing import IO, Any, Generic, TypeVar
+
+from typing_extensions import override
+
+from ._callback import Callback, StepInfo
+from ._files import check_file_path, check_log_every, log_row
+
+
+# A row as the file holds it (a CSV row's cells, a JSON line).
+_Row = TypeVar("_Row")
+
+
+class RowLogger(Callback, abc.ABC, Generic[_Row]):
+    """Writes a row per logged step and per epoch to a file, crash-safely.
+
+    Rows come from `log_row`: a step row every `log_every` steps, an epoch
+    row at each epoch end. Each row is one flushed write, so a crash leaves
+    complete rows only. The first `fit` starts a new file (replacing any old
+    one); later fits append. `state_dict` counts the rows written, so a
+    logger restored with `load_state_dict` drops the rows written after the
+    checkpoint when its first fit reopens the file.
+
+    Subclasses say how the file is read (`_read`), rewritten and reopened
+    (`_reopen`), appended to (`_append`), and what else a resume needs
+    (`_extra_state`, `_load_extra_state`).
+    """
+
+    def __init__(self, path: object, log_every: object, *, example: str):
+        """Check `path` (`example` names a file for the error message) and
+        `log_every`; nothing is written until the first fit."""
+        self.path = check_file_path(path, "path", example=example)
+        self.log_every = check_log_every(log_every)
+        # Complete rows in the file; None until the first fit starts a file.
+        self._rows: int | None = None
+        self._last_step: int | None = None
+        self._file: IO[str] | None = None
+
+    @override
+    def on_fit_start(self, info: StepInfo) -> None:
+        del info
+        self._open()
+
+    @override
+    def on_step_end(self, info: StepInfo) -> None:
+        if info.step % self.log_every == 0:
+            self._write(log_row("step", info))
+
+    @override
+    def on_epoch_end(self, info: StepInfo) -> None:
+        self._write(log_row("epoch", info))
+
+    @override
+    def on_fit_end(self, info: StepInfo) -> None:
+        del info
+        self._close()
+
+    @override
+    def on_exception(self, info: StepInfo, error: BaseException) -> None:
+        del info, error
+        self._close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Rows written, the step of the last one, and what the format keeps."""
+        return {
+            "rows": self._rows,
+            **self._extra_state(),
+            "last_step": self._last_step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from `state_dict`; the next fit keeps only the rows it counts."""
+        self._close()
+        self._rows = state["rows"]
+        self._load_extra_state(state)
+        self._last_step = state["last_step"]
+
+    # ----------------------------------------------------------- internals
+
+    def _open(self) -> None:
+        if self._file is not None:
+            return
+        # A new file, or the rows this logger has written (dropping any after
+        # a restored checkpoint): always a complete file before appending.
+        rows = [] if self._rows is None else self._read()[: self._rows]
+        self._rows = len(rows)
+        self._file = self._reopen(rows)
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+
+    def _write(self, row: dict[str, Any]) -> None:
+        self._open()
+        assert self._file is not None and self._rows is not None
+        self._append(self._file, row)
+        self._rows += 1
+        self._last_step = row["step"]
+
+    @abc.abstractmethod
+    def _read(self) -> list[_Row]:
+        """The file's complete rows; none if there is no file."""
+
+    @abc.abstractmethod
+    def _reopen(self, rows: list[_Row]) -> IO[str]:
+        """Replace the file atomically with `rows` only, then open it to append."""
+
+    @abc.abstractmethod
+    def _append(self, file: IO[str], row: dict[str, Any]) -> None:
+        """Write `row` to the open `file` as one flushed write.
+
+        May instead rewrite the file with `row` included (through `_reopen`,
+        leaving the new file in ``self._file``) when it cannot be appended.
+        """
+
+    @abc.abstractmethod
+    def _extra_state(self) -> dict[str, Any]:
+        """What `state_dict` holds besides the row count and last step."""
+
+    @abc.abstractmethod
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore what `_extra_state` returned, from the whole `state`."""
