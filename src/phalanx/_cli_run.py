@@ -1,5 +1,6 @@
 """The training run behind ``phalanx train``, once every argument is valid."""
 
+import shutil
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -60,10 +61,13 @@ def train_and_report(
 
     run = args.run_dir
     run.mkdir(parents=True, exist_ok=True)
-    for name in ("metrics.csv", "metrics.jsonl", "history.png"):
-        (run / name).unlink(missing_ok=True)
-    for events in (run / "tensorboard").glob("events.out.tfevents.*"):
-        events.unlink()
+    if not args.resume:
+        for name in ("metrics.csv", "metrics.jsonl", "history.png"):
+            (run / name).unlink(missing_ok=True)
+        for events in (run / "tensorboard").glob("events.out.tfevents.*"):
+            events.unlink()
+        for step in (run / "checkpoints").glob("[0-9]*"):
+            shutil.rmtree(step)
     every = args.log_every
     strategy = make_strategy(args, devices)
     trainer = DataParallelTrainer(
@@ -79,6 +83,7 @@ def train_and_report(
             cb.TensorBoardLogger(run / "tensorboard", log_every=every),
             cb.PlotHistory(run / "history.png"),
             cb.ProgressBar(log_every=every),
+            cb.Checkpoint(run / "checkpoints", every_n_steps=args.checkpoint_every),
         ],
     )
     hidden = "-".join(map(str, args.hidden)) if args.model == "mlp" else ""
@@ -89,7 +94,8 @@ def train_and_report(
         f"device(s), batch {args.batch_size}, {args.epochs} "
         f"epoch{'s' if args.epochs != 1 else ''}"
     )
-    trainer.fit(loader, epochs=args.epochs, eval_data=test_loader)
+    resume = "latest" if args.resume else None
+    trainer.fit(loader, epochs=args.epochs, eval_data=test_loader, resume=resume)
     results = trainer.evaluate(test_loader)
     print(
         f"test loss {results['loss']:.4f}, test accuracy {results['accuracy']:.4f}; "

@@ -14,7 +14,13 @@ class UsageError(Exception):
 
 
 # Files `phalanx train` writes into a run folder; --overwrite replaces only these.
-RUN_FILES = ("metrics.csv", "metrics.jsonl", "history.png", "tensorboard")
+RUN_FILES = (
+    "metrics.csv",
+    "metrics.jsonl",
+    "history.png",
+    "tensorboard",
+    "checkpoints",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +40,8 @@ class TrainArgs:
     seed: int
     run_dir: Path
     overwrite: bool
+    checkpoint_every: int | None
+    resume: bool
     log_every: int
 
     @classmethod
@@ -150,8 +158,17 @@ def _check_split(spec: str, train: Split, test: Split) -> tuple[Split, Split]:
     return ((x_train - mean) / std, y_train), ((x_test - mean) / std, y_test)
 
 
-def check_run_dir(run_dir: Path, overwrite: bool) -> None:
-    """A run folder must be new or empty, unless --overwrite."""
+def check_run_dir(run_dir: Path, overwrite: bool, resume: bool = False) -> None:
+    """A run folder must be new or empty, unless --overwrite; with --resume it
+    must hold a checkpoint."""
+    if resume:
+        checkpoints = run_dir / "checkpoints"
+        if not any(p.name.isdigit() for p in _children(checkpoints)):
+            raise UsageError(
+                f"--resume: no checkpoint in {checkpoints}; pass the --run-dir of "
+                "an earlier run, or start without --resume"
+            )
+        return
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--run-dir {run_dir} exists and is not a folder")
     if run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
@@ -160,6 +177,10 @@ def check_run_dir(run_dir: Path, overwrite: bool) -> None:
             "pass --overwrite (phalanx then replaces only its own files: "
             f"{', '.join(RUN_FILES)})"
         )
+
+
+def _children(folder: Path) -> list[Path]:
+    return list(folder.iterdir()) if folder.is_dir() else []
 
 
 def select_devices(requested: int | None) -> tuple[list, bool]:
@@ -205,7 +226,11 @@ def check_batch_size(batch_size: int, devices: int, microbatches: int) -> None:
 def run_train(args: TrainArgs) -> int:
     """Validate, then train; returns the exit code."""
     train, test = load_dataset(args.dataset)
-    check_run_dir(args.run_dir, args.overwrite)
+    if args.resume and args.overwrite:
+        raise UsageError(
+            "--resume continues a run; it cannot be combined with --overwrite"
+        )
+    check_run_dir(args.run_dir, args.overwrite, args.resume)
     devices, defaulted = select_devices(args.devices)
     check_batch_size(args.batch_size, len(devices), args.microbatches)
     if defaulted:

@@ -1,3 +1,4 @@
+import os
 from collections.abc import Iterable, Sequence, Sized
 from typing import Any, Generic, TypeVar
 
@@ -22,6 +23,7 @@ from ._compiled import CompiledSteps
 from ._config import check_config, check_duration, check_iterable
 from ._forward import takes_key
 from ._history import History
+from ._run import Preempted, RunPlan, find_checkpoint, preemption
 from ._state import TrainState
 from ._typing import (
     ChecksMode,
@@ -32,7 +34,7 @@ from ._typing import (
     NanPolicy,
     validates_own_arguments,
 )
-from .callbacks import Callback, StepInfo
+from .callbacks import Callback, Checkpoint, StepInfo
 from .callbacks._callback import overrides
 from .strategies import ShardingStrategy, Strategy
 
@@ -127,7 +129,11 @@ class DataParallelTrainer(Generic[_Model]):
         )
         self.strategy: Strategy = ShardingStrategy() if strategy is None else strategy
         self.optimizer = optimizer
-        self.callbacks: tuple[Callback, ...] = tuple(callbacks)
+        # Checkpoints run last (as in Lightning): a snapshot then holds what
+        # every other callback did for its step.
+        self.callbacks: tuple[Callback, ...] = tuple(
+            sorted(callbacks, key=lambda c: isinstance(c, Checkpoint))
+        )
         self.checks = checks
         self.nan_policy = nan_policy
         self.sync_every = sync_every
@@ -156,6 +162,12 @@ class DataParallelTrainer(Generic[_Model]):
         self._step = 0
         self._epoch = 0
         self._plan: tuple[int | None, int | None] = (None, None)
+        # Where a fit is: its plan, data, the epoch's on-device sums and steps.
+        self._run = RunPlan(0, 0, None, None)
+        self._data: Any = None
+        self._acc: dict[str, jax.Array] | None = None
+        self._epoch_steps = 0
+        self._preempted: int | None = None
         self._steps = CompiledSteps(
             self,
             self._state_treedef,
@@ -267,6 +279,7 @@ class DataParallelTrainer(Generic[_Model]):
         epochs: int | None = None,
         steps: int | None = None,
         eval_data: Iterable[Any] | None = None,
+        resume: str | os.PathLike[str] | None = None,
     ) -> TrainState[_Model]:
         """Train on `data`, a re-iterable of host batches, in the order given.
 
@@ -278,6 +291,12 @@ class DataParallelTrainer(Generic[_Model]):
                 With both, training stops at whichever comes first.
             eval_data: batches to `evaluate` after every epoch (metrics
                 reported with an ``eval_`` prefix).
+            resume: ``"latest"`` to continue from the newest complete
+                checkpoint of the `callbacks.Checkpoint` in `callbacks`, or
+                the path of a checkpoint folder (or of one step in it). The
+                state, step, epoch, history, data order and callbacks' state
+                are restored, and `epochs`/`steps` count from the start of the
+                checkpointed run, so the run continues as if never stopped.
 
         Returns:
             The final `TrainState`.
@@ -292,15 +311,27 @@ class DataParallelTrainer(Generic[_Model]):
         if eval_data is not None:
             check_iterable(eval_data, "eval_data")
         self._leaves = self._copy(self._leaves)
-        last = None if steps is None else self._step + steps
-        self._plan = _plan(data, epochs, steps)
+        self._run = RunPlan(self._step, self._epoch, epochs, steps)
+        self._data = data
+        if resume is not None:
+            find_checkpoint(self.callbacks, resume).restore(self, resume, data)
+        self._plan = _plan(data, self._run, self._step)
         self.stop_training = False
+        self._preempted: int | None = None
         self._notify("on_fit_start", self._info())
         try:
-            for _ in range(epochs) if epochs is not None else iter(int, 1):
-                self._run_epoch(data, last, eval_data)
-                if self.stop_training or (last is not None and self._step >= last):
-                    break
+            with preemption(self):
+                while not (
+                    self.stop_training or self._run.done(self._step, self._epoch)
+                ):
+                    self._run_epoch(data, eval_data)
+                if self._preempted is not None:
+                    saved = [
+                        c.save(self, wait=True)
+                        for c in self.callbacks
+                        if isinstance(c, Checkpoint)
+                    ]
+                    raise Preempted(self._preempted, str(saved[0]) if saved else None)
         except BaseException as error:
             # Every callback gets to clean up (close files, stop displays), even
             # if another one's on_exception fails.
@@ -384,33 +415,43 @@ class DataParallelTrainer(Generic[_Model]):
 
     # -------------------------------------------------------------- the loop
 
-    def _run_epoch(self, data: Iterable[Any], last: int | None, eval_data: Any) -> None:
+    def _run_epoch(self, data: Iterable[Any], eval_data: Any) -> None:
         epoch = self._epoch
         self._notify("on_epoch_start", self._info())
         step_hooks = [c for c in self.callbacks if overrides(c, "on_step_end")]
-        acc: Any = None
+        # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
+        # was trained on (a stateful loader resumes by itself).
+        skip = 0 if hasattr(data, "load_state_dict") else self._epoch_steps
+        # Resumed from a snapshot of the epoch's last step: only its end is left.
+        done = isinstance(data, Sized) and 0 < len(data) <= self._epoch_steps
         first = None
-        for i, batch in enumerate(data):
+        for i, batch in enumerate(() if done else data):
+            if i < skip:
+                continue
             leaves, weight, first, n = self._batches.prepare(
                 batch, f"batch {i} of epoch {epoch}", first
             )
-            if acc is None:
-                acc = self._steps.train_acc()
+            acc = self._steps.train_acc() if self._acc is None else self._acc
             self._leaves, acc, metrics = self._steps.train(
                 self._leaves, acc, leaves, weight
             )
+            self._acc = acc
             self._step += 1
+            self._epoch_steps += 1
             if self._step % self.sync_every == 0:
                 self._sync(acc)
             if step_hooks:
                 info = self._info(metrics, examples=n)
                 for callback in step_hooks:
                     callback.on_step_end(info)
-            if self.stop_training or (last is not None and self._step >= last):
+            if self._preempted is not None:
+                return  # mid-epoch: the checkpoint keeps the epoch's sums
+            if self.stop_training or self._run.done(self._step, None):
                 break
-        if acc is None:
+        if self._acc is None:
             raise ValueError(empty_data_message("data", epoch))
-        logs = self._epoch_logs(jax.device_get(acc))
+        logs = self._epoch_logs(jax.device_get(self._acc))
+        self._acc, self._epoch_steps = None, 0
         if eval_data is not None:
             logs.update({f"eval_{k}": v for k, v in self.evaluate(eval_data).items()})
         self.history.append(logs)
@@ -481,11 +522,14 @@ class DataParallelTrainer(Generic[_Model]):
 
 
 def _plan(
-    data: Iterable[Any], epochs: int | None, steps: int | None
+    data: Iterable[Any], run: RunPlan, step: int
 ) -> tuple[int | None, int | None]:
-    """A fit's epochs and total steps, where they can be known up front."""
+    """A fit's epochs, and the steps left from `step`, where known up front."""
     per_epoch = len(data) if isinstance(data, Sized) else None
-    total = None if epochs is None or per_epoch is None else epochs * per_epoch
-    if steps is not None:
-        total = steps if total is None else min(total, steps)
-    return epochs, total
+    total = None
+    if run.epochs is not None and per_epoch is not None:
+        total = run.start_step + run.epochs * per_epoch
+    if run.steps is not None:
+        end = run.start_step + run.steps
+        total = end if total is None else min(total, end)
+    return run.epochs, None if total is None else max(total - step, 0)

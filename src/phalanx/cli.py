@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ._cli_train import TrainArgs, UsageError, run_train
+from ._run import Preempted
 
 
 class _Parser(argparse.ArgumentParser):
@@ -158,6 +159,20 @@ def build_parser() -> argparse.ArgumentParser:
         "others are left alone)",
     )
     add(
+        "--checkpoint-every",
+        type=_positive_int,
+        default=None,
+        metavar="STEPS",
+        help="also checkpoint every this many steps (a checkpoint is always "
+        "written at each epoch end, into RUN_DIR/checkpoints)",
+    )
+    add(
+        "--resume",
+        action="store_true",
+        help="continue the run in --run-dir from its newest checkpoint, exactly "
+        "as if it had never stopped",
+    )
+    add(
         "--log-every",
         type=_positive_int,
         default=10,
@@ -177,6 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"phalanx {namespace.command}: error: {error}", file=sys.stderr)
         return 2
+    except Preempted as stop:
+        print(f"phalanx: {stop}; continue with --resume", file=sys.stderr)
+        return stop.exit_code
     except KeyboardInterrupt:
         print("phalanx: interrupted", file=sys.stderr)
         return 130

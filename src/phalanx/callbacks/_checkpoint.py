@@ -1,0 +1,243 @@
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, final
+
+import orbax.checkpoint as ocp
+from typing_extensions import override
+
+from .._typing import validates_own_arguments
+from ..checkpoint._snapshot import check_compatible, read_host, restore, snapshot
+from ._callback import Callback, StepInfo
+
+
+if TYPE_CHECKING:
+    from .._trainer import DataParallelTrainer
+
+
+@final
+class Checkpoint(Callback):
+    """Saves full training snapshots with orbax, for exact resume.
+
+    A snapshot holds the `TrainState` (parameters, model state, optimizer
+    state, step, PRNG key), the running sums of a part-done epoch, the
+    trainer's counters, plan and history, the data loader's `state_dict`,
+    every stateful callback's `state_dict`, and metadata (phalanx version,
+    model class, strategy, device count). Saves are asynchronous (training
+    goes on while files are written) and atomic (a step folder appears only
+    when complete); the newest `keep` are kept, or with `monitor` the best
+    `keep` epoch-end checkpoints. Checkpoint callbacks run after all others,
+    so a snapshot includes what the loggers wrote for its step.
+
+    Resume with ``trainer.fit(..., resume="latest")``; a snapshot restores
+    onto any strategy and device count.
+
+    Example:
+        ```python
+        ckpt = px.callbacks.Checkpoint("runs/a/checkpoints", every_n_steps=100)
+        trainer = px.DataParallelTrainer(model, optax.adam(1e-3), callbacks=[ckpt])
+        trainer.fit(loader, epochs=10, resume="latest")  # fresh or continued
+        ```
+    """
+
+    @validates_own_arguments
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        every_n_steps: int | None = None,
+        every_n_epochs: int | None = 1,
+        keep: int = 3,
+        monitor: str | None = None,
+        mode: Literal["min", "max"] = "min",
+    ):
+        """Args:
+        directory: the folder of this run's checkpoints (created if needed).
+        every_n_steps: save after every this many steps (None: never).
+        every_n_epochs: save after every this many epochs (None: never).
+        keep: how many checkpoints to keep.
+        monitor: an epoch metric (e.g. ``"eval_loss"``): keep the best
+            `keep` epoch-end checkpoints by it instead of the newest.
+        mode: ``"min"`` or ``"max"``: which `monitor` values are best.
+
+        Raises:
+            TypeError, ValueError: a bad argument (the message names it).
+        """
+        if not isinstance(directory, str | os.PathLike):
+            raise TypeError(f"directory={directory!r} must be a str or path")
+        for name, value in (
+            ("every_n_steps", every_n_steps),
+            ("every_n_epochs", every_n_epochs),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"{name}={value!r} must be a positive int or None")
+        if not _positive_int(keep):
+            raise ValueError(f"keep={keep!r} must be an int >= 1, e.g. keep=3")
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode={mode!r} must be 'min' or 'max'")
+        self.directory = Path(directory).absolute()
+        self.every_n_steps = every_n_steps
+        self.every_n_epochs = every_n_epochs
+        self.keep = keep
+        self.monitor = monitor
+        self.mode = mode
+        self._manager: ocp.CheckpointManager | None = None
+
+    @override
+    def on_fit_start(self, info: StepInfo) -> None:
+        del info
+        self._writable()
+
+    @override
+    def on_step_end(self, info: StepInfo) -> None:
+        if self.every_n_steps and info.step % self.every_n_steps == 0:
+            self.save(info.trainer)
+
+    @override
+    def on_epoch_end(self, info: StepInfo) -> None:
+        if self.every_n_epochs and (info.epoch + 1) % self.every_n_epochs == 0:
+            self.save(info.trainer, metrics=info.metrics)
+
+    @override
+    def on_fit_end(self, info: StepInfo) -> None:
+        del info
+        self.close()
+
+    @override
+    def on_exception(self, info: StepInfo, error: BaseException) -> None:
+        del info, error
+        self.close()
+
+    def save(
+        self,
+        trainer: "DataParallelTrainer",
+        *,
+        metrics: dict[str, float] | None = None,
+        wait: bool = False,
+    ) -> Path:
+        """Save a snapshot of `trainer` now; with `wait`, until it is committed.
+
+        Returns:
+            The step folder it is (being) written to.
+        """
+        if (
+            self.monitor is not None
+            and metrics is not None
+            and self.monitor not in metrics
+        ):
+            raise KeyError(
+                f"monitor={self.monitor!r} is not among the epoch metrics "
+                f"{sorted(metrics)}; pass one of them, e.g. monitor='eval_loss'"
+            )
+        states = {
+            f"{i}:{type(c).__name__}": getattr(c, "state_dict")()  # noqa: B009
+            for i, c in enumerate(trainer.callbacks)
+            if c is not self and callable(getattr(c, "state_dict", None))
+        }
+        manager = self._open()
+        if trainer._step in manager.all_steps():
+            # The epoch-end snapshot supersedes one taken after the same step.
+            manager.wait_until_finished()
+            manager.delete(trainer._step)
+        manager.save(
+            trainer._step,
+            args=snapshot(trainer, trainer._data, states),
+            metrics=None if metrics is None else dict(metrics),
+            force=True,
+        )
+        if wait:
+            manager.wait_until_finished()
+        return self.directory / str(trainer._step)
+
+    def restore(self, trainer: "DataParallelTrainer", resume: Any, data: Any) -> None:
+        """Load a checkpoint into `trainer`, `data` and the trainer's callbacks.
+
+        Args:
+            resume: ``"latest"`` (this callback's newest complete checkpoint),
+                or the path of a checkpoint folder or of one step in it.
+
+        Raises:
+            FileNotFoundError: no such folder, or no complete checkpoint in it.
+            ValueError: the checkpoint is from another model or optimizer, or
+                cannot be read (the message names the path).
+        """
+        folder, step = self._locate(resume)
+        with ocp.CheckpointManager(folder) as manager:
+            if step is None:
+                step = manager.latest_step()
+            if step is None or step not in manager.all_steps():
+                raise FileNotFoundError(
+                    f"resume={str(resume)!r}: no complete checkpoint in {folder}; "
+                    "start without resume, or point at a folder a Checkpoint wrote"
+                )
+            try:
+                host = read_host(manager, step)
+                check_compatible(trainer, host, str(folder / str(step)))
+                restore(trainer, manager, step, host)
+            except (ValueError, KeyError, OSError) as error:
+                if isinstance(error, ValueError) and "another model" in str(error):
+                    raise
+                raise ValueError(
+                    f"resume={str(resume)!r}: checkpoint {folder / str(step)} cannot "
+                    f"be read ({error}); it may be corrupt: resume from an older "
+                    "step folder, or start again"
+                ) from error
+        if host["data"] is not None and hasattr(data, "load_state_dict"):
+            data.load_state_dict(host["data"])
+        for i, callback in enumerate(trainer.callbacks):
+            state = host["callbacks"].get(f"{i}:{type(callback).__name__}")
+            load = getattr(callback, "load_state_dict", None)
+            if state is not None and callable(load):
+                load(state)
+
+    def close(self) -> None:
+        """Wait for pending saves to be committed, then release the manager."""
+        if self._manager is not None:
+            self._manager.wait_until_finished()
+            self._manager.close()
+            self._manager = None
+
+    def _open(self) -> ocp.CheckpointManager:
+        if self._manager is None:
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=self.keep,
+                enable_async_checkpointing=True,
+                best_fn=None if self.monitor is None else (lambda m: m[self.monitor]),
+                best_mode=self.mode,
+            )
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        return self._manager
+
+    def _writable(self) -> None:
+        """Fail before training if checkpoints cannot be written."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.directory):
+                pass
+        except OSError as error:
+            raise PermissionError(
+                f"Checkpoint directory={str(self.directory)!r} is not writable "
+                f"({error.strerror}); choose a folder you can write to"
+            ) from None
+
+    def _locate(self, resume: Any) -> tuple[Path, int | None]:
+        if resume == "latest":
+            folder, step = self.directory, None
+        else:
+            path = Path(resume).absolute()
+            if path.name.isdigit() and (path / "_CHECKPOINT_METADATA").exists():
+                folder, step = path.parent, int(path.name)
+            else:
+                folder, step = path, None
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"resume={str(resume)!r}: checkpoint folder {folder} does not exist; "
+                "start without resume, or pass the folder a Checkpoint wrote"
+            )
+        return folder, step
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -1,0 +1,141 @@
+"""A trainer's full training snapshot, saved and restored with orbax.
+
+Arrays (the `TrainState` leaves, PRNG keys as key data, and the running sums
+of a part-done epoch) go through orbax's `StandardSave`, restored straight
+onto the trainer's own strategy and device count; everything else (counters,
+the fit's plan, history, the data loader's position, callbacks' state and
+metadata) is JSON. Orbax writes each step into a temporary folder and renames
+it when complete, so an interrupted save is never mistaken for a checkpoint.
+"""
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import equinox as eqx
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from .._run import RunPlan
+
+
+if TYPE_CHECKING:
+    from .._trainer import DataParallelTrainer
+
+
+def _is_key(leaf: Any) -> bool:
+    return jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def _spec(trainer: "DataParallelTrainer") -> list[list[Any]]:
+    """[path, shape, dtype] of every array of the trainer's state."""
+    dynamic = eqx.filter(trainer.state, eqx.is_array)
+    leaves = jax.tree_util.tree_flatten_with_path(dynamic)[0]
+    return [
+        [jax.tree_util.keystr(path), list(leaf.shape), str(leaf.dtype)]
+        for path, leaf in leaves
+    ]
+
+
+def snapshot(
+    trainer: "DataParallelTrainer", data: Any, callbacks: dict
+) -> ocp.args.Composite:
+    """Everything needed to continue `trainer` exactly, as orbax save args."""
+    leaves = [jax.random.key_data(x) if _is_key(x) else x for x in trainer._leaves]
+    acc = dict(trainer._acc or {})
+    host = {
+        "phalanx": _version(),
+        "model": type(trainer.state.model).__name__,
+        "strategy": type(trainer.strategy).__name__,
+        "devices": trainer.strategy.num_devices,
+        "spec": _spec(trainer),
+        "step": trainer._step,
+        "epoch": trainer._epoch,
+        "epoch_steps": trainer._epoch_steps,
+        "run": dataclasses.asdict(trainer._run),
+        "history": trainer.history.state_dict(),
+        "acc": {name: str(value.dtype) for name, value in acc.items()},
+        "data": data.state_dict() if hasattr(data, "state_dict") else None,
+        "callbacks": callbacks,
+    }
+    return ocp.args.Composite(
+        arrays=ocp.args.StandardSave({"state": leaves, "acc": acc}),
+        host=ocp.args.JsonSave(host),
+    )
+
+
+def read_host(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
+    """The JSON half of a checkpoint."""
+    return manager.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))[
+        "host"
+    ]
+
+
+def check_compatible(trainer: "DataParallelTrainer", host: dict, where: str) -> None:
+    """Raise ValueError naming the first leaf where the architectures differ."""
+    ours, theirs = _spec(trainer), host["spec"]
+    for mine, saved in zip(ours, theirs, strict=False):
+        if mine != saved:
+            raise ValueError(
+                f"checkpoint {where} is from another model or optimizer: at "
+                f"{saved[0]} it holds {saved[2]}{saved[1]} but this trainer has "
+                f"{mine[0]} {mine[2]}{mine[1]}; build the trainer exactly as for "
+                "the checkpointed run"
+            )
+    if len(ours) != len(theirs):
+        raise ValueError(
+            f"checkpoint {where} holds {len(theirs)} state arrays but this trainer "
+            f"has {len(ours)} (model {host['model']} vs "
+            f"{type(trainer.state.model).__name__}); build the trainer exactly as "
+            "for the checkpointed run"
+        )
+
+
+def restore(
+    trainer: "DataParallelTrainer",
+    manager: ocp.CheckpointManager,
+    step: int,
+    host: dict[str, Any],
+) -> None:
+    """Load checkpoint `step` into `trainer`, on its own strategy's devices."""
+    replicated = trainer.strategy.replicated
+    current = trainer._leaves
+
+    def target(leaf: jax.Array) -> jax.ShapeDtypeStruct:
+        value = jax.random.key_data(leaf) if _is_key(leaf) else leaf
+        return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=replicated)
+
+    acc = {
+        name: jax.ShapeDtypeStruct((), np.dtype(dtype), sharding=replicated)
+        for name, dtype in host["acc"].items()
+    }
+    arrays = manager.restore(
+        step,
+        args=ocp.args.Composite(
+            arrays=ocp.args.StandardRestore(
+                {"state": [target(leaf) for leaf in current], "acc": acc}
+            )
+        ),
+    )["arrays"]
+    trainer._leaves = [
+        jax.random.wrap_key_data(new, impl=jax.random.key_impl(old))
+        if _is_key(old)
+        else new
+        for new, old in zip(arrays["state"], current, strict=True)
+    ]
+    trainer._acc = dict(arrays["acc"]) or None
+    trainer._step = host["step"]
+    trainer._epoch = host["epoch"]
+    trainer._epoch_steps = host["epoch_steps"]
+    # The run's start is restored; how far it goes is the resuming fit's call.
+    saved = RunPlan(**host["run"])
+    trainer._run = dataclasses.replace(
+        trainer._run, start_step=saved.start_step, start_epoch=saved.start_epoch
+    )
+    trainer.history.load_state_dict(host["history"])
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__

@@ -1,0 +1,138 @@
+"""Checkpoints: exact resume (mid-epoch and at epoch ends), restore onto
+another strategy and device count, atomic saves, clear errors."""
+
+import os
+import signal
+
+import jax
+import numpy as np
+import optax
+import pytest
+from typing_extensions import override
+
+import phalanx as px
+from helpers import make_data, make_model, max_abs_diff
+
+
+class Crash(px.Callback):
+    """Dies after `at` steps, like a killed process (no save on the way out)."""
+
+    def __init__(self, at: int):
+        self.at = at
+
+    @override
+    def on_step_end(self, info):
+        if info.step == self.at:
+            raise RuntimeError("killed")
+
+
+def run(directory, *, strategy=None, crash=None, resume=None, epochs=3, every=5):
+    x, y = make_data(100, seed=3)
+    loader = px.data.ArrayLoader((x, y), 16, seed=1)  # 7 steps per epoch
+    callbacks = [px.callbacks.Checkpoint(directory, every_n_steps=every)]
+    if crash is not None:
+        callbacks.insert(0, Crash(crash))
+    trainer = px.DataParallelTrainer(
+        make_model(),
+        optax.adam(1e-2),
+        strategy=strategy or px.PmapStrategy(8),
+        callbacks=callbacks,
+    )
+    if crash is None:
+        trainer.fit(loader, epochs=epochs, resume=resume)
+    else:
+        with pytest.raises(RuntimeError, match="killed"):
+            trainer.fit(loader, epochs=epochs, resume=resume)
+    return trainer, loader
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("straight"))
+
+
+@pytest.mark.parametrize("crash_at", [6, 7, 12])  # mid-epoch, epoch end, later
+def test_resume_is_exact(tmp_path, straight, crash_at):
+    reference, reference_loader = straight
+    run(tmp_path, crash=crash_at)
+    resumed, loader = run(tmp_path, resume="latest")
+    assert max_abs_diff(resumed.model, reference.model) == 0
+    assert int(resumed.state.step) == int(reference.state.step) == 21
+    np.testing.assert_array_equal(
+        jax.random.key_data(resumed.state.key), jax.random.key_data(reference.state.key)
+    )
+    assert resumed.history.epochs == reference.history.epochs
+    assert loader.state_dict() == reference_loader.state_dict()
+
+
+def test_restore_onto_other_strategies(tmp_path):
+    # Saved from 8 devices under ShardingStrategy; restored onto 2 devices under
+    # PmapStrategy and onto 8 under AccumulatingStrategy: the same values.
+    trained, _ = run(tmp_path, strategy=px.ShardingStrategy(8), epochs=1, every=7)
+    for strategy, devices in (
+        (px.PmapStrategy(2), 2),
+        (px.AccumulatingStrategy(px.ShardingStrategy(8), 2), 8),
+    ):
+        other = px.DataParallelTrainer(
+            make_model(seed=9), optax.adam(1e-2), strategy=strategy
+        )
+        other.fit([make_data(16)], steps=7, resume=tmp_path / "7")  # nothing left
+        assert max_abs_diff(other.model, trained.model) == 0
+        weight = other.state.model.layers[0].weight
+        assert len(weight.sharding.device_set) == devices
+        other.fit([make_data(16)], steps=1)  # and it trains on from there
+        assert int(other.state.step) == 8
+
+
+def test_keep_newest(tmp_path):
+    run(tmp_path, epochs=2, every=2)
+    steps = sorted(int(p) for p in os.listdir(tmp_path) if p.isdigit())
+    assert steps == [10, 12, 14]  # keep=3 of 2, 4, ..., 14
+
+
+def test_bad_resume_inputs(tmp_path):
+    trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
+    data = [make_data(16)]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        trainer.fit(data, resume=tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        trainer.fit(data, resume=tmp_path)
+    with pytest.raises(ValueError, match="needs a px.callbacks.Checkpoint"):
+        trainer.fit(data, resume="latest")
+    assert int(trainer.state.step) == 0
+    run(tmp_path / "ckpt", epochs=1, every=7)
+    other = px.DataParallelTrainer(
+        px.models.MLP(5, 3, hidden=(16,), key=jax.random.key(0)), optax.adam(1e-2)
+    )
+    with pytest.raises(ValueError, match=r"another model.*\[16, 5\]"):
+        other.fit(data, resume=tmp_path / "ckpt")
+    with pytest.raises(PermissionError, match="not writable"):
+        (tmp_path / "file").write_text("x")
+        px.DataParallelTrainer(
+            make_model(),
+            optax.adam(1e-2),
+            callbacks=[px.callbacks.Checkpoint(tmp_path / "file" / "sub")],
+        ).fit(data)
+
+
+def test_sigterm_saves_at_the_step_boundary(tmp_path, straight):
+    class Term(px.Callback):
+        @override
+        def on_step_end(self, info):
+            if info.step == 9:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    x, y = make_data(100, seed=3)
+    loader = px.data.ArrayLoader((x, y), 16, seed=1)
+    trainer = px.DataParallelTrainer(
+        make_model(),
+        optax.adam(1e-2),
+        strategy=px.PmapStrategy(8),
+        callbacks=[Term(), px.callbacks.Checkpoint(tmp_path, every_n_steps=5)],
+    )
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM") as info:
+        trainer.fit(loader, epochs=3)
+    assert info.value.exit_code == 143
+    assert "9" in os.listdir(tmp_path)
+    resumed, _ = run(tmp_path, resume="latest")
+    assert max_abs_diff(resumed.model, straight[0].model) == 0
