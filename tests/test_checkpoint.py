@@ -136,3 +136,14 @@ def test_sigterm_saves_at_the_step_boundary(tmp_path, straight):
     assert "9" in os.listdir(tmp_path)
     resumed, _ = run(tmp_path, resume="latest")
     assert max_abs_diff(resumed.model, straight[0].model) == 0
+
+
+def test_corrupt_checkpoint_is_refused(tmp_path):
+    run(tmp_path, epochs=1, every=7)
+    for path in (tmp_path / "7" / "arrays").rglob("*"):
+        if path.is_file() and path.stat().st_size > 64:
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
+    with pytest.raises(ValueError, match="cannot be read.*corrupt"):
+        trainer.fit([make_data(16)], resume=tmp_path / "7")
+    assert int(trainer.state.step) == 0
