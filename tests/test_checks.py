@@ -8,7 +8,7 @@ import optax
 import pytest
 
 import phalanx as px
-from helpers import CLASSES, IN, make_data, make_model, params_of
+from helpers import CLASSES, IN, make_data, make_model, max_abs_diff, params_of
 
 
 def snapshot(trainer):
@@ -262,3 +262,17 @@ def test_traced_batch_check_uses_jaxtyping_and_beartype():
     ]:
         with pytest.raises(jaxtyping.TypeCheckError):
             check(bad, weight)
+
+
+def test_fit_after_an_error_starts_a_fresh_epoch():
+    x, y = make_data(32)
+    good = [(x[:16], y[:16]), (x[16:], y[16:])]
+    trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
+    with pytest.raises(ValueError, match="labels"):
+        trainer.fit([good[0], (x[:16], y[:16] + CLASSES)], epochs=1)
+    trainer.fit(good, epochs=1)  # both batches, its own epoch sums
+    reference = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
+    reference.fit(good[:1], epochs=1)
+    reference.fit(good, epochs=1)
+    assert max_abs_diff(trainer.model, reference.model) == 0
+    assert trainer.history[-1] == reference.history[-1]

@@ -313,6 +313,9 @@ class DataParallelTrainer(Generic[_Model]):
         self._leaves = self._copy(self._leaves)
         self._run = RunPlan(self._step, self._epoch, epochs, steps)
         self._data = data
+        # A fit that ended in an error may have left a part-done epoch behind;
+        # a new fit starts a new epoch (a resumed one restores its own).
+        self._acc, self._epoch_steps = None, 0
         if resume is not None:
             find_checkpoint(self.callbacks, resume).restore(self, resume, data)
         self._plan = _plan(data, self._run, self._step)
