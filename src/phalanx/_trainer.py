@@ -471,10 +471,11 @@ class DataParallelTrainer(Generic[_Model]):
 
     def _epoch_logs(self, sums: dict[str, Any]) -> HostMetrics:
         self._raise_if_nonfinite(sums)
-        logs = {
-            k: float(sums[k] / sums["weight"])
-            for k in ("loss", *self._steps.metric_names)
-        }
+        # Names from the sums themselves: after a resume at an epoch's last
+        # step, the epoch ends before any batch has built the steps.
+        bookkeeping = ("weight", "skipped", "nonfinite_step", "nonfinite_leaf")
+        names = ["loss", *sorted(k for k in sums if k not in (*bookkeeping, "loss"))]
+        logs = {k: float(sums[k] / sums["weight"]) for k in names}
         if self.nan_policy == "skip":
             logs["skipped_steps"] = float(sums["skipped"])
         return logs
@@ -517,6 +518,7 @@ class DataParallelTrainer(Generic[_Model]):
             examples=examples,
             max_epochs=max_epochs,
             total_steps=total_steps,
+            start_epoch=self._run.start_epoch,
         )
 
     def _notify(self, hook: str, info: StepInfo) -> None:

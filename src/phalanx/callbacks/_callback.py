@@ -22,6 +22,8 @@ class StepInfo:
         epoch: the current epoch, from 0.
         examples: at `on_step_end`, the examples in the step's batch.
         max_epochs: the epochs `fit` was asked for, if given.
+        start_epoch: the epoch the run began at (kept across a resume), from
+            which `max_epochs` count.
         total_steps: the steps `fit` will make, if known up front (``steps=``,
             or ``epochs=`` over data with a length).
     """
@@ -35,6 +37,7 @@ class StepInfo:
     examples: int = 0
     max_epochs: int | None = None
     total_steps: int | None = None
+    start_epoch: int = 0
 
     @functools.cached_property
     def metrics(self) -> HostMetrics:

@@ -137,10 +137,16 @@ class Checkpoint(Callback):
             if c is not self and callable(getattr(c, "state_dict", None))
         }
         manager = self._open()
+        path = self.directory / str(trainer._step)
+        # orbax waits for the previous save before starting one anyway; wait
+        # first so that a save of this same step in flight is seen as done.
+        manager.wait_until_finished()
         if trainer._step in manager.all_steps():
-            # The epoch-end snapshot supersedes one taken after the same step.
-            manager.wait_until_finished()
-            manager.delete(trainer._step)
+            # Saved after this very step already (e.g. the last step of an
+            # epoch): resuming from that snapshot replays the epoch's end
+            # exactly, and a folder is never deleted to be rewritten, which a
+            # kill could leave half-gone.
+            return path
         manager.save(
             trainer._step,
             args=snapshot(trainer, trainer._data, states),
@@ -149,7 +155,7 @@ class Checkpoint(Callback):
         )
         if wait:
             manager.wait_until_finished()
-        return self.directory / str(trainer._step)
+        return path
 
     def restore(self, trainer: "DataParallelTrainer", resume: Any, data: Any) -> None:
         """Load a checkpoint into `trainer`, `data` and the trainer's callbacks.

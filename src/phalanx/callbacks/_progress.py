@@ -95,7 +95,7 @@ class ProgressBar(Callback):
         self._close()
         self._out = out = self.console if self.console is not None else Console()
         self._first_step = info.step
-        self._first_epoch = info.epoch
+        self._first_epoch = info.start_epoch
         self._total = info.total_steps
         self._max_epochs = info.max_epochs
         self._columns = None
@@ -193,7 +193,8 @@ class ProgressBar(Callback):
             self._out.print(text, highlight=False, soft_wrap=True)
 
     def _epoch_number(self, epoch: int) -> str:
-        """The epoch counted from 1 within this fit, out of its epochs if known."""
+        """The epoch counted from 1 within the run (across a resume), out of its
+        epochs if known."""
         number = str(epoch - self._first_epoch + 1)
         return number if self._max_epochs is None else f"{number}/{self._max_epochs}"
 
