@@ -39,7 +39,13 @@ OPTIONS = (
     "--overwrite",
     "--log-every",
 )
-RUN_FILES = ["history.png", "metrics.csv", "metrics.jsonl", "tensorboard"]
+RUN_FILES = [
+    "checkpoints",
+    "history.png",
+    "metrics.csv",
+    "metrics.jsonl",
+    "tensorboard",
+]
 NOTICE = (
     "phalanx: no accelerator found; using 8 fake CPU devices (--devices N to change)"
 )

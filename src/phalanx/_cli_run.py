@@ -1,12 +1,14 @@
 """The training run behind ``phalanx train``, once every argument is valid."""
 
 import shutil
+import sys
 from typing import TYPE_CHECKING, Any
 
 import jax
 import optax
 
 from . import callbacks as cb, models
+from ._cli_train import UsageError
 from ._trainer import DataParallelTrainer
 from .data import ArrayLoader
 from .strategies import AccumulatingStrategy, PmapStrategy, ShardingStrategy, Strategy
@@ -46,8 +48,15 @@ def make_strategy(args: "TrainArgs", devices: list[Any]) -> Strategy:
 
 
 def train_and_report(
-    args: "TrainArgs", devices: list[Any], train: "Split", test: "Split"
+    args: "TrainArgs",
+    devices: list[Any],
+    train: "Split",
+    test: "Split",
+    *,
+    defaulted: bool,
 ) -> int:
+    """Build and run the training; every argument has been checked, except
+    that a --resume checkpoint matches the model (refused as a UsageError)."""
     (x_train, y_train), (x_test, y_test) = train, test
     features, classes = x_train.shape[1], int(y_train.max()) + 1
     key = jax.random.key(args.seed)
@@ -70,6 +79,7 @@ def train_and_report(
             shutil.rmtree(step)
     every = args.log_every
     strategy = make_strategy(args, devices)
+    checkpoint = cb.Checkpoint(run / "checkpoints", every_n_steps=args.checkpoint_every)
     trainer = DataParallelTrainer(
         model,
         make_optimizer(args, schedule),
@@ -83,9 +93,20 @@ def train_and_report(
             cb.TensorBoardLogger(run / "tensorboard", log_every=every),
             cb.PlotHistory(run / "history.png"),
             cb.ProgressBar(log_every=every),
-            cb.Checkpoint(run / "checkpoints", every_n_steps=args.checkpoint_every),
+            checkpoint,
         ],
     )
+    if args.resume:
+        try:
+            checkpoint.check(trainer)
+        except (FileNotFoundError, ValueError) as error:
+            raise UsageError(f"--resume: {error}") from None
+    if defaulted:
+        print(
+            "phalanx: no accelerator found; using 8 fake CPU devices "
+            "(--devices N to change)",
+            file=sys.stderr,
+        )
     hidden = "-".join(map(str, args.hidden)) if args.model == "mlp" else ""
     print(
         f"phalanx: {args.model.upper()} {features}-{hidden + '-' if hidden else ''}"

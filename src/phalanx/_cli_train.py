@@ -3,7 +3,6 @@
 import argparse
 import dataclasses
 import datetime
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -233,12 +232,6 @@ def run_train(args: TrainArgs) -> int:
     check_run_dir(args.run_dir, args.overwrite, args.resume)
     devices, defaulted = select_devices(args.devices)
     check_batch_size(args.batch_size, len(devices), args.microbatches)
-    if defaulted:
-        print(
-            "phalanx: no accelerator found; using 8 fake CPU devices "
-            "(--devices N to change)",
-            file=sys.stderr,
-        )
     from ._cli_run import train_and_report
 
-    return train_and_report(args, devices, train, test)
+    return train_and_report(args, devices, train, test, defaulted=defaulted)

@@ -157,6 +157,11 @@ class Checkpoint(Callback):
             manager.wait_until_finished()
         return path
 
+    def check(self, trainer: "DataParallelTrainer", resume: Any = "latest") -> None:
+        """Raise as `restore` would, without changing anything (for tools that
+        want to refuse a bad resume before starting)."""
+        self._restore(trainer, resume, apply=False)
+
     def restore(self, trainer: "DataParallelTrainer", resume: Any, data: Any) -> None:
         """Load a checkpoint into `trainer`, `data` and the trainer's callbacks.
 
@@ -169,6 +174,18 @@ class Checkpoint(Callback):
             ValueError: the checkpoint is from another model or optimizer, or
                 cannot be read (the message names the path).
         """
+        host = self._restore(trainer, resume, apply=True)
+        if host["data"] is not None and hasattr(data, "load_state_dict"):
+            data.load_state_dict(host["data"])
+        for i, callback in enumerate(trainer.callbacks):
+            state = host["callbacks"].get(f"{i}:{type(callback).__name__}")
+            load = getattr(callback, "load_state_dict", None)
+            if state is not None and callable(load):
+                load(state)
+
+    def _restore(
+        self, trainer: "DataParallelTrainer", resume: Any, *, apply: bool
+    ) -> dict[str, Any]:
         folder, step = self._locate(resume)
         with ocp.CheckpointManager(folder) as manager:
             if step is None:
@@ -181,7 +198,8 @@ class Checkpoint(Callback):
             try:
                 host = read_host(manager, step)
                 check_compatible(trainer, host, str(folder / str(step)))
-                restore(trainer, manager, step, host)
+                if apply:
+                    restore(trainer, manager, step, host)
             except (ValueError, KeyError, OSError) as error:
                 if isinstance(error, ValueError) and "another model" in str(error):
                     raise
@@ -190,13 +208,7 @@ class Checkpoint(Callback):
                     f"be read ({error}); it may be corrupt: resume from an older "
                     "step folder, or start again"
                 ) from error
-        if host["data"] is not None and hasattr(data, "load_state_dict"):
-            data.load_state_dict(host["data"])
-        for i, callback in enumerate(trainer.callbacks):
-            state = host["callbacks"].get(f"{i}:{type(callback).__name__}")
-            load = getattr(callback, "load_state_dict", None)
-            if state is not None and callable(load):
-                load(state)
+        return host
 
     def close(self) -> None:
         """Wait for pending saves to be committed, then release the manager."""
