@@ -200,7 +200,9 @@ class Checkpoint(Callback):
                 check_compatible(trainer, host, str(folder / str(step)))
                 if apply:
                     restore(trainer, manager, step, host)
-            except (ValueError, KeyError, OSError) as error:
+            # orbax reports missing or damaged files with several types,
+            # including a bare Exception.
+            except Exception as error:
                 if isinstance(error, ValueError) and "another model" in str(error):
                     raise
                 raise ValueError(
