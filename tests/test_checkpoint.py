@@ -51,10 +51,13 @@ def straight(tmp_path_factory):
     return run(tmp_path_factory.mktemp("straight"))
 
 
-@pytest.mark.parametrize("crash_at", [6, 7, 12])  # mid-epoch, epoch end, later
-def test_resume_is_exact(tmp_path, straight, crash_at):
+# Killed at step 6 (newest checkpoint: step 5, mid-epoch), at step 8 (step 7,
+# the first epoch's end) and at step 12 (step 10, mid-epoch later on).
+@pytest.mark.parametrize(("crash_at", "saved"), [(6, 5), (8, 7), (12, 10)])
+def test_resume_is_exact(tmp_path, straight, crash_at, saved):
     reference, reference_loader = straight
     run(tmp_path, crash=crash_at)
+    assert max(int(p) for p in os.listdir(tmp_path) if p.isdigit()) == saved
     resumed, loader = run(tmp_path, resume="latest")
     assert max_abs_diff(resumed.model, reference.model) == 0
     assert int(resumed.state.step) == int(reference.state.step) == 21
@@ -86,8 +89,25 @@ def test_restore_onto_other_strategies(tmp_path):
 
 def test_keep_newest(tmp_path):
     run(tmp_path, epochs=2, every=2)
-    steps = sorted(int(p) for p in os.listdir(tmp_path) if p.isdigit())
-    assert steps == [10, 12, 14]  # keep=3 of 2, 4, ..., 14
+    assert sorted(os.listdir(tmp_path)) == ["10", "12", "14"]  # keep=3 of 2, ..., 14
+
+
+def test_old_steps_leave_by_rename(tmp_path, monkeypatch):
+    # A kill while an old step is deleted must not leave a half-deleted folder
+    # that still lists as a checkpoint: the step is renamed out of the listing
+    # (atomic) first. Here the renamed folders are not emptied, as if the
+    # process died right after each rename: each is whole, none is listed.
+    with monkeypatch.context() as patch:
+        patch.setattr(px.callbacks.Checkpoint, "_empty_trash", lambda self: None)
+        run(tmp_path, epochs=2, every=2)
+    assert sorted(p for p in os.listdir(tmp_path) if p.isdigit()) == ["10", "12", "14"]
+    retired = tmp_path / "retired"
+    assert sorted(os.listdir(retired), key=int) == ["2", "4", "6", "7", "8"]
+    for step in os.listdir(retired):
+        assert (retired / step / "_CHECKPOINT_METADATA").is_file()
+    # The next run on the folder empties them.
+    run(tmp_path, epochs=2, every=2, resume="latest")
+    assert sorted(os.listdir(tmp_path)) == ["10", "12", "14"]
 
 
 def test_bad_resume_inputs(tmp_path):

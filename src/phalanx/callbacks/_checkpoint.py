@@ -1,4 +1,5 @@
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, final
@@ -13,6 +14,10 @@ from ._callback import Callback, StepInfo
 
 if TYPE_CHECKING:
     from .._trainer import DataParallelTrainer
+
+
+# The subfolder orbax moves retired steps into before phalanx deletes them.
+TRASH = "retired"
 
 
 @final
@@ -141,6 +146,7 @@ class Checkpoint(Callback):
         # orbax waits for the previous save before starting one anyway; wait
         # first so that a save of this same step in flight is seen as done.
         manager.wait_until_finished()
+        self._empty_trash()
         if trainer._step in manager.all_steps():
             # Saved after this very step already (e.g. the last step of an
             # epoch): resuming from that snapshot replays the epoch's end
@@ -218,6 +224,7 @@ class Checkpoint(Callback):
             self._manager.wait_until_finished()
             self._manager.close()
             self._manager = None
+            self._empty_trash()
 
     def _open(self) -> ocp.CheckpointManager:
         if self._manager is None:
@@ -226,9 +233,20 @@ class Checkpoint(Callback):
                 enable_async_checkpointing=True,
                 best_fn=None if self.monitor is None else (lambda m: m[self.monitor]),
                 best_mode=self.mode,
+                # A kill while orbax deletes an old step must not leave a
+                # half-deleted folder that still lists as a checkpoint: orbax
+                # renames it (atomic) into TRASH, which phalanx then empties.
+                todelete_subdir=TRASH,
+                # Temporary folders of saves a kill interrupted.
+                cleanup_tmp_directories=True,
             )
+            self._empty_trash()
             self._manager = ocp.CheckpointManager(self.directory, options=options)
         return self._manager
+
+    def _empty_trash(self) -> None:
+        """Remove the steps orbax has retired (by then no longer listed)."""
+        shutil.rmtree(self.directory / TRASH, ignore_errors=True)
 
     def _writable(self) -> None:
         """Fail before training if checkpoints cannot be written."""
