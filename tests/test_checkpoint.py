@@ -7,6 +7,7 @@ import signal
 import jax
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 from typing_extensions import override
 
@@ -108,6 +109,30 @@ def test_old_steps_leave_by_rename(tmp_path, monkeypatch):
     # The next run on the folder empties them.
     run(tmp_path, epochs=2, every=2, resume="latest")
     assert sorted(os.listdir(tmp_path)) == ["10", "12", "14"]
+
+
+@pytest.mark.parametrize("every", [3, 7])  # 7: step saves fall on epoch ends
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_keep_best_by_monitor(tmp_path, every, mode):
+    # keep=2 epoch ends by eval_loss, and the newest checkpoint of any kind;
+    # mid-epoch snapshots are dropped once a newer one exists.
+    x, y = make_data(100, seed=3)
+    checkpoint = px.callbacks.Checkpoint(
+        tmp_path, every_n_steps=every, keep=2, monitor="eval_loss", mode=mode
+    )
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-2), callbacks=[checkpoint]
+    )
+    loader = px.data.ArrayLoader((x, y), 16, seed=1)  # 7 steps per epoch
+    trainer.fit(loader, epochs=5, eval_data=[make_data(32, seed=4)])
+    losses = [epoch["eval_loss"] for epoch in trainer.history.epochs]
+    ranked = sorted(range(5), key=losses.__getitem__, reverse=mode == "max")
+    best = {7 * (e + 1) for e in ranked[:2]}
+    kept = sorted(int(p) for p in os.listdir(tmp_path) if p.isdigit())
+    assert kept == sorted(best | {35})
+    with ocp.CheckpointManager(tmp_path) as manager:
+        for step in kept:  # every epoch end keeps its metrics
+            assert manager.metrics(step)["eval_loss"] == losses[step // 7 - 1]
 
 
 def test_bad_resume_inputs(tmp_path):

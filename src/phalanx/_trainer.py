@@ -519,6 +519,7 @@ class DataParallelTrainer(Generic[_Model]):
             max_epochs=max_epochs,
             total_steps=total_steps,
             start_epoch=self._run.start_epoch,
+            start_step=self._run.start_step,
         )
 
     def _notify(self, hook: str, info: StepInfo) -> None:
@@ -529,7 +530,7 @@ class DataParallelTrainer(Generic[_Model]):
 def _plan(
     data: Iterable[Any], run: RunPlan, step: int
 ) -> tuple[int | None, int | None]:
-    """A fit's epochs, and the steps left from `step`, where known up front."""
+    """A run's epochs, and its steps from its start, where known up front."""
     per_epoch = len(data) if isinstance(data, Sized) else None
     total = None
     if run.epochs is not None and per_epoch is not None:
@@ -537,4 +538,4 @@ def _plan(
     if run.steps is not None:
         end = run.start_step + run.steps
         total = end if total is None else min(total, end)
-    return run.epochs, None if total is None else max(total - step, 0)
+    return run.epochs, None if total is None else max(total, step) - run.start_step

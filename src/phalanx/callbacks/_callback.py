@@ -24,8 +24,10 @@ class StepInfo:
         max_epochs: the epochs `fit` was asked for, if given.
         start_epoch: the epoch the run began at (kept across a resume), from
             which `max_epochs` count.
-        total_steps: the steps `fit` will make, if known up front (``steps=``,
-            or ``epochs=`` over data with a length).
+        start_step: the step the run began at (kept across a resume), from
+            which `total_steps` count.
+        total_steps: the steps the run makes from `start_step`, if known up
+            front (``steps=``, or ``epochs=`` over data with a length).
     """
 
     trainer: "DataParallelTrainer"
@@ -38,6 +40,7 @@ class StepInfo:
     max_epochs: int | None = None
     total_steps: int | None = None
     start_epoch: int = 0
+    start_step: int = 0
 
     @functools.cached_property
     def metrics(self) -> HostMetrics:

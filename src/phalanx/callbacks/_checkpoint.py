@@ -8,7 +8,13 @@ import orbax.checkpoint as ocp
 from typing_extensions import override
 
 from .._typing import validates_own_arguments
-from ..checkpoint._snapshot import check_compatible, read_host, restore, snapshot
+from ..checkpoint._snapshot import (
+    check_compatible,
+    item_handlers,
+    read_host,
+    restore,
+    snapshot,
+)
 from ._callback import Callback, StepInfo
 
 
@@ -62,7 +68,8 @@ class Checkpoint(Callback):
         every_n_epochs: save after every this many epochs (None: never).
         keep: how many checkpoints to keep.
         monitor: an epoch metric (e.g. ``"eval_loss"``): keep the best
-            `keep` epoch-end checkpoints by it instead of the newest.
+            `keep` epoch-end checkpoints by it, and the newest checkpoint
+            of any kind (to resume from), instead of the newest `keep`.
         mode: ``"min"`` or ``"max"``: which `monitor` values are best.
 
         Raises:
@@ -148,11 +155,16 @@ class Checkpoint(Callback):
         manager.wait_until_finished()
         self._empty_trash()
         if trainer._step in manager.all_steps():
-            # Saved after this very step already (e.g. the last step of an
-            # epoch): resuming from that snapshot replays the epoch's end
-            # exactly, and a folder is never deleted to be rewritten, which a
-            # kill could leave half-gone.
-            return path
+            # Saved after this very step already (an every_n_steps save at an
+            # epoch's last step): resuming from it replays the epoch's end
+            # exactly. Only a ranking by `monitor` needs this epoch's metrics
+            # on it: then it is saved again. The old folder leaves by an
+            # atomic rename first: a kill in between leaves the previous
+            # checkpoint as the latest, never a half-written one.
+            if self.monitor is None or metrics is None:
+                return path
+            manager.delete(trainer._step)
+            self._empty_trash()
         manager.save(
             trainer._step,
             args=snapshot(trainer, trainer._data, states),
@@ -229,9 +241,11 @@ class Checkpoint(Callback):
     def _open(self) -> ocp.CheckpointManager:
         if self._manager is None:
             options = ocp.CheckpointManagerOptions(
-                max_to_keep=self.keep,
                 enable_async_checkpointing=True,
-                best_fn=None if self.monitor is None else (lambda m: m[self.monitor]),
+                preservation_policy=self._preservation(),
+                # With a best_fn orbax writes each save's metrics, so that a
+                # resumed run still ranks the earlier checkpoints.
+                best_fn=None if self.monitor is None else self._metric,
                 best_mode=self.mode,
                 # A kill while orbax deletes an old step must not leave a
                 # half-deleted folder that still lists as a checkpoint: orbax
@@ -241,8 +255,31 @@ class Checkpoint(Callback):
                 cleanup_tmp_directories=True,
             )
             self._empty_trash()
-            self._manager = ocp.CheckpointManager(self.directory, options=options)
+            self._manager = ocp.CheckpointManager(
+                self.directory, options=options, item_handlers=item_handlers()
+            )
         return self._manager
+
+    def _preservation(
+        self,
+    ) -> (
+        ocp.checkpoint_managers.LatestN | ocp.checkpoint_managers.AnyPreservationPolicy
+    ):
+        """Which checkpoints stay: the newest `keep`; with `monitor`, the best
+        `keep` epoch ends by it, and the newest checkpoint (to resume from)."""
+        policies = ocp.checkpoint_managers
+        if self.monitor is None:
+            return policies.LatestN(n=self.keep)
+        best = policies.BestN(
+            get_metric_fn=self._metric,
+            reverse=self.mode == "min",  # the best sort last
+            n=self.keep,
+            keep_checkpoints_without_metrics=False,
+        )
+        return policies.AnyPreservationPolicy([best, policies.LatestN(n=1)])
+
+    def _metric(self, metrics: dict[str, float]) -> float:
+        return metrics[self.monitor]  # pyright: ignore[reportArgumentType]
 
     def _empty_trash(self) -> None:
         """Remove the steps orbax has retired (by then no longer listed)."""

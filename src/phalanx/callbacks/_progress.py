@@ -85,6 +85,7 @@ class ProgressBar(Callback):
         self._epoch = RateMeter()
         self._fit = RateMeter()
         self._first_step = 0
+        self._run_start = 0
         self._first_epoch = 0
         self._total: int | None = None
         self._max_epochs: int | None = None
@@ -94,7 +95,8 @@ class ProgressBar(Callback):
     def on_fit_start(self, info: StepInfo) -> None:
         self._close()
         self._out = out = self.console if self.console is not None else Console()
-        self._first_step = info.step
+        self._first_step = info.step  # of this fit (a resume starts later)
+        self._run_start = info.start_step
         self._first_epoch = info.start_epoch
         self._total = info.total_steps
         self._max_epochs = info.max_epochs
@@ -113,7 +115,11 @@ class ProgressBar(Callback):
             )
             self._progress.start()
             self._task = self._progress.add_task(
-                self._epoch_name(info.epoch), total=self._total, loss="-", rate="-"
+                self._epoch_name(info.epoch),
+                total=self._total,
+                completed=info.step - self._run_start,
+                loss="-",
+                rate="-",
             )
 
     @override
@@ -136,7 +142,8 @@ class ProgressBar(Callback):
         rate = metrics.get("examples_per_sec", self._window.rates()[0])
         loss = metrics["loss"]
         self._window.restart()
-        done = info.step - self._first_step
+        # Steps of the run (a resumed run goes on counting), and of this fit.
+        done, fit_done = info.step - self._run_start, info.step - self._first_step
         if self._progress is not None:
             self._progress.update(
                 self._task, completed=done, loss=f"{loss:.4f}", rate=f"{rate:,.0f}"
@@ -147,8 +154,8 @@ class ProgressBar(Callback):
             f"{self._epoch_name(info.epoch)}  step {done}/{total}  loss {loss:.4f}  "
             f"{rate:,.0f} ex/s"
         )
-        if self._total is not None and done > 0:
-            left = (self._total - done) * self._fit.seconds() / done
+        if self._total is not None and fit_done > 0:
+            left = (self._total - done) * self._fit.seconds() / fit_done
             line += f"  eta {datetime.timedelta(seconds=round(left))}"
         self._print(Text(line))
 
@@ -168,8 +175,7 @@ class ProgressBar(Callback):
         cells = [self._cell(info.epoch, values, column) for column in self._columns]
         self._print(Text("  ".join(cells)))
         if self._progress is not None:
-            done = info.step - self._first_step
-            self._progress.update(self._task, completed=done)
+            self._progress.update(self._task, completed=info.step - self._run_start)
 
     @override
     def on_fit_end(self, info: StepInfo) -> None:
