@@ -7,7 +7,7 @@ import pytest
 from typing_extensions import override
 
 import phalanx as px
-from helpers import STRATEGIES, make_data, make_model
+from helpers import STRATEGIES, make_data, make_model, max_abs_diff
 
 
 class CountingTrainer(px.DataParallelTrainer):
@@ -58,6 +58,27 @@ def test_host_syncs_only_at_log_points(monkeypatch):
         trainer.fit([(x, y)] * 64, epochs=1)
     # 64 steps: a sync every 16 (in-flight window) plus the epoch's log point.
     assert len(fetches) == 64 // 16 + 1
+
+
+@pytest.mark.parametrize("name", ["sharding", "pmap"])
+def test_batches_already_on_devices(name):
+    # jax.Array batches (placed by the user, a ragged last one included) train
+    # exactly as the same NumPy batches, without a copy back to the host.
+    x, y = make_data(100)
+    host = [(x[:32], y[:32]), (x[32:64], y[32:64]), (x[64:], y[64:])]
+    trained = []
+    for on_device in (False, True):
+        trainer = px.DataParallelTrainer(
+            make_model(), optax.adam(1e-2), strategy=STRATEGIES[name]()
+        )
+        split = trainer.strategy.split
+        data = [jax.device_put(b, split) for b in host[:2]] + [host[2]]
+        data[2] = jax.device_put(host[2], split.mesh.devices.flat[0])  # 36 rows
+        with jax.transfer_guard_device_to_host("disallow"):
+            trainer.fit(data if on_device else host, epochs=2)
+        trained.append(trainer)
+    assert max_abs_diff(trained[0].model, trained[1].model) == 0
+    assert trained[0].history.epochs == trained[1].history.epochs
 
 
 @pytest.mark.slow

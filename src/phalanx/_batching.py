@@ -5,10 +5,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ._checks import (
     BatchSpec,
+    Leaf,
     check_finite,
     check_labels,
     check_sample_weight,
@@ -28,7 +30,7 @@ class BatchPipeline:
     checks run once per new shape/dtype signature; the first batch ever seen
     fixes the `BatchSpec` (and `on_spec` validates it against the model).
     Value checks (finite floats, class labels in range, weights) run on
-    every batch when `value_checks` is on. A batch shorter than the step's
+    every NumPy batch when `value_checks` is on. A batch shorter than the step's
     size is padded with zero-weight examples, so the update is exact.
     """
 
@@ -39,7 +41,7 @@ class BatchPipeline:
         split: Callable[[Any], tuple[Any, Any, Any]],
         value_checks: bool,
         class_labels: bool,
-        on_spec: Callable[[BatchSpec, list[np.ndarray]], None],
+        on_spec: Callable[[BatchSpec, list[Leaf]], None],
     ):
         self.strategy = strategy
         self.split = split
@@ -58,7 +60,7 @@ class BatchPipeline:
 
     def check(
         self, batch: Any, where: str
-    ) -> tuple[list[np.ndarray], Any, int, np.ndarray | None]:
+    ) -> tuple[list[Leaf], Any, int, np.ndarray | None]:
         """Check a host batch.
 
         Returns:
@@ -80,10 +82,11 @@ class BatchPipeline:
             self._sizes[key] = n
         if sample_weight is not None:
             sample_weight = check_sample_weight(sample_weight, n, where)
-        if self.value_checks:
-            check_finite(leaves, treedef, where)
+        host = [leaf for leaf in leaves if isinstance(leaf, np.ndarray)]
+        if self.value_checks and len(host) == len(leaves):
+            check_finite(host, treedef, where)
             if self.class_labels and self.num_classes is not None:
-                labels = jax.tree.unflatten(treedef, leaves)[1]
+                labels = jax.tree.unflatten(treedef, host)[1]
                 check_labels(labels, self.num_classes, where)
         return leaves, treedef, n, sample_weight
 
@@ -117,12 +120,13 @@ class BatchPipeline:
         return weight
 
 
-def pad(leaves: list[np.ndarray], size: int) -> list[np.ndarray]:
-    """Pad every leaf with zeros along the leading axis to `size` examples."""
+def pad(leaves: list[Leaf], size: int) -> list[Leaf]:
+    """Pad every leaf with zeros along the leading axis to `size` examples
+    (on the host, or on device for a `jax.Array`)."""
     return [
         leaf
         if leaf.shape[0] == size
-        else np.concatenate(
+        else (jnp if isinstance(leaf, jax.Array) else np).concatenate(
             [leaf, np.zeros((size - leaf.shape[0], *leaf.shape[1:]), leaf.dtype)]
         )
         for leaf in leaves

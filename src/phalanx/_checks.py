@@ -18,6 +18,10 @@ from beartype import beartype
 from jaxtyping import Array, Float, PyTree, jaxtyped
 
 
+# A batch leaf: on the host, or already on devices.
+Leaf = np.ndarray | jax.Array
+
+
 def _dtype_class(dtype: np.dtype) -> Any:
     """The jaxtyping class pinning `dtype` as it lives on device (e.g. Int32)."""
     name = np.dtype(jax.dtypes.canonicalize_dtype(dtype)).name
@@ -38,8 +42,9 @@ def _path_names(treedef: Any) -> list[str]:
     return ["batch" + jax.tree_util.keystr(path) for path, _ in paths]
 
 
-def flatten_batch(batch: Any, where: str) -> tuple[list[np.ndarray], Any]:
-    """The leaves of a host batch as NumPy arrays, and its structure.
+def flatten_batch(batch: Any, where: str) -> tuple[list[Leaf], Any]:
+    """The leaves of a batch as NumPy arrays (`jax.Array` leaves, already on
+    devices, are kept as they are), and its structure.
 
     Raises:
         TypeError: a leaf is not convertible to a numeric NumPy array.
@@ -52,7 +57,7 @@ def flatten_batch(batch: Any, where: str) -> tuple[list[np.ndarray], Any]:
         )
     arrays = []
     for name, leaf in zip(_path_names(treedef), leaves, strict=True):
-        array = leaf if isinstance(leaf, np.ndarray) else np.asarray(leaf)
+        array = leaf if isinstance(leaf, Leaf) else np.asarray(leaf)
         if array.dtype.kind not in "biuf":
             raise TypeError(
                 f"data: {where} leaf {name} has dtype {array.dtype} "
@@ -63,12 +68,12 @@ def flatten_batch(batch: Any, where: str) -> tuple[list[np.ndarray], Any]:
     return arrays, treedef
 
 
-def signature(leaves: Sequence[np.ndarray], treedef: Any) -> Signature:
+def signature(leaves: Sequence[Leaf], treedef: Any) -> Signature:
     """The cache key of a batch's checks: structure, shapes and dtypes."""
     return treedef, tuple((leaf.shape, leaf.dtype.str) for leaf in leaves)
 
 
-def num_examples(leaves: Sequence[np.ndarray], treedef: Any, where: str) -> int:
+def num_examples(leaves: Sequence[Leaf], treedef: Any, where: str) -> int:
     """The shared leading (examples) axis of every leaf.
 
     Raises:
@@ -104,7 +109,7 @@ class BatchSpec:
     dtypes: tuple[np.dtype, ...]
 
     @classmethod
-    def of(cls, leaves: Sequence[np.ndarray], treedef: Any) -> "BatchSpec":
+    def of(cls, leaves: Sequence[Leaf], treedef: Any) -> "BatchSpec":
         return cls(
             treedef,
             tuple(leaf.shape[1:] for leaf in leaves),
@@ -120,7 +125,7 @@ class BatchSpec:
         ]
         return "{" + ", ".join(parts) + "}"
 
-    def check(self, leaves: Sequence[np.ndarray], treedef: Any, where: str) -> None:
+    def check(self, leaves: Sequence[Leaf], treedef: Any, where: str) -> None:
         """Raise if a batch differs from the spec in structure, shape or dtype."""
         if treedef != self.treedef:
             raise ValueError(

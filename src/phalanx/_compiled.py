@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import BatchSpec
+from ._checks import BatchSpec, Leaf
 from ._step import build_predict_step, build_steps
 
 
@@ -89,7 +89,7 @@ class CompiledSteps:
         return outputs
 
     def predict(
-        self, treedef: Any, leaves: list[np.ndarray], state_leaves: list[jax.Array]
+        self, treedef: Any, leaves: list[Leaf], state_leaves: list[jax.Array]
     ) -> Any:
         """The jitted predict step for inputs of this structure (validated once)."""
         step = self._predict.get(treedef)

@@ -14,6 +14,7 @@ from . import _losses
 from ._batching import BatchPipeline, pad
 from ._checks import (
     BatchSpec,
+    Leaf,
     empty_data_message,
     flatten_batch,
     nonfinite_error,
@@ -105,7 +106,9 @@ class DataParallelTrainer(Generic[_Model]):
             `eqx.nn.make_with_state`.
         checks: ``"on"`` checks every batch on the host (structure and
             shapes once per signature, values every batch); ``"off"`` skips
-            the value checks.
+            the value checks. Batches of `jax.Array`s (already on devices)
+            get the structure and shape checks only: reading their values
+            would copy them back to the host every step.
         nan_policy: on a non-finite gradient, ``"raise"`` (naming the leaf and
             step; state kept as before that step), ``"skip"`` the update
             (counted in the ``skipped_steps`` metric), or ``"off"``.
@@ -489,11 +492,11 @@ class DataParallelTrainer(Generic[_Model]):
 
     # ------------------------------------------------------------ set-up
 
-    def _on_spec(self, spec: BatchSpec, leaves: list[np.ndarray]) -> None:
+    def _on_spec(self, spec: BatchSpec, leaves: list[Leaf]) -> None:
         """Validate the first batch against the model and loss; build the steps."""
         if self._loss_name == "cross_entropy":
             labels = jax.tree.unflatten(spec.treedef, leaves)[1]
-            if not isinstance(labels, np.ndarray) or labels.dtype.kind not in "iu":
+            if not isinstance(labels, Leaf) or labels.dtype.kind not in "iu":
                 raise TypeError(
                     "data: labels y have dtype "
                     f"{getattr(labels, 'dtype', type(labels))}; loss='cross_entropy' "

@@ -54,8 +54,9 @@ class Strategy(eqx.Module):
         """The sharding of batches: split along the leading examples axis."""
         return NamedSharding(self.mesh, P(self.axis_name))
 
-    def shard(self, leaves: list[np.ndarray]) -> list[jax.Array]:
-        """Place host batch leaves on the mesh, split along the examples axis."""
+    def shard(self, leaves: list[np.ndarray | jax.Array]) -> list[jax.Array]:
+        """Place batch leaves (host arrays, or arrays on any devices) on the
+        mesh, split along the examples axis."""
         return jax.device_put(leaves, self.split)
 
     @abc.abstractmethod
