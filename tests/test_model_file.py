@@ -58,7 +58,7 @@ def test_other_architecture_names_the_leaf(tmp_path, trained):
     ):
         px.load_model(path, like=other)
     deeper = px.models.MLP(5, 3, hidden=(8, 8), key=jax.random.key(0))
-    with pytest.raises(ValueError, match="another architecture"):
+    with pytest.raises(ValueError, match="another model"):
         px.load_model(path, like=deeper)
 
 

@@ -12,30 +12,18 @@ import os
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import equinox as eqx
 import jax
 import numpy as np
 
 from .._typing import validates_own_arguments
+from ._leaf_spec import check_same_specs, leaf_specs
 
 
 _Model = TypeVar("_Model")
-_FORMAT = "phalanx-model-1"
-
-
-def _spec(model: Any) -> tuple[list[Any], list[dict[str, Any]]]:
-    leaves = jax.tree_util.tree_flatten_with_path(eqx.filter(model, eqx.is_array))[0]
-    spec = [
-        {
-            "path": jax.tree_util.keystr(path),
-            "shape": list(leaf.shape),
-            "dtype": str(leaf.dtype),
-        }
-        for path, leaf in leaves
-    ]
-    return [leaf for _, leaf in leaves], spec
+_FORMAT = "phalanx-model-2"  # 2: leaves as [path, shape, dtype] lists
 
 
 @validates_own_arguments
@@ -63,12 +51,12 @@ def save_model(path: str | os.PathLike[str], model: eqx.Module) -> None:
             f"path={str(path)!r}: folder {str(path.parent)!r} does not exist; "
             "create it first (os.makedirs)"
         )
-    leaves, spec = _spec(model)
+    leaves, spec = leaf_specs(model)
     arrays = {}
     for index, (leaf, entry) in enumerate(zip(leaves, spec, strict=True)):
         if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             raise TypeError(
-                f"model{entry['path']} is a PRNG key array, which save_model does "
+                f"model{entry[0]} is a PRNG key array, which save_model does "
                 "not store; keep keys out of the model or save them separately"
             )
         arrays[f"leaf_{index}"] = np.asarray(jax.device_get(leaf))
@@ -129,20 +117,13 @@ def load_model(path: str | os.PathLike[str], *, like: _Model) -> _Model:
             f"path={str(path)!r} is not a readable px.save_model file ({error}); "
             "it may be truncated or corrupt: save the model again"
         ) from None
-    leaves, spec = _spec(like)
-    saved = header["leaves"]
-    for expected, got in zip(spec, saved, strict=False):
-        if expected != got:
-            raise ValueError(
-                f"path={str(path)!r} holds another architecture: at model"
-                f"{got['path']} it stores {got['dtype']}{got['shape']} but `like` "
-                f"has model{expected['path']} {expected['dtype']}{expected['shape']}; "
-                "build `like` exactly as the saved model was built"
-            )
-    if len(spec) != len(saved):
-        raise ValueError(
-            f"path={str(path)!r} holds {len(saved)} arrays but `like` has "
-            f"{len(spec)}; build `like` exactly as the saved model was built"
-        )
+    check_same_specs(
+        [[f"model{path}", *rest] for path, *rest in leaf_specs(like)[1]],
+        [[f"model{path}", *rest] for path, *rest in header["leaves"]],
+        stored=f"path={str(path)!r}",
+        kind="model",
+        mine="`like`",
+        fix="build `like` exactly as the saved model was built",
+    )
     arrays = iter(jax.numpy.asarray(array) for array in stored)
     return jax.tree.map(lambda leaf: next(arrays) if eqx.is_array(leaf) else leaf, like)

@@ -11,12 +11,12 @@ it when complete, so an interrupted save is never mistaken for a checkpoint.
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-import equinox as eqx
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
 from .._run import RunPlan
+from ._leaf_spec import LeafSpec, check_same_specs, leaf_specs
 
 
 if TYPE_CHECKING:
@@ -27,14 +27,9 @@ def _is_key(leaf: Any) -> bool:
     return jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
 
 
-def _spec(trainer: "DataParallelTrainer") -> list[list[Any]]:
+def _spec(trainer: "DataParallelTrainer") -> list[LeafSpec]:
     """[path, shape, dtype] of every array of the trainer's state."""
-    dynamic = eqx.filter(trainer.state, eqx.is_array)
-    leaves = jax.tree_util.tree_flatten_with_path(dynamic)[0]
-    return [
-        [jax.tree_util.keystr(path), list(leaf.shape), str(leaf.dtype)]
-        for path, leaf in leaves
-    ]
+    return leaf_specs(trainer.state)[1]
 
 
 def snapshot(
@@ -83,22 +78,14 @@ def read_host(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
 
 def check_compatible(trainer: "DataParallelTrainer", host: dict, where: str) -> None:
     """Raise ValueError naming the first leaf where the architectures differ."""
-    ours, theirs = _spec(trainer), host["spec"]
-    for mine, saved in zip(ours, theirs, strict=False):
-        if mine != saved:
-            raise ValueError(
-                f"checkpoint {where} is from another model or optimizer: at "
-                f"{saved[0]} it holds {saved[2]}{saved[1]} but this trainer has "
-                f"{mine[0]} {mine[2]}{mine[1]}; build the trainer exactly as for "
-                "the checkpointed run"
-            )
-    if len(ours) != len(theirs):
-        raise ValueError(
-            f"checkpoint {where} holds {len(theirs)} state arrays but this trainer "
-            f"has {len(ours)} (model {host['model']} vs "
-            f"{type(trainer.state.model).__name__}); build the trainer exactly as "
-            "for the checkpointed run"
-        )
+    check_same_specs(
+        _spec(trainer),
+        host["spec"],
+        stored=f"checkpoint {where}",
+        kind=f"model or optimizer (model {host['model']})",
+        mine=f"this trainer ({type(trainer.state.model).__name__})",
+        fix="build the trainer exactly as for the checkpointed run",
+    )
 
 
 def restore(
