@@ -4,6 +4,7 @@ from . import (
     callbacks as callbacks,
     checkpoint as checkpoint,
     data as data,
+    distributed as distributed,
     models as models,
     strategies as strategies,
 )

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ._cli_train import TrainArgs, UsageError, run_train
+from ._launch import LaunchArgs, run_launch
 from ._run import Preempted
 
 
@@ -179,13 +180,62 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STEPS",
         help="log training metrics every this many steps",
     )
+    _add_launch(commands)
     return parser
+
+
+def _add_launch(commands: "argparse._SubParsersAction[_Parser]") -> None:
+    launch = commands.add_parser(
+        "launch",
+        help="run a program in N local processes on JAX's multi-process runtime",
+        description=(
+            "Start COMMAND in N processes on this machine, joined through a "
+            "coordinator on 127.0.0.1 (phalanx.distributed.initialize() reads "
+            "the environment this sets). Output lines are prefixed with the "
+            "rank; Ctrl-C and SIGTERM reach every process; if one fails, the "
+            "others are stopped and launch exits non-zero."
+        ),
+        usage="phalanx launch --nproc N [options] -- COMMAND [ARGS ...]",
+    )
+    launch.add_argument(
+        "--nproc", type=_positive_int, required=True, help="processes to start"
+    )
+    launch.add_argument(
+        "--devices-per-process",
+        type=_positive_int,
+        metavar="M",
+        help="fake M CPU devices in each process (CPU platform only)",
+    )
+    launch.add_argument(
+        "--port", type=_positive_int, help="coordinator port (default: a free one)"
+    )
+    launch.add_argument(
+        "program", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS ...]"
+    )
+
+
+def _launch(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> int:
+    program = list(namespace.program)
+    if program[:1] == ["--"]:
+        program = program[1:]
+    if not program:
+        parser.error("launch needs a command after --, e.g. -- phalanx train")
+    return run_launch(
+        LaunchArgs(
+            namespace.nproc,
+            tuple(program),
+            devices_per_process=namespace.devices_per_process,
+            port=namespace.port,
+        )
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``phalanx`` console script."""
     parser = build_parser()
     namespace = parser.parse_args(argv)
+    if namespace.command == "launch":
+        return _launch(parser, namespace)
     try:
         args = TrainArgs.from_namespace(namespace)
         return run_train(args)

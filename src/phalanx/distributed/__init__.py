@@ -1,0 +1,1 @@
+from ._initialize import initialize as initialize

@@ -1,0 +1,134 @@
+import os
+import socket
+import time
+
+import jax
+
+from .._typing import validates_own_arguments
+from ._env import COORDINATOR, NUM_PROCESSES, PROCESS_ID
+
+
+@validates_own_arguments
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    *,
+    timeout: int = 120,
+) -> None:
+    """Join this process to a multi-process run (wraps `jax.distributed.initialize`).
+
+    Call it first thing in the program, before JAX computes anything. Where
+    the run is described, in this order: the arguments; the environment
+    (``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``,
+    as ``phalanx launch`` sets them); JAX's cluster auto-detection (SLURM,
+    Open MPI, TPU pods, ...). A run of one process (nothing described, or
+    one process) makes it a no-op, so the same program runs either way. CPU
+    collectives go over gloo.
+
+    Args:
+        coordinator_address: ``host:port`` of process 0.
+        num_processes: how many processes the run has.
+        process_id: this process's id, ``0 <= process_id < num_processes``.
+        timeout: seconds to wait for every process to join.
+
+    Raises:
+        ValueError: a bad argument or environment variable (named).
+        RuntimeError: JAX has already computed something in this process,
+            or the processes did not all join within `timeout` seconds.
+    """
+    if jax.distributed.is_initialized():
+        return
+    coordinator = coordinator_address or os.environ.get(COORDINATOR) or None
+    count = _int("num_processes", num_processes, NUM_PROCESSES, minimum=1)
+    rank = _int("process_id", process_id, PROCESS_ID, minimum=0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+        raise ValueError(f"timeout={timeout!r} must be a positive int of seconds")
+    if count == 1:
+        return
+    if count is not None and rank is not None and rank >= count:
+        raise ValueError(
+            f"process_id={rank} must be below num_processes={count} (ids run "
+            f"from 0 to {count - 1})"
+        )
+    described = coordinator is not None or count is not None or rank is not None
+    if described and None in (coordinator, count, rank):
+        missing = [
+            name
+            for name, value in (
+                (f"coordinator_address (or {COORDINATOR})", coordinator),
+                (f"num_processes (or {NUM_PROCESSES})", count),
+                (f"process_id (or {PROCESS_ID})", rank),
+            )
+            if value is None
+        ]
+        raise ValueError(
+            f"a multi-process run needs {', '.join(missing)} as well; pass all "
+            "three, or start the program with `phalanx launch`"
+        )
+    if coordinator is not None and rank != 0:
+        # jaxlib aborts the process when it cannot reach the coordinator:
+        # check first, so that the error is an exception saying why.
+        _wait_for(coordinator, timeout, f"process {rank} of {count}")
+    # CPU collectives across processes (a no-op for accelerators).
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(
+            coordinator, count, rank, initialization_timeout=timeout
+        )
+    except ValueError as error:
+        if not described and "coordinator_address" in str(error):
+            return  # no cluster detected: a single-process run
+        raise
+    except RuntimeError as error:  # jaxlib's XlaRuntimeError included
+        if "must be called before" in str(error):
+            raise RuntimeError(
+                "phalanx.distributed.initialize() must run before JAX computes "
+                "anything (or lists devices): JAX sets up its devices once, for "
+                "one process or for all. Call it first thing in the program."
+            ) from None
+        raise RuntimeError(
+            f"process {rank} of {count} could not join the run at {coordinator} "
+            f"within {timeout} s ({error}); check that every process was started "
+            "with the same coordinator address and that process 0 is running"
+        ) from error
+
+
+def _wait_for(address: str, timeout: int, who: str) -> None:
+    """Wait until something listens at ``host:port`` `address`."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(
+            f"coordinator_address={address!r} must be host:port, e.g. 10.0.0.1:1234"
+        )
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+            return
+        except OSError as error:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{who} could not reach the coordinator at {address} within "
+                    f"{timeout} s ({error.strerror or error}); start process 0 "
+                    "(it hosts the coordinator) and check the address and port"
+                ) from None
+            time.sleep(0.2)
+
+
+def _int(name: str, value: int | None, variable: str, *, minimum: int) -> int | None:
+    """An argument, else its environment variable, checked."""
+    source = name
+    if value is None and os.environ.get(variable):
+        source, text = variable, os.environ[variable]
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(
+                f"environment variable {variable}={text!r} must be an integer"
+            ) from None
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or value < minimum
+    ):
+        raise ValueError(f"{source}={value!r} must be an int >= {minimum}")
+    return value

@@ -1,0 +1,173 @@
+"""``phalanx launch`` and ``phalanx.distributed.initialize`` with real
+processes on 127.0.0.1 (gloo collectives between processes)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from phalanx._launch import free_port
+
+
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+ENV |= {"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+ENV.pop("XLA_FLAGS", None)
+ENV.pop("NPROC", None)
+
+
+def launch(
+    *args: str, script: str, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "phalanx", "launch", *args]
+    command += ["--", sys.executable, "-c", textwrap.dedent(script)]
+    return subprocess.run(
+        command, env=ENV, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def lines_of(output: str, rank: int) -> list[str]:
+    """Rank `rank`'s lines, less gloo's connection notes."""
+    prefix = f"[{rank}] "
+    return [
+        line[len(prefix) :]
+        for line in output.splitlines()
+        if line.startswith(prefix) and not line.startswith(f"{prefix}[Gloo]")
+    ]
+
+
+def test_two_processes_form_one_run_of_four_devices():
+    done = launch(
+        "--nproc",
+        "2",
+        "--devices-per-process",
+        "2",
+        script="""
+        import phalanx as px
+        px.distributed.initialize()
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        mesh = jax.make_mesh((jax.device_count(),), ("data",))
+        local = np.full((2, 3), jax.process_index() + 1.0, np.float32)
+        split = NamedSharding(mesh, P("data"))
+        x = jax.make_array_from_process_local_data(split, local)
+        print(jax.process_index(), jax.process_count(), jax.device_count(),
+              float(jax.jit(jnp.sum)(x)))
+        """,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        assert lines_of(done.stdout, rank) == [f"{rank} 2 4 18.0"]
+
+
+def test_a_dead_rank_stops_the_others():
+    start = time.monotonic()
+    done = launch(
+        "--nproc",
+        "3",
+        script="""
+        import os, signal, time
+        if os.environ["JAX_PROCESS_ID"] == "1":
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGKILL)
+        print("waiting", flush=True)
+        time.sleep(600)
+        """,
+    )
+    assert time.monotonic() - start < 60
+    assert done.returncode == 128 + 9
+    assert (
+        "rank 1 was killed by SIGKILL; the other processes were stopped" in done.stderr
+    )
+    assert lines_of(done.stdout, 0) == lines_of(done.stdout, 2) == ["waiting"]
+
+
+def test_a_failing_rank_gives_its_exit_code():
+    done = launch(
+        "--nproc",
+        "2",
+        script="""
+        import os, sys
+        sys.exit(3 if os.environ["JAX_PROCESS_ID"] == "0" else 0)
+        """,
+    )
+    assert done.returncode == 3
+    assert "rank 0 exited with code 3" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nproc", "0", "--", "true"], "--nproc: must be a positive integer"),
+        (["--nproc", "2"], "launch needs a command after --"),
+    ],
+)
+def test_bad_launch_arguments(args, message):
+    done = subprocess.run(
+        [sys.executable, "-m", "phalanx", "launch", *args],
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr and done.stderr.count("\n") == 1
+
+
+def run_python(script: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=ENV | env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_initialize_in_one_process_is_a_no_op():
+    done = run_python(
+        """
+        import phalanx as px
+        px.distributed.initialize()
+        px.distributed.initialize(num_processes=1)
+        import jax
+        print(jax.process_count(), jax.device_count())
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "1"]
+
+
+def test_initialize_errors():
+    start = time.monotonic()
+    # Process 1 of 2; nobody listens at the coordinator's port.
+    done = run_python(
+        """
+        import phalanx as px
+        px.distributed.initialize(timeout=3)
+        """,
+        JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{free_port()}",
+        JAX_NUM_PROCESSES="2",
+        JAX_PROCESS_ID="1",
+    )
+    assert time.monotonic() - start < 60
+    assert done.returncode == 1
+    assert "process 1 of 2 could not reach the coordinator at 127.0.0.1:" in done.stderr
+    late = run_python(
+        """
+        import jax, phalanx as px
+        jax.numpy.zeros(1)
+        px.distributed.initialize("127.0.0.1:1234", 2, 0)
+        """
+    )
+    assert "must run before JAX computes anything" in late.stderr
+    partial = run_python(
+        """
+        import phalanx as px
+        px.distributed.initialize(num_processes=2)
+        """
+    )
+    assert "needs coordinator_address (or JAX_COORDINATOR_ADDRESS), process_id" in (
+        partial.stderr
+    )
