@@ -112,15 +112,21 @@ def build_steps(
         grads = jax.tree.map(lambda g: g / sums["weight"].astype(g.dtype), grads)
         grads = trainer.gradients(grads, state)
         check_gradients(grads, params)
-        updates, opt_state = trainer.optimizer.update(grads, state.opt_state, params)
-        new = TrainState(
-            state.step + 1,
-            eqx.apply_updates(state.model, updates),
-            opt_state,
-            next_key,
-            model_state,
-        )
-        return _guard(trainer.nan_policy, state, new, grads, sums, acc)
+
+        def update() -> list[jax.Array]:
+            updates, opt_state = trainer.optimizer.update(
+                grads, state.opt_state, params
+            )
+            new = TrainState(
+                state.step + 1,
+                eqx.apply_updates(state.model, updates),
+                opt_state,
+                next_key,
+                model_state,
+            )
+            return _array_leaves(new)
+
+        return _guard(trainer.nan_policy, state, update, grads, sums, acc)
 
     def eval_step(leaves, acc, batch_leaves, weight):
         state = unflatten(leaves)
@@ -154,14 +160,21 @@ def build_steps(
 
 
 def _guard(
-    policy: str, old: TrainState, new: TrainState, grads: Any, sums: Any, acc: Any
+    policy: str,
+    old: TrainState,
+    update: Callable[[], list[jax.Array]],
+    grads: Any,
+    sums: Any,
+    acc: Any,
 ) -> tuple[list[jax.Array], dict[str, jax.Array], dict[str, jax.Array]]:
     """Apply the non-finite gradient policy; update the epoch accumulator.
 
     ``"raise"`` freezes the state at the first bad step and records it, so the
     host can raise at its next sync point with the state from before that
     step; ``"skip"`` keeps the old state and counts the step; ``"off"``
-    always applies the update.
+    always applies the update. `update` makes the new state's leaves; under
+    a policy it runs in a `lax.cond`, so that a good step updates the state
+    in place instead of selecting between two copies of it.
     """
     finite_leaves = jnp.stack(
         [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]
@@ -170,12 +183,10 @@ def _guard(
     halted = acc["nonfinite_step"] >= 0
     apply = {"off": jnp.bool_(True), "skip": finite, "raise": finite & ~halted}[policy]
     first_bad = ~finite & ~halted if policy == "raise" else jnp.bool_(False)
-    leaves = _array_leaves(new)
-    if policy != "off":
-        leaves = [
-            jnp.where(apply, n, o)
-            for n, o in zip(leaves, _array_leaves(old), strict=True)
-        ]
+    if policy == "off":
+        leaves = update()
+    else:
+        leaves = jax.lax.cond(apply, update, lambda: _array_leaves(old))
     acc = {
         **{k: acc[k] + jnp.where(apply, v, jnp.zeros_like(v)) for k, v in sums.items()},
         "skipped": acc["skipped"] + (~apply).astype(jnp.int32),

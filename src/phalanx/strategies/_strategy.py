@@ -57,7 +57,11 @@ class Strategy(eqx.Module):
     def shard(self, leaves: list[np.ndarray | jax.Array]) -> list[jax.Array]:
         """Place batch leaves (host arrays, or arrays on any devices) on the
         mesh, split along the examples axis."""
-        return jax.device_put(leaves, self.split)
+        split = self.split
+        placed = [x for x in leaves if isinstance(x, jax.Array) and x.sharding == split]
+        if len(placed) == len(leaves):
+            return placed  # already there: nothing to dispatch
+        return jax.device_put(leaves, split)
 
     @abc.abstractmethod
     def reduce(
