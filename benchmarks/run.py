@@ -1,0 +1,613 @@
+"""phalanx against hand-written JAX loops, side by side (issue 5).
+
+Each case pairs two sides, A and B, on the same MLP 784-256-128-10 with
+adam(1e-3) and synthetic data:
+
+- ``sharding``, ``pmap``, ``accum-sharding``, ``accum-pmap``: a phalanx
+  strategy (A) against its hand-written reference (B) from `references.py`
+  (``jit``, ``pmap``, and the ``shard_map`` local scan with 4 microbatches for
+  both `AccumulatingStrategy` variants), for every device count, global
+  batch size and data source: ``device`` (batches already placed on the
+  devices) or ``host`` (NumPy through `px.data.ArrayLoader`, placed each
+  step);
+- ``checks``: the same trainer with value checks on (A) and off (B), host data;
+- ``host-vs-device``: the same trainer fed from the host loader (A) and with
+  batches already on the devices (B).
+
+What is measured, per side (a trainer or reference is built once per device
+count and batch size and serves every case it appears in):
+
+- time to first step, from nothing: build the model and the trainer or
+  reference, place the device batches, make one step, wait for it;
+- `--repeats` timed runs of the same number of steps, the sides alternating
+  (AB, BA, ...), each timed until `jax.block_until_ready` on the state
+  returns. The steps are `--steps`, or else as many as side B makes in about
+  `--run-seconds` (from a short untimed run, at least `MIN_STEPS`), so that
+  a `fit` call's fixed cost is not what is measured;
+- the compiled train step's per-device `memory_analysis()`, and the
+  process's peak RSS after each case.
+
+The table shows medians; the JSON file (`--out`) holds every timing too. Also
+reported (``memory``), on each device count at the largest batch: the
+compiled step's temporary memory under `AccumulatingStrategy` with 1 (the
+plain inner strategy), 4 and 16 microbatches, and the same for the
+``shard_map`` scan reference.
+
+Usage:
+    python benchmarks/run.py [--cases sharding,pmap,...] [--repeats 5]
+        [--steps N | --run-seconds 1.0] [--devices 1,8] [--batch-sizes 256,2048]
+        [--data device,host] [--out benchmarks/results.json] [--tiny]
+"""
+
+import argparse
+import dataclasses
+import functools
+import itertools
+import json
+import os
+import pathlib
+import platform
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+import optax
+from rich.console import Console
+from rich.table import Table
+
+import phalanx as px
+from references import CLASSES, IN, make_model, make_optimizer, make_reference
+
+
+PAIRS = ("sharding", "pmap", "accum-sharding", "accum-pmap")
+CASES = (*PAIRS, "checks", "nan-guard", "host-vs-device", "memory")
+MICROBATCHES = 4  # of the accumulation cases
+MEMORY_MICROBATCHES = (1, 4, 16)  # of the memory report (1: the plain inner)
+DEVICE_BATCHES = 4  # distinct batches cycled through in "device" runs
+HOST_BATCHES = 16  # batches in an epoch of the host loader
+# Issue 5's acceptance: the least ratio A/B of steps per second, per case.
+TARGETS = {
+    "sharding": 0.97,
+    "pmap": 0.97,
+    "accum-sharding": 0.95,
+    "accum-pmap": 0.95,
+    "checks": 0.98,
+    "host-vs-device": 0.95,
+}
+FIRST_STEP_TARGET = 1.2  # time to first step, A/B, at most
+MIN_STEPS = 10  # per timed run, when chosen from --run-seconds
+CALIBRATION_STEPS = 5
+TINY = {"repeats": 1, "steps": 3, "devices": "2", "batch_sizes": "64"}
+DEFAULTS = {"repeats": 5, "devices": "1,8", "batch_sizes": "256,2048"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--cases", default=",".join(CASES), help=f"comma-separated, from {CASES}"
+    )
+    parser.add_argument("--repeats", type=int, help="timed runs per side (5)")
+    parser.add_argument("--steps", type=int, help="steps per timed run")
+    parser.add_argument(
+        "--run-seconds",
+        type=float,
+        default=1.0,
+        help="without --steps: steps per run chosen to take about this long (1.0)",
+    )
+    parser.add_argument("--devices", help="device counts, comma-separated (1,8)")
+    parser.add_argument("--batch-sizes", help="global batch sizes (256,2048)")
+    parser.add_argument("--data", default="device,host", help="device,host")
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path(__file__).with_name("results.json"),
+        help="where the JSON results go",
+    )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="CI smoke run: 1 repeat of 3 steps, 2 devices, batch 64 "
+        "(options given explicitly still win)",
+    )
+    args = parser.parse_args(argv)
+    for name, default in (TINY if args.tiny else DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    args.cases = _names(parser, "cases", args.cases, CASES)
+    args.data = _names(parser, "data", args.data, ("device", "host"))
+    args.devices = _ints(parser, "devices", args.devices)
+    args.batch_sizes = _ints(parser, "batch-sizes", args.batch_sizes)
+    if args.repeats < 1 or (args.steps or 1) < 1 or args.run_seconds <= 0:
+        parser.error("--repeats, --steps and --run-seconds must be positive")
+    microbatches = max(
+        [1]
+        + [MICROBATCHES for c in args.cases if c.startswith("accum")]
+        + [max(MEMORY_MICROBATCHES) for c in args.cases if c == "memory"]
+    )
+    multiple = max(args.devices) * microbatches
+    for batch in args.batch_sizes:
+        if batch % multiple:
+            parser.error(
+                f"batch size {batch} must be a multiple of {multiple} (the most "
+                f"devices × {microbatches} microbatches)"
+            )
+    return args
+
+
+def _names(parser, option: str, value: str, allowed: tuple[str, ...]) -> list[str]:
+    names = [name for name in value.split(",") if name]
+    unknown = sorted(set(names) - set(allowed))
+    if unknown or not names:
+        parser.error(f"--{option} {value!r}: choose from {','.join(allowed)}")
+    return names
+
+
+def _ints(parser, option: str, value: str) -> list[int]:
+    try:
+        numbers = [int(part) for part in value.split(",")]
+    except ValueError:
+        numbers = []
+    if not numbers or min(numbers) < 1:
+        parser.error(f"--{option} {value!r} must be positive ints, e.g. 1,8")
+    return numbers
+
+
+# ------------------------------------------------------------------ the data
+
+
+@functools.cache
+def dataset(batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """`HOST_BATCHES` batches of random features and labels."""
+    rng = np.random.default_rng(0)
+    n = HOST_BATCHES * batch
+    x = rng.normal(size=(n, IN)).astype(np.float32)
+    return x, rng.integers(0, CLASSES, size=n).astype(np.int32)
+
+
+def host_batches(batch: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The `DEVICE_BATCHES` batches that "device" runs place once and reuse."""
+    x, y = dataset(batch)
+    return [
+        (x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch])
+        for i in range(DEVICE_BATCHES)
+    ]
+
+
+def loader(batch: int) -> px.data.ArrayLoader:
+    """A shuffling host loader over the dataset (same seed on both sides)."""
+    return px.data.ArrayLoader(dataset(batch), batch, seed=0)
+
+
+def forever(data: px.data.ArrayLoader) -> Iterator[tuple[np.ndarray, ...]]:
+    while True:
+        yield from data
+
+
+# ----------------------------------------------------------------- the sides
+
+
+def memory_stats(compiled: jax.stages.Compiled) -> dict[str, int] | None:
+    """XLA's per-device memory figures for a compiled step (None if unknown)."""
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return None
+    return {
+        "temp_bytes": stats.temp_size_in_bytes,
+        "argument_bytes": stats.argument_size_in_bytes,
+        "output_bytes": stats.output_size_in_bytes,
+        "generated_code_bytes": stats.generated_code_size_in_bytes,
+    }
+
+
+class Side:
+    """One trainer or reference loop, built once and fed either kind of data.
+
+    `start` builds it from nothing and makes its first step (timed once, then
+    remembered); `run` times `steps` steps from ``"device"`` batches (placed
+    once, cycled through) or from the ``"host"`` loader (placed every step).
+    """
+
+    def __init__(self, batch: int):
+        self.batch = batch
+        self.first_step_s: float | None = None
+        self._memory: dict[str, int] | None = None
+
+    def start(self) -> float:
+        """Seconds to build, place the device batches and finish step one."""
+        if self.first_step_s is None:
+            dataset(self.batch)  # made before the clock starts
+            start = time.perf_counter()
+            self.build()
+            self.first_step_s = time.perf_counter() - start
+        return self.first_step_s
+
+    def memory(self) -> dict[str, int] | None:
+        if self._memory is None:
+            self._memory = memory_stats(self.compile())
+        return self._memory
+
+    def build(self) -> None:
+        raise NotImplementedError
+
+    def run(self, steps: int, feed: str) -> float:
+        raise NotImplementedError
+
+    def compile(self) -> jax.stages.Compiled:
+        raise NotImplementedError
+
+
+class PhalanxSide(Side):
+    """A `DataParallelTrainer`, timed through `fit(data, steps=S)` until the
+    state is ready."""
+
+    def __init__(self, make_strategy: Callable[[], px.Strategy], batch: int, **kw):
+        super().__init__(batch)
+        self.make_strategy = make_strategy
+        self.kwargs = kw  # e.g. checks="off"
+
+    def build(self) -> None:
+        self.trainer = px.DataParallelTrainer(
+            make_model(), make_optimizer(), strategy=self.make_strategy(), **self.kwargs
+        )
+        split = self.trainer.strategy.split
+        self.placed = [jax.device_put(b, split) for b in host_batches(self.batch)]
+        self.loader = loader(self.batch)
+        self.run(1, "device")
+
+    def run(self, steps: int, feed: str) -> float:
+        if feed == "host":
+            data = self.loader  # stateful: each fit resumes where the last stopped
+        else:
+            data = [self.placed[i % len(self.placed)] for i in range(steps)]
+        start = time.perf_counter()
+        self.trainer.fit(data, steps=steps)
+        jax.block_until_ready(self.trainer.state)
+        return time.perf_counter() - start
+
+    def compile(self) -> jax.stages.Compiled:
+        return self.trainer.lower(host_batches(self.batch)[0]).compile()
+
+
+class ReferenceSide(Side):
+    """A hand-written loop from `references.py`, stepped in a plain for loop
+    (no waiting) until the state is ready."""
+
+    def __init__(self, kind: str, devices: int, batch: int, microbatches: int = 1):
+        super().__init__(batch)
+        self.kind, self.devices, self.microbatches = kind, devices, microbatches
+
+    def build(self) -> None:
+        devices = jax.devices()[: self.devices]
+        self.reference = make_reference(
+            self.kind, devices, self.batch, self.microbatches
+        )
+        self.placed = [self.reference.place(*b) for b in host_batches(self.batch)]
+        self.host = forever(loader(self.batch))
+        self.run(1, "device")
+
+    def run(self, steps: int, feed: str) -> float:
+        start = time.perf_counter()
+        for i in range(steps):
+            if feed == "host":
+                x, y, _ = next(self.host)  # weights are all 1: no short batches
+                batch = self.reference.place(x, y)
+            else:
+                batch = self.placed[i % len(self.placed)]
+            self.reference.step(batch)
+        self.reference.block()
+        return time.perf_counter() - start
+
+    def compile(self) -> jax.stages.Compiled:
+        return self.reference.compile(self.placed[0])
+
+
+# ----------------------------------------------------------------- the cases
+
+
+@dataclasses.dataclass
+class Case:
+    """Side A fed `a_feed` against side B fed `b_feed`."""
+
+    name: str
+    devices: int
+    batch: int
+    data: str
+    a_label: str
+    a: Side
+    a_feed: str
+    b_label: str
+    b: Side
+    b_feed: str
+
+
+def make_strategy(name: str, devices: int) -> Callable[[], px.Strategy]:
+    inner = px.PmapStrategy if name.endswith("pmap") else px.ShardingStrategy
+    if name.startswith("accum"):
+        return lambda: px.AccumulatingStrategy(inner(devices), MICROBATCHES)
+    return lambda: inner(devices)
+
+
+LABELS = {  # case: (phalanx side, reference side)
+    "sharding": ("ShardingStrategy", "jax.jit"),
+    "pmap": ("PmapStrategy", "jax.pmap"),
+    "accum-sharding": (f"Accum(Sharding, {MICROBATCHES})", "shard_map scan"),
+    "accum-pmap": (f"Accum(Pmap, {MICROBATCHES})", "shard_map scan"),
+}
+REFERENCE_KINDS = {"sharding": "jit", "pmap": "pmap"}  # the rest: "scan"
+
+
+def cell_cases(args: argparse.Namespace, n: int, batch: int) -> list[Case]:
+    """Every case on `n` devices at global batch `batch`; a trainer or
+    reference serves every case it appears in (built and compiled once)."""
+    cases = []
+    references: dict[str, Side] = {}
+    trainers = {name: PhalanxSide(make_strategy(name, n), batch) for name in PAIRS}
+    for name in [c for c in args.cases if c in PAIRS]:
+        kind = REFERENCE_KINDS.get(name, "scan")
+        if kind not in references:
+            k = MICROBATCHES if kind == "scan" else 1
+            references[kind] = ReferenceSide(kind, n, batch, k)
+        a_label, b_label = LABELS[name]
+        for feed in args.data:
+            a, b = trainers[name], references[kind]
+            cases.append(Case(name, n, batch, feed, a_label, a, feed, b_label, b, feed))
+    sharding = trainers["sharding"]
+    if "checks" in args.cases:
+        off = PhalanxSide(make_strategy("sharding", n), batch, checks="off")
+        labels = ("checks on", sharding, "host", "checks off", off, "host")
+        cases.append(Case("checks", n, batch, "host", *labels))
+    if "nan-guard" in args.cases:
+        off = PhalanxSide(make_strategy("sharding", n), batch, nan_policy="off")
+        labels = ("nan_policy raise", sharding, "device", "nan_policy off", off)
+        cases.append(Case("nan-guard", n, batch, "device", *labels, "device"))
+    if "host-vs-device" in args.cases:
+        labels = ("host loader", sharding, "host", "on device", sharding, "device")
+        cases.append(Case("host-vs-device", n, batch, "both", *labels))
+    return cases
+
+
+def max_rss_mib() -> float:
+    """The process's peak resident memory so far (ru_maxrss is KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def steps_per_run(case: Case, seconds: float) -> int:
+    """As many steps as side B makes in about `seconds` (at least `MIN_STEPS`),
+    from a short untimed run of it."""
+    per_step = case.b.run(CALIBRATION_STEPS, case.b_feed) / CALIBRATION_STEPS
+    return max(MIN_STEPS, round(seconds / per_step))
+
+
+def measure(case: Case, repeats: int, steps: int | None, seconds: float) -> dict:
+    """Time to first step of each side, then alternating timed runs."""
+    sides = {"a": (case.a, case.a_feed), "b": (case.b, case.b_feed)}
+    labels = {"a": case.a_label, "b": case.b_label}
+    first = {key: side.start() for key, (side, _) in sides.items()}
+    steps = steps or steps_per_run(case, seconds)
+    seconds: dict[str, list[float]] = {"a": [], "b": []}
+    for round_ in range(repeats):
+        for key in ("a", "b") if round_ % 2 == 0 else ("b", "a"):
+            side, feed = sides[key]
+            seconds[key].append(side.run(steps, feed))
+    result: dict[str, Any] = {
+        "case": case.name,
+        "devices": case.devices,
+        "batch": case.batch,
+        "data": case.data,
+        "steps": steps,
+    }
+    for key, (side, feed) in sides.items():
+        median = statistics.median(seconds[key])
+        result[key] = {
+            "label": labels[key],
+            "feed": feed,
+            "first_step_s": first[key],
+            "seconds": seconds[key],
+            "median_s": median,
+            "steps_per_s": steps / median,
+            "examples_per_s": steps * case.batch / median,
+            "memory": side.memory(),
+        }
+    a, b = result["a"], result["b"]
+    result["ratio"] = a["steps_per_s"] / b["steps_per_s"]
+    paired = [tb / ta for ta, tb in zip(seconds["a"], seconds["b"], strict=True)]
+    result["paired_ratio_median"] = statistics.median(paired)
+    result["first_step_ratio"] = a["first_step_s"] / b["first_step_s"]
+    result["target"] = TARGETS.get(case.name)  # None: reported, no target
+    result["max_rss_mib"] = max_rss_mib()
+    return result
+
+
+def accumulation_memory(devices: int, batch: int) -> list[dict[str, Any]]:
+    """Temporary memory of the compiled step against the microbatch count."""
+    rows = []
+    x, y = host_batches(batch)[0]
+    for inner in (px.ShardingStrategy, px.PmapStrategy):
+        for k in MEMORY_MICROBATCHES:
+            strategy = inner(devices)
+            if k > 1:
+                strategy = px.AccumulatingStrategy(strategy, k)
+            model, optimizer = make_model(), make_optimizer()
+            trainer = px.DataParallelTrainer(model, optimizer, strategy=strategy)
+            stats = memory_stats(trainer.lower((x, y)).compile())
+            rows.append({"side": inner.__name__, "microbatches": k, "memory": stats})
+    for k in MEMORY_MICROBATCHES:
+        reference = make_reference("scan", jax.devices()[:devices], batch, k)
+        stats = memory_stats(reference.compile(reference.place(x, y)))
+        rows.append({"side": "shard_map scan", "microbatches": k, "memory": stats})
+    return [{"devices": devices, "batch": batch, **row} for row in rows]
+
+
+# ------------------------------------------------------------------ reporting
+
+
+def configuration(args: argparse.Namespace) -> dict[str, Any]:
+    devices = jax.devices()
+    return {
+        "model": f"MLP {IN}-256-128-{CLASSES}",
+        "optimizer": "adam(1e-3)",
+        "cases": args.cases,
+        "repeats": args.repeats,
+        "steps": args.steps or f"~{args.run_seconds} s per run",
+        "devices": args.devices,
+        "batch_sizes": args.batch_sizes,
+        "data": args.data,
+        "microbatches": MICROBATCHES,
+        "device_batches": DEVICE_BATCHES,
+        "host_batches_per_epoch": HOST_BATCHES,
+        "platform": devices[0].platform,
+        "device_count": len(devices),
+        "cpu_count": os.cpu_count(),
+        "NPROC": os.environ.get("NPROC"),
+        "jax": jax.__version__,
+        "equinox": eqx.__version__,
+        "optax": optax.__version__,
+        "phalanx": px.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+    }
+
+
+def _mib(memory: dict[str, int] | None, key: str = "temp_bytes") -> str:
+    return "?" if memory is None else f"{memory[key] / 2**20:.2f}"
+
+
+def _ratio(value: float, ok: bool) -> str:
+    return f"[{'green' if ok else 'red'}]{value:.3f}[/]"
+
+
+def cases_table(results: list[dict[str, Any]], config: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"A vs B, medians of {config['repeats']} runs each; "
+        f"{config['model']}, {config['optimizer']}, "
+        f"{config['platform']} ×{config['device_count']}",
+    )
+    for name in ("case", "A", "B", "dev", "batch", "data"):
+        table.add_column(name)
+    for name in ("steps", "A steps/s", "B steps/s", "A/B", "target", "A ex/s"):
+        table.add_column(name, justify="right")
+    for name in ("1st step A s", "B s", "A/B", "temp MiB A", "B"):
+        table.add_column(name, justify="right")
+    for r in results:
+        a, b = r["a"], r["b"]
+        table.add_row(
+            r["case"],
+            a["label"],
+            b["label"],
+            str(r["devices"]),
+            str(r["batch"]),
+            r["data"],
+            str(r["steps"]),
+            f"{a['steps_per_s']:.1f}",
+            f"{b['steps_per_s']:.1f}",
+            _ratio(r["ratio"], r["target"] is None or r["ratio"] >= r["target"]),
+            "–" if r["target"] is None else f"≥ {r['target']}",
+            f"{a['examples_per_s']:,.0f}",
+            f"{a['first_step_s']:.2f}",
+            f"{b['first_step_s']:.2f}",
+            _ratio(r["first_step_ratio"], r["first_step_ratio"] <= FIRST_STEP_TARGET),
+            _mib(a["memory"]),
+            _mib(b["memory"]),
+        )
+    return table
+
+
+def memory_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="compiled step memory per device (k=1: no accumulation)")
+    for name in ("step", "dev", "batch"):
+        table.add_column(name)
+    for name in ("k", "temp MiB", "vs k=1", "argument MiB"):
+        table.add_column(name, justify="right")
+    for row in rows:
+        memory = row["memory"]
+        plain = next(
+            r["memory"]
+            for r in rows
+            if (r["side"], r["devices"], r["microbatches"])
+            == (row["side"], row["devices"], 1)
+        )
+        relative = "?"
+        if memory is not None and plain is not None and plain["temp_bytes"]:
+            relative = f"{memory['temp_bytes'] / plain['temp_bytes']:.2f}"
+        table.add_row(
+            row["side"],
+            str(row["devices"]),
+            str(row["batch"]),
+            str(row["microbatches"]),
+            _mib(memory),
+            relative,
+            _mib(memory, "argument_bytes"),
+        )
+    return table
+
+
+# ----------------------------------------------------------------------- main
+
+
+def warm_up() -> None:
+    """Start JAX and trace each kind of step once on a shape no case uses, so
+    the first case's time to first step holds no one-off set-up."""
+    x, y = np.zeros((16, IN), np.float32), np.zeros(16, np.int32)
+    trainer = px.DataParallelTrainer(
+        make_model(), make_optimizer(), strategy=px.ShardingStrategy(1)
+    )
+    trainer.fit([(x, y)], steps=1)
+    reference = make_reference("jit", jax.devices()[:1], 16)
+    reference.step(reference.place(x, y))
+    reference.block()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Before JAX starts: the fake devices, and NPROC (NOTES-jax-cpu trap 1).
+    px.fake_cpu_devices(max(args.devices))
+    if len(jax.devices()) < max(args.devices):
+        print(
+            f"--devices {max(args.devices)}: only {len(jax.devices())} "
+            f"{jax.devices()[0].platform} device(s) here",
+            file=sys.stderr,
+        )
+        return 2
+    config = configuration(args)
+    console = Console(width=None if sys.stdout.isatty() else 190)
+    warm_up()
+    results = []
+    for n, batch in itertools.product(args.devices, args.batch_sizes):
+        for case in cell_cases(args, n, batch):
+            start = time.perf_counter()
+            result = measure(case, args.repeats, args.steps, args.run_seconds)
+            results.append(result)
+            print(
+                f"[{len(results)}] {case.name}, {n} device(s), batch {batch}, "
+                f"{case.data}, {result['steps']} steps: A/B {result['ratio']:.3f} "
+                f"({time.perf_counter() - start:.1f}s)",
+                file=sys.stderr,
+            )
+    memory: list[dict[str, Any]] = []
+    if "memory" in args.cases:
+        for n in args.devices:
+            memory += accumulation_memory(n, max(args.batch_sizes))
+    output = {
+        "config": config,
+        "cases": results,
+        "accumulation_memory": memory,
+        "max_rss_mib": max_rss_mib(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(output, indent=2) + "\n")
+    if results:
+        console.print(cases_table(results, config))
+    if memory:
+        console.print(memory_table(memory))
+    console.print(f"peak RSS {output['max_rss_mib']:.0f} MiB; results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

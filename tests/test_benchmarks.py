@@ -1,0 +1,58 @@
+"""The benchmark harness keeps working: a tiny run of `benchmarks/run.py`.
+
+It asserts that every case ran and produced numbers, nothing about speed
+(CI machines are too noisy for that, and the tiny run too short).
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+VERSUS = ("sharding", "pmap", "accum-sharding", "accum-pmap")
+
+
+@pytest.mark.slow
+def test_tiny_benchmark_run(tmp_path):
+    out = tmp_path / "results.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--tiny", "--out", out],
+        cwd=tmp_path,
+        # CPU even on a host with accelerators: the harness fakes CPU devices.
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads(out.read_text())
+
+    ran = {(case["case"], case["data"]) for case in results["cases"]}
+    expected = {(name, data) for name in VERSUS for data in ("device", "host")}
+    expected |= {
+        ("checks", "host"),
+        ("nan-guard", "device"),
+        ("host-vs-device", "both"),
+    }
+    assert ran == expected
+    for case in results["cases"]:
+        for side in (case["a"], case["b"]):
+            assert len(side["seconds"]) == results["config"]["repeats"]
+            assert min(side["seconds"]) > 0
+            for key in ("first_step_s", "steps_per_s", "examples_per_s"):
+                assert side[key] > 0, (case["case"], key)
+            assert side["memory"]["temp_bytes"] > 0
+        assert case["ratio"] > 0 and case["first_step_ratio"] > 0
+
+    memory = results["accumulation_memory"]
+    for side in ("ShardingStrategy", "PmapStrategy", "shard_map scan"):
+        rows = [row for row in memory if row["side"] == side]
+        assert [row["microbatches"] for row in rows] == [1, 4, 16]
+        assert all(row["memory"]["temp_bytes"] > 0 for row in rows)
+    assert results["max_rss_mib"] > 0
+    assert results["config"]["jax"] and results["config"]["cpu_count"]
