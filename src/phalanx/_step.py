@@ -91,7 +91,10 @@ def build_steps(
     def train_step(leaves, acc, batch_leaves, weight):
         state = unflatten(leaves)
         params, arrays, static = _split_model(state.model)
-        step_key, next_key = jr.split(state.key)
+        if pass_key:
+            step_key, next_key = jr.split(state.key)
+        else:  # nothing draws random numbers: spare every device the hashing
+            step_key = next_key = state.key
 
         def local(replicated, model_state, examples):
             params, rest = replicated
