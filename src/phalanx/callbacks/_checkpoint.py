@@ -15,6 +15,7 @@ from ..checkpoint._snapshot import (
     restore,
     snapshot,
 )
+from ._background import lower_priority, thread_ids
 from ._callback import Callback, StepInfo
 
 
@@ -96,6 +97,7 @@ class Checkpoint(Callback):
         self.monitor = monitor
         self.mode = mode
         self._manager: ocp.CheckpointManager | None = None
+        self._threads: set[int] = set()
 
     @override
     def on_fit_start(self, info: StepInfo) -> None:
@@ -171,6 +173,10 @@ class Checkpoint(Callback):
             metrics=None if metrics is None else dict(metrics),
             force=True,
         )
+        # Orbax's writer threads (those started since the manager was made)
+        # yield the cores to training; threads they start inherit it.
+        lower_priority(thread_ids() - self._threads)
+        self._threads |= thread_ids()
         if wait:
             manager.wait_until_finished()
         return path
@@ -240,6 +246,7 @@ class Checkpoint(Callback):
 
     def _open(self) -> ocp.CheckpointManager:
         if self._manager is None:
+            self._threads = thread_ids()  # training's, before orbax starts any
             options = ocp.CheckpointManagerOptions(
                 enable_async_checkpointing=True,
                 preservation_policy=self._preservation(),
