@@ -1,6 +1,7 @@
 """Non-finite gradients: nan_policy 'raise' (state from before the bad step),
 'skip' (update dropped and counted), 'off'."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,6 +50,22 @@ def test_raise_names_leaf_and_step_and_keeps_state(sync_every):
     # The steps after the bad one were frozen: the state is from before it.
     assert max_abs_diff(run.model, clean.model) == 0
     assert int(run.state.step) == 3
+
+
+def test_infinite_gradient_is_caught_and_named():
+    # +inf (not NaN) in one leaf only, at step 2: caught, and that leaf named.
+    class Inf(px.DataParallelTrainer):
+        def gradients(self, grads, state):
+            bump = jnp.where(state.step == 2, jnp.inf, 0.0)
+            return eqx.tree_at(
+                lambda g: g.layers[1].bias, grads, grads.layers[1].bias + bump
+            )
+
+    good, _ = batches()
+    run = Inf(make_model(), optax.adam(1e-2), strategy=px.PmapStrategy(8))
+    with pytest.raises(FloatingPointError, match=r"model\.layers\[1\]\.bias.*step 2"):
+        run.fit(good, epochs=1)
+    assert int(run.state.step) == 2
 
 
 def test_skip_drops_the_update_and_counts_it():

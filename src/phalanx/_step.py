@@ -179,8 +179,10 @@ def _guard(
     a policy it runs in a `lax.cond`, so that a good step updates the state
     in place instead of selecting between two copies of it.
     """
-    finite_leaves = jnp.stack(
-        [jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]
+    # x * 0 is 0 for a finite x and NaN for NaN or ±inf: one multiply and
+    # one sum per leaf (no overflow, unlike summing the values themselves).
+    finite_leaves = ~jnp.isnan(
+        jnp.stack([jnp.sum(g * 0) for g in jax.tree.leaves(grads)])
     )
     finite = jnp.all(finite_leaves)
     halted = acc["nonfinite_step"] >= 0
