@@ -55,7 +55,7 @@ class BatchPipeline:
 
     def step_size(self, n: int, first: int | None) -> int:
         """Examples in the padded step: the pass's first size, or n if larger."""
-        multiple = self.strategy.batch_multiple
+        multiple = self.strategy.process_batch_multiple
         return math.ceil(max(n, first or 0) / multiple) * multiple
 
     def check(
@@ -105,7 +105,7 @@ class BatchPipeline:
         if sample_weight is None:
             weight = self.weights(n, size)
         else:
-            weight = jax.device_put(pad([sample_weight], size)[0], self.strategy.split)
+            weight = self.strategy.shard(pad([sample_weight], size))[0]
         return self.strategy.shard(pad(leaves, size)), weight, size, n
 
     def weights(self, n: int, size: int) -> jax.Array:
@@ -114,9 +114,7 @@ class BatchPipeline:
         if weight is None:
             host = np.zeros(size, np.float32)
             host[:n] = 1.0
-            weight = self._weights[(n, size)] = jax.device_put(
-                host, self.strategy.split
-            )
+            weight = self._weights[(n, size)] = self.strategy.shard([host])[0]
         return weight
 
 

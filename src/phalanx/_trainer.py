@@ -36,7 +36,7 @@ from ._typing import (
     validates_own_arguments,
 )
 from .callbacks import Callback, Checkpoint, StepInfo
-from .callbacks._callback import overrides
+from .callbacks._callback import overrides, runs_here
 from .strategies import ShardingStrategy, Strategy
 
 
@@ -156,7 +156,7 @@ class DataParallelTrainer(Generic[_Model]):
         dynamic, self._state_static = eqx.partition(state, eqx.is_array)
         leaves, self._state_treedef = jax.tree.flatten(dynamic)
         replicated = self.strategy.replicated
-        self._leaves: list[jax.Array] = jax.device_put(leaves, replicated)
+        self._leaves: list[jax.Array] = self.strategy.replicate(leaves)
         # Copies the state before a loop donates it, so states handed out stay valid
         # (NOTES trap 5: device_put may share the user's own buffers).
         self._copy = jax.jit(
@@ -265,7 +265,7 @@ class DataParallelTrainer(Generic[_Model]):
                     f"has {old.dtype}{list(old.shape)}; pass a TrainState of this "
                     "trainer's model and optimizer"
                 )
-        placed = jax.device_put(leaves, self.strategy.replicated)
+        placed = self.strategy.replicate(leaves)
         self._leaves = self._copy(placed)
         self._step = int(jax.device_get(state.step))
 
@@ -341,7 +341,7 @@ class DataParallelTrainer(Generic[_Model]):
         except BaseException as error:
             # Every callback gets to clean up (close files, stop displays), even
             # if another one's on_exception fails.
-            for callback in self.callbacks:
+            for callback in self._callbacks_here:
                 try:
                     callback.on_exception(self._info(), error)
                 except Exception as hook_error:
@@ -424,7 +424,7 @@ class DataParallelTrainer(Generic[_Model]):
     def _run_epoch(self, data: Iterable[Any], eval_data: Any) -> None:
         epoch = self._epoch
         self._notify("on_epoch_start", self._info())
-        step_hooks = [c for c in self.callbacks if overrides(c, "on_step_end")]
+        step_hooks = [c for c in self._callbacks_here if overrides(c, "on_step_end")]
         # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
         # was trained on (a stateful loader resumes by itself).
         skip = 0 if hasattr(data, "load_state_dict") else self._epoch_steps
@@ -505,6 +505,8 @@ class DataParallelTrainer(Generic[_Model]):
                 )
 
         size = self._batches.step_size(leaves[0].shape[0], None)
+        # The step sees the global batch: every process's slice.
+        size *= self.strategy.batch_multiple // self.strategy.process_batch_multiple
         outputs = self._steps.build(spec, self._leaves, size)
         if self._loss_name == "cross_entropy":
             self._batches.num_classes = int(outputs.shape[-1])
@@ -525,8 +527,14 @@ class DataParallelTrainer(Generic[_Model]):
             start_step=self._run.start_step,
         )
 
+    @property
+    def _callbacks_here(self) -> tuple[Callback, ...]:
+        """The callbacks this process runs (in a multi-process run, loggers
+        and displays run on process 0 only)."""
+        return tuple(c for c in self.callbacks if runs_here(c))
+
     def _notify(self, hook: str, info: StepInfo) -> None:
-        for callback in self.callbacks:
+        for callback in self._callbacks_here:
             getattr(callback, hook)(info)
 
 

@@ -1,6 +1,6 @@
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 
@@ -92,6 +92,12 @@ class Callback:
         ```
     """
 
+    # In a multi-process run, whether only process 0 runs this callback (for
+    # side effects that must happen once: logs, displays, plots). Callbacks
+    # that decide something (early stopping) or that every process must join
+    # (checkpoints) run everywhere; their inputs are the same global values.
+    main_process_only: ClassVar[bool] = False
+
     def on_fit_start(self, info: StepInfo) -> None:
         """Called once when `fit` begins, before the first batch is read."""
 
@@ -115,6 +121,11 @@ class Callback:
 
     def on_exception(self, info: StepInfo, error: BaseException) -> None:
         """Called when `fit` raises, before the error propagates."""
+
+
+def runs_here(callback: Callback) -> bool:
+    """Whether this process runs `callback` (see `main_process_only`)."""
+    return not callback.main_process_only or jax.process_index() == 0
 
 
 def overrides(callback: Callback, hook: str) -> bool:

@@ -34,6 +34,8 @@ class PlotHistory(Callback):
         ```
     """
 
+    main_process_only = True  # written once, by process 0
+
     @validates_own_arguments
     def __init__(
         self,

@@ -63,6 +63,8 @@ class ProgressBar(Callback):
         ```
     """
 
+    main_process_only = True  # written once, by process 0
+
     @validates_own_arguments
     def __init__(self, *, log_every: int = 10, console: Console | None = None) -> None:
         if (

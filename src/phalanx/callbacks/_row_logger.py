@@ -27,6 +27,8 @@ class RowLogger(Callback, abc.ABC, Generic[_Row]):
     (`_extra_state`, `_load_extra_state`).
     """
 
+    main_process_only = True  # written once, by process 0
+
     def __init__(self, path: object, log_every: object, *, example: str):
         """Check `path` (`example` names a file for the error message) and
         `log_every`; nothing is written until the first fit."""

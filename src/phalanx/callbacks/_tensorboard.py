@@ -39,6 +39,8 @@ class TensorBoardLogger(Callback):
         ```
     """
 
+    main_process_only = True  # written once, by process 0
+
     @validates_own_arguments
     def __init__(self, logdir: str | os.PathLike[str], *, log_every: int = 10):
         """Args:

@@ -13,13 +13,14 @@ from ._strategy import LocalFn, MapFn
 
 
 def make_mesh(devices: Devices, axis_name: str) -> Mesh:
-    """A 1-D mesh named `axis_name` over the chosen local devices.
+    """A 1-D mesh named `axis_name` over the chosen devices: this process's,
+    or in a multi-process run every process's (`jax.devices()`).
 
     Raises:
         ValueError: `devices` asks for more devices than exist, or none.
         TypeError: `devices` is neither None, an int nor a sequence of devices.
     """
-    available = jax.local_devices()
+    available = jax.devices() if jax.process_count() > 1 else jax.local_devices()
     if devices is None:
         chosen = list(available)
     elif isinstance(devices, bool | str) or not isinstance(devices, int | Sequence):

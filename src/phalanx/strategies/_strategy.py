@@ -45,6 +45,14 @@ class Strategy(eqx.Module):
         return self.num_devices * self.microbatches
 
     @property
+    def process_batch_multiple(self) -> int:
+        """This process's slice of a step is padded to a multiple of this
+        (its devices in the mesh × microbatches)."""
+        me = jax.process_index()
+        mine = sum(d.process_index == me for d in self.mesh.devices.flat)
+        return mine * self.microbatches
+
+    @property
     def replicated(self) -> NamedSharding:
         """The sharding of state: a full copy on every device."""
         return NamedSharding(self.mesh, P())
@@ -54,6 +62,14 @@ class Strategy(eqx.Module):
         """The sharding of batches: split along the leading examples axis."""
         return NamedSharding(self.mesh, P(self.axis_name))
 
+    def replicate(self, leaves: list[Any]) -> list[jax.Array]:
+        """Place state leaves (the same values in every process) on every
+        device of the mesh."""
+        replicated = self.replicated
+        if jax.process_count() == 1:
+            return jax.device_put(leaves, replicated)
+        return [_replicate_across_processes(x, replicated) for x in leaves]
+
     def shard(self, leaves: list[np.ndarray | jax.Array]) -> list[jax.Array]:
         """Place batch leaves (host arrays, or arrays on any devices) on the
         mesh, split along the examples axis."""
@@ -61,6 +77,14 @@ class Strategy(eqx.Module):
         placed = [x for x in leaves if isinstance(x, jax.Array) and x.sharding == split]
         if len(placed) == len(leaves):
             return placed  # already there: nothing to dispatch
+        if jax.process_count() > 1:
+            # Each process holds its own slice of the global batch.
+            return [
+                x
+                if isinstance(x, jax.Array) and not x.is_fully_addressable
+                else jax.make_array_from_process_local_data(split, np.asarray(x))
+                for x in leaves
+            ]
         return jax.device_put(leaves, split)
 
     @abc.abstractmethod
@@ -99,3 +123,15 @@ class Strategy(eqx.Module):
     @abc.abstractmethod
     def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
         """Apply `fn` to every example; outputs stay split across devices."""
+
+
+def _replicate_across_processes(leaf: Any, sharding: NamedSharding) -> jax.Array:
+    """A global replicated array from a value every process holds."""
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        return jax.device_put(leaf, sharding)  # already global: reshard
+    is_key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    host = np.asarray(jax.random.key_data(leaf) if is_key else leaf)
+    array = jax.make_array_from_callback(host.shape, sharding, lambda i: host[i])
+    if is_key:
+        return jax.random.wrap_key_data(array, impl=jax.random.key_impl(leaf))
+    return array
