@@ -1,5 +1,5 @@
 """One small training run, the same in one process and in several (imported
-by test_multiprocess.py and by the processes it launches)."""
+by test_multiprocess.py, and run by the processes it launches)."""
 
 import equinox as eqx
 import jax
@@ -16,16 +16,20 @@ STRATEGIES = {
 }
 
 
-def train(strategy: px.Strategy, callbacks=()) -> px.DataParallelTrainer:
-    """An MLP, adam, 20 steps over an ArrayLoader, which hands each process
-    its slice of every global batch of 64."""
+def train(
+    strategy: px.Strategy, callbacks=(), *, steps: int = 20, resume=None
+) -> px.DataParallelTrainer:
+    """An MLP, adam, `steps` steps (counted from the run's start) over an
+    ArrayLoader, which hands each process its slice of every global batch of
+    64."""
     x = np.random.default_rng(0).standard_normal((640, 20)).astype(np.float32)
     y = np.random.default_rng(1).integers(0, 3, 640).astype(np.int32)
     model = px.models.MLP(20, 3, hidden=(16,), key=jax.random.key(0))
     trainer = px.DataParallelTrainer(
         model, optax.adam(1e-2), strategy=strategy, callbacks=callbacks
     )
-    trainer.fit(px.data.ArrayLoader((x, y), 64, seed=1), steps=20)
+    loader = px.data.ArrayLoader((x, y), 64, seed=1)
+    trainer.fit(loader, steps=steps, resume=resume)
     return trainer
 
 
@@ -37,15 +41,21 @@ def parameters(trainer: px.DataParallelTrainer) -> list[np.ndarray]:
     ]
 
 
-if __name__ == "__main__":  # under phalanx launch: argv = strategy, out folder
+if __name__ == "__main__":
+    # Under phalanx launch: STRATEGY OUT [STEPS CHECKPOINTS resume|fresh].
     import sys
 
     px.distributed.initialize()
-    name, out = sys.argv[1:]
-    logs = [
+    name, out, *rest = sys.argv[1:]
+    callbacks: list[px.Callback] = [
         px.callbacks.CSVLogger(f"{out}/metrics.csv", log_every=5),
         px.callbacks.ProgressBar(log_every=5),
     ]
-    trainer = train(STRATEGIES[name](None), logs)
+    steps, resume = 20, None
+    if rest:
+        steps, folder, mode = int(rest[0]), rest[1], rest[2]
+        callbacks.append(px.callbacks.Checkpoint(folder, every_n_steps=5))
+        resume = "latest" if mode == "resume" else None
+    trainer = train(STRATEGIES[name](None), callbacks, steps=steps, resume=resume)
     np.savez(f"{out}/rank{jax.process_index()}.npz", *parameters(trainer))
     print("history", trainer.history[-1])

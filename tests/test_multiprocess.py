@@ -9,34 +9,47 @@ import sys
 import numpy as np
 import pytest
 
+import phalanx as px
 from multiprocess_run import STRATEGIES, parameters, train
 
 
 RUN = pathlib.Path(__file__).with_name("multiprocess_run.py")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(STRATEGIES))
-def test_two_processes_equal_one_process(tmp_path, name):
+def launch(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    """`multiprocess_run.py ARGS` (or `python ARGS`, e.g. ``-c SCRIPT``, when
+    the first one starts with -) in 2 processes × 2 fake CPU devices."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA"))}
     env.pop("NPROC", None)  # launch sets it for 2 devices per process
     done = subprocess.run(
         [sys.executable, "-m", "phalanx", "launch", "--nproc", "2"]
-        + ["--devices-per-process", "2", "--"]
-        + [sys.executable, str(RUN), name, str(tmp_path)],
+        + ["--devices-per-process", "2", "--", sys.executable]
+        + ([] if args[0].startswith("-") else [str(RUN)])
+        + list(args),
         env=env | {"JAX_PLATFORMS": "cpu"},
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    one = train(STRATEGIES[name](4))
-    expected = parameters(one)
+    assert (done.returncode == 0) == ok, done.stdout + done.stderr
+    return done
+
+
+def assert_ranks_hold(folder: pathlib.Path, expected: list[np.ndarray]) -> None:
+    """Each process's saved parameters equal `expected` (summation order aside)."""
     for rank in (0, 1):
-        saved = np.load(tmp_path / f"rank{rank}.npz")
+        saved = np.load(folder / f"rank{rank}.npz")
         got = [saved[f"arr_{i}"] for i in range(len(expected))]
         for a, b in zip(got, expected, strict=True):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_two_processes_equal_one_process(tmp_path, name):
+    done = launch(name, str(tmp_path))
+    one = train(STRATEGIES[name](4))
+    assert_ranks_hold(tmp_path, parameters(one))
     # Both processes report the same global history as the one process.
     reports = [line for line in done.stdout.splitlines() if " history " in line]
     assert sorted(line[:4] for line in reports) == ["[0] ", "[1] "]
@@ -49,3 +62,40 @@ def test_two_processes_equal_one_process(tmp_path, name):
     assert [step for kind, step in rows if kind == "epoch"] == ["10", "20"]
     progress = [line for line in done.stdout.splitlines() if "  step " in line]
     assert progress and all(line.startswith("[0] ") for line in progress)
+
+
+@pytest.mark.slow
+def test_checkpoints_cross_between_process_counts(tmp_path):
+    straight = parameters(train(px.ShardingStrategy(4)))
+    # 2 processes save (steps 5, 10, 13); 1 process resumes to step 20.
+    launch("sharding", str(tmp_path), "13", str(tmp_path / "two"), "fresh")
+    checkpoint = px.callbacks.Checkpoint(tmp_path / "two", every_n_steps=5)
+    resumed = train(px.PmapStrategy(4), [checkpoint], resume="latest")
+    assert int(resumed.state.step) == 20
+    for a, b in zip(parameters(resumed), straight, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    # 1 process saves; 2 processes resume to step 20.
+    one = px.callbacks.Checkpoint(tmp_path / "one", every_n_steps=5)
+    train(px.ShardingStrategy(4), [one], steps=13)
+    launch("pmap", str(tmp_path), "20", str(tmp_path / "one"), "resume")
+    assert_ranks_hold(tmp_path, straight)
+
+
+@pytest.mark.slow
+def test_processes_with_different_slices_are_refused():
+    script = """
+import jax, numpy as np, optax
+import phalanx as px
+px.distributed.initialize()
+n = 32 + 8 * jax.process_index()  # process 1 hands more rows
+x, y = np.ones((n, 4), np.float32), np.zeros(n, np.int32)
+model = px.models.MLP(4, 2, hidden=(8,), key=jax.random.key(0))
+px.DataParallelTrainer(model, optax.sgd(0.1)).fit([(x, y)], steps=1)
+"""
+    done = launch("-c", script, ok=False)
+    # Both raise; the launcher may stop one before it has printed.
+    assert (
+        "ValueError: data: the processes' slices of batch 0 of epoch 0 differ "
+        "(process 0: 32 examples {batch[0]: float32[4], batch[1]: int32[]}; "
+        "process 1: 40 examples {batch[0]: float32[4], batch[1]: int32[]})"
+    ) in done.stderr

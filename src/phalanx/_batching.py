@@ -18,6 +18,7 @@ from ._checks import (
     num_examples,
     signature,
 )
+from ._processes import check_same_slices
 from .strategies import Strategy
 
 
@@ -100,7 +101,15 @@ class BatchPipeline:
             (sample weights, 0 for padding), the step size (pass it back as
             `first` for the rest of the pass) and the number of examples.
         """
-        leaves, _, n, sample_weight = self.check(batch, where)
+        leaves, treedef, n, sample_weight = self.check(batch, where)
+        if first is None:  # a pass's first batch fixes its step's shape
+            check_same_slices(leaves, treedef, where)
+        elif n > first and jax.process_count() > 1:
+            raise ValueError(
+                f"data: {where} has {n} examples on process {jax.process_index()}, "
+                f"more than the pass's first batch ({first}); in a multi-process "
+                "run the first batch of a pass must be the largest"
+            )
         size = self.step_size(n, first)
         if sample_weight is None:
             weight = self.weights(n, size)
