@@ -99,3 +99,45 @@ px.DataParallelTrainer(model, optax.sgd(0.1)).fit([(x, y)], steps=1)
         "(process 0: 32 examples {batch[0]: float32[4], batch[1]: int32[]}; "
         "process 1: 40 examples {batch[0]: float32[4], batch[1]: int32[]})"
     ) in done.stderr
+
+
+@pytest.mark.slow
+def test_phalanx_train_under_launch(tmp_path):
+    # `phalanx launch ... -- phalanx train` needs no other flag: one run
+    # folder, one progress display, the accuracy of 1 process × 4 devices.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA"))}
+    env = env | {"JAX_PLATFORMS": "cpu"}
+    env.pop("NPROC", None)
+    phalanx = [sys.executable, "-m", "phalanx"]
+    two = subprocess.run(
+        [*phalanx, "launch", "--nproc", "2", "--devices-per-process", "2", "--"]
+        + [*phalanx, "train", "--epochs", "2", "--log-every", "5"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert two.returncode == 0, two.stdout + two.stderr
+    one = subprocess.run(
+        [*phalanx, "train", "--epochs", "2", "--log-every", "5", "--devices", "4"]
+        + ["--run-dir", "one"],
+        cwd=tmp_path,
+        env=env | {"NPROC": "8"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert one.returncode == 0, one.stdout + one.stderr
+    (folder,) = (tmp_path / "runs").iterdir()
+    final = one.stdout.splitlines()[-1].replace(
+        "logs in one", f"logs in runs/{folder.name}"
+    )
+    lines = [line for line in two.stdout.splitlines() if "[Gloo]" not in line]
+    assert lines[-1] == f"[0] {final}"
+    assert all(line.startswith("[0] ") for line in lines)  # process 1 is silent
+    assert sum("  step " in line for line in lines) == 46 // 5
+    for name in ("metrics.csv", "metrics.jsonl", "history.png", "tensorboard"):
+        assert (folder / name).exists()
+    steps = [row.split(",")[:2] for row in (folder / "metrics.csv").read_text().split()]
+    assert [s for k, s in steps if k == "step"] == [str(s) for s in range(5, 47, 5)]

@@ -69,8 +69,9 @@ def train_and_report(
     schedule = make_schedule(args, args.epochs * len(loader))
 
     run = args.run_dir
+    main = jax.process_index() == 0  # files and lines are written once
     run.mkdir(parents=True, exist_ok=True)
-    if not args.resume:
+    if main and not args.resume:
         for name in ("metrics.csv", "metrics.jsonl", "history.png"):
             (run / name).unlink(missing_ok=True)
         for events in (run / "tensorboard").glob("events.out.tfevents.*"):
@@ -101,14 +102,15 @@ def train_and_report(
             checkpoint.check(trainer)
         except (FileNotFoundError, ValueError) as error:
             raise UsageError(f"--resume: {error}") from None
+    say = print if main else _quiet
     if defaulted:
-        print(
+        say(
             "phalanx: no accelerator found; using 8 fake CPU devices "
             "(--devices N to change)",
             file=sys.stderr,
         )
     hidden = "-".join(map(str, args.hidden)) if args.model == "mlp" else ""
-    print(
+    say(
         f"phalanx: {args.model.upper()} {features}-{hidden + '-' if hidden else ''}"
         f"{classes} on {args.dataset} ({len(x_train)} train / {len(x_test)} test), "
         f"{type(strategy).__name__} on {len(devices)} {devices[0].platform} "
@@ -118,8 +120,13 @@ def train_and_report(
     resume = "latest" if args.resume else None
     trainer.fit(loader, epochs=args.epochs, eval_data=test_loader, resume=resume)
     results = trainer.evaluate(test_loader)
-    print(
+    say(
         f"test loss {results['loss']:.4f}, test accuracy {results['accuracy']:.4f}; "
         f"logs in {run}"
     )
     return 0
+
+
+def _quiet(*args: object, **kwargs: object) -> None:
+    """print, on processes other than 0."""
+    del args, kwargs

@@ -3,9 +3,12 @@
 import argparse
 import dataclasses
 import datetime
+import os
 from pathlib import Path
 
 import numpy as np
+
+from .distributed._env import LAUNCH_STAMP, NUM_PROCESSES
 
 
 class UsageError(Exception):
@@ -42,17 +45,24 @@ class TrainArgs:
     checkpoint_every: int | None
     resume: bool
     log_every: int
+    distributed: bool = False
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> "TrainArgs":
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in vars(ns).items() if k in fields}
         values["run_dir"] = Path(ns.run_dir) if ns.run_dir else _new_run_dir()
+        values["distributed"] = values.get("distributed") or bool(
+            os.environ.get(NUM_PROCESSES)
+        )
         return cls(**values)
 
 
 def _new_run_dir() -> Path:
-    """runs/<date-time>, with a suffix if a run started in the same second."""
+    """runs/<date-time>, with a suffix if a run started in the same second;
+    under phalanx launch, the launch's time (the same in every process)."""
+    if LAUNCH_STAMP in os.environ:
+        return Path("runs") / os.environ[LAUNCH_STAMP]
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     path, n = Path("runs") / stamp, 1
     while path.exists():
@@ -182,16 +192,40 @@ def _children(folder: Path) -> list[Path]:
     return list(folder.iterdir()) if folder.is_dir() else []
 
 
-def select_devices(requested: int | None) -> tuple[list, bool]:
+def select_devices(
+    requested: int | None, distributed: bool = False
+) -> tuple[list, bool]:
     """Start JAX with the requested devices (faking CPU devices on a CPU host).
 
     If JAX has already started in this process (a notebook, a test), the
-    devices it has are used.
+    devices it has are used. A distributed run joins the other processes
+    first and trains on every process's devices (the launcher chose how many
+    each process fakes).
 
     Returns:
         The devices, and whether 8 fake CPU devices were chosen by default.
     """
     from ._devices import fake_cpu_devices
+
+    if distributed:
+        if requested is not None:
+            raise UsageError(
+                "--devices chooses one process's devices; in a multi-process run "
+                "every process's devices train (phalanx launch "
+                "--devices-per-process M sets how many each fakes)"
+            )
+        from . import distributed as dist
+
+        try:
+            dist.initialize()
+        except (ValueError, RuntimeError) as error:
+            raise UsageError(f"--distributed: {error}") from None
+        import jax
+        from jax.experimental import multihost_utils
+
+        # Every process has checked its arguments before any writes files.
+        multihost_utils.sync_global_devices("phalanx train: arguments checked")
+        return jax.devices(), False
 
     try:
         fake_cpu_devices(requested or 8)
@@ -230,7 +264,7 @@ def run_train(args: TrainArgs) -> int:
             "--resume continues a run; it cannot be combined with --overwrite"
         )
     check_run_dir(args.run_dir, args.overwrite, args.resume)
-    devices, defaulted = select_devices(args.devices)
+    devices, defaulted = select_devices(args.devices, args.distributed)
     check_batch_size(args.batch_size, len(devices), args.microbatches)
     from ._cli_run import train_and_report
 

@@ -10,6 +10,7 @@ within a bounded time instead of waiting on a collective that never ends.
 """
 
 import dataclasses
+import datetime
 import os
 import signal
 import socket
@@ -19,7 +20,7 @@ import threading
 import time
 from typing import IO
 
-from .distributed._env import COORDINATOR, NUM_PROCESSES, PROCESS_ID
+from .distributed._env import COORDINATOR, LAUNCH_STAMP, NUM_PROCESSES, PROCESS_ID
 
 
 # After a process fails (or a signal arrives), the others get SIGTERM, then
@@ -42,13 +43,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def rank_environment(args: LaunchArgs, rank: int, port: int) -> dict[str, str]:
+def rank_environment(
+    args: LaunchArgs, rank: int, port: int, stamp: str
+) -> dict[str, str]:
     """The environment of process `rank`."""
     env = dict(os.environ)
     env[COORDINATOR] = f"127.0.0.1:{port}"
     env[NUM_PROCESSES] = str(args.nproc)
     env[PROCESS_ID] = str(rank)
     env["PYTHONUNBUFFERED"] = "1"  # lines reach the launcher as printed
+    env[LAUNCH_STAMP] = stamp
     if args.devices_per_process is not None:
         m = args.devices_per_process
         # Only the CPU platform: on a host with accelerators JAX uses those.
@@ -64,13 +68,14 @@ class _Ranks:
     """The running processes and the threads that copy their output."""
 
     def __init__(self, args: LaunchArgs, port: int):
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.processes: list[subprocess.Popen[str]] = []
         self.copiers: list[threading.Thread] = []
         self._lock = threading.Lock()
         for rank in range(args.nproc):
             process = subprocess.Popen(
                 args.command,
-                env=rank_environment(args, rank, port),
+                env=rank_environment(args, rank, port, stamp),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,

@@ -447,7 +447,9 @@ class DataParallelTrainer(Generic[_Model]):
             if self._step % self.sync_every == 0:
                 self._sync(acc)
             if step_hooks:
-                info = self._info(metrics, examples=n)
+                # Every process's examples (the slices are equal but for the
+                # last batch of a pass, at most one example apart).
+                info = self._info(metrics, examples=n * jax.process_count())
                 for callback in step_hooks:
                     callback.on_step_end(info)
             if self._preempted is not None:

@@ -168,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
         "written at each epoch end, into RUN_DIR/checkpoints)",
     )
     add(
+        "--distributed",
+        action="store_true",
+        help="join a multi-process run (phalanx.distributed.initialize: the "
+        "environment phalanx launch sets, or the cluster's, e.g. SLURM); "
+        "implied under phalanx launch. --batch-size is then the global batch",
+    )
+    add(
         "--resume",
         action="store_true",
         help="continue the run in --run-dir from its newest checkpoint, exactly "

@@ -20,7 +20,8 @@ class StepInfo:
         trainer: the trainer that is running.
         step: optimizer updates made so far (counted on the host: no sync).
         epoch: the current epoch, from 0.
-        examples: at `on_step_end`, the examples in the step's batch.
+        examples: at `on_step_end`, the examples in the step's batch (all
+            processes').
         max_epochs: the epochs `fit` was asked for, if given.
         start_epoch: the epoch the run began at (kept across a resume), from
             which `max_epochs` count.

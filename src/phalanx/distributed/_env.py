@@ -8,3 +8,6 @@ them (set by ``phalanx launch``, or by hand: see the README).
 COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 NUM_PROCESSES = "JAX_NUM_PROCESSES"
 PROCESS_ID = "JAX_PROCESS_ID"
+# The launch's start time (YYYYmmdd-HHMMSS), the same in every process: names
+# a run folder every process agrees on.
+LAUNCH_STAMP = "PHALANX_LAUNCH_STAMP"
