@@ -13,6 +13,12 @@ STRATEGIES = {
     "sharding": lambda n: px.ShardingStrategy(n),
     "pmap": lambda n: px.PmapStrategy(n),
     "accumulating": lambda n: px.AccumulatingStrategy(px.ShardingStrategy(n), 2),
+    # The same, summing over devices in a fixed order: bitwise reproducible.
+    "sharding-deterministic": lambda n: px.ShardingStrategy(n, deterministic=True),
+    "pmap-deterministic": lambda n: px.PmapStrategy(n, deterministic=True),
+    "accumulating-deterministic": lambda n: px.AccumulatingStrategy(
+        px.PmapStrategy(n, deterministic=True), 2
+    ),
 }
 
 

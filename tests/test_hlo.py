@@ -65,6 +65,31 @@ def test_one_all_reduce_per_update(kind):
         assert looped, "accumulation should scan over microbatches"
 
 
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        lambda: px.ShardingStrategy(8, deterministic=True),
+        lambda: px.PmapStrategy(8, deterministic=True),
+        lambda: px.AccumulatingStrategy(px.PmapStrategy(8, deterministic=True), 4),
+    ],
+)
+def test_deterministic_reduction_gathers_once_per_update(strategy):
+    # All-gathers (one per reduced array) instead of the all-reduce, and none
+    # inside the accumulation loop.
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-2), strategy=strategy()
+    )
+    hlo = trainer.lower(make_data(64)).compile().as_text()
+    gathers = [
+        line for line in hlo.splitlines() if re.search(r"\ball-gather(-start)?\(", line)
+    ]
+    assert gathers and not all_reduces(hlo)
+    looped = in_loops(hlo)
+    for name, body in computations(hlo).items():
+        if name in looped:
+            assert "all-gather" not in body, f"all-gather inside loop body {name}"
+
+
 def test_loop_detection_sees_an_all_reduce_in_a_scan():
     # The checker itself must catch the trap: a global-view scan whose body
     # reduces across devices.

@@ -35,13 +35,19 @@ def launch(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
-def assert_ranks_hold(folder: pathlib.Path, expected: list[np.ndarray]) -> None:
-    """Each process's saved parameters equal `expected` (summation order aside)."""
+def assert_ranks_hold(
+    folder: pathlib.Path, expected: list[np.ndarray], atol: float = 1e-6
+) -> None:
+    """Each process's saved parameters equal `expected` to `atol` (1e-6:
+    summation order aside; 0: bitwise)."""
     for rank in (0, 1):
         saved = np.load(folder / f"rank{rank}.npz")
         got = [saved[f"arr_{i}"] for i in range(len(expected))]
         for a, b in zip(got, expected, strict=True):
-            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+            if atol:
+                np.testing.assert_allclose(a, b, rtol=0, atol=atol)
+            else:
+                np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.slow
@@ -49,7 +55,8 @@ def assert_ranks_hold(folder: pathlib.Path, expected: list[np.ndarray]) -> None:
 def test_two_processes_equal_one_process(tmp_path, name):
     done = launch(name, str(tmp_path))
     one = train(STRATEGIES[name](4))
-    assert_ranks_hold(tmp_path, parameters(one))
+    bitwise = name.endswith("deterministic")
+    assert_ranks_hold(tmp_path, parameters(one), atol=0 if bitwise else 1e-6)
     # Both processes report the same global history as the one process.
     reports = [line for line in done.stdout.splitlines() if " history " in line]
     assert sorted(line[:4] for line in reports) == ["[0] ", "[1] "]
@@ -141,3 +148,12 @@ def test_phalanx_train_under_launch(tmp_path):
         assert (folder / name).exists()
     steps = [row.split(",")[:2] for row in (folder / "metrics.csv").read_text().split()]
     assert [s for k, s in steps if k == "step"] == [str(s) for s in range(5, 47, 5)]
+
+
+@pytest.mark.parametrize("name", ["sharding", "pmap", "accumulating"])
+def test_deterministic_reduction_in_one_process(name):
+    # The same update as the all-reduce, to float rounding.
+    default = train(STRATEGIES[name](4))
+    fixed = train(STRATEGIES[f"{name}-deterministic"](4))
+    for a, b in zip(parameters(fixed), parameters(default), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)

@@ -33,6 +33,7 @@ class AccumulatingStrategy(Strategy):
     microbatches: int
     mesh: Mesh
     axis_name: str
+    deterministic: bool
 
     @validates_own_arguments
     def __init__(self, inner: Strategy, microbatches: int):
@@ -63,6 +64,7 @@ class AccumulatingStrategy(Strategy):
         self.microbatches = microbatches
         self.mesh = inner.mesh
         self.axis_name = inner.axis_name
+        self.deterministic = inner.deterministic
 
     @override
     def reduce(

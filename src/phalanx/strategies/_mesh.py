@@ -1,5 +1,6 @@
 """Building a 1-D device mesh and the per-device program both strategies share."""
 
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -70,8 +71,15 @@ def shard_map_reduce(
     replicated: PyTree,
     carry: PyTree,
     examples: PyTree,
+    *,
+    deterministic: bool = False,
 ) -> tuple[PyTree, PyTree]:
     """Run `fn` on each device's slice, then sum over devices once.
+
+    With `deterministic`, the one reduction is an all-gather of every
+    device's sums, added in device order on each device: the same bits for
+    the same devices' slices however the devices are spread over processes
+    (a psum's order depends on the collective's implementation).
 
     Each device differentiates its own slice's sum, and the global objective is
     the sum over devices. That is pmap's semantics, so the program runs with
@@ -85,7 +93,11 @@ def shard_map_reduce(
     def per_device(replicated, carry, examples):
         sums, carry = fn(replicated, carry, examples)
         # One all-reduce for everything: gradients, loss sums and model state.
-        sums, total = jax.lax.psum((sums, jax.tree.map(_to_summable, carry)), axis_name)
+        both = (sums, jax.tree.map(_to_summable, carry))
+        if deterministic:
+            sums, total = _sum_in_device_order(jax.lax.all_gather(both, axis_name))
+        else:
+            sums, total = jax.lax.psum(both, axis_name)
         carry = jax.tree.map(lambda t, c: _device_mean(t, c, mesh.size), total, carry)
         return sums, carry
 
@@ -96,6 +108,14 @@ def shard_map_reduce(
         out_specs=(P(), P()),
         check_vma=False,
     )(replicated, carry, examples)
+
+
+def _sum_in_device_order(gathered: PyTree) -> PyTree:
+    """Sum each leaf's leading (device) axis as ((d0 + d1) + d2) + ..."""
+    return jax.tree.map(
+        lambda g: functools.reduce(jnp.add, [g[i] for i in range(g.shape[0])]),
+        gathered,
+    )
 
 
 def shard_map_apply(

@@ -31,16 +31,25 @@ class PmapStrategy(Strategy):
     mesh: Mesh
     axis_name: str
     microbatches: int
+    deterministic: bool
 
     @validates_own_arguments
     def __init__(
         self,
         devices: Devices = None,
         axis_name: str = "data",
+        *,
+        deterministic: bool = False,
     ):
         """Args:
-        devices: None for all local devices, an int for the first n, or a
-            sequence of devices.
+        devices: None for all local devices (every process's in a
+            multi-process run), an int for the first n, or a sequence of
+            devices.
+        deterministic: sum the devices' gradients in a fixed order (an
+            all-gather, then additions in device order) instead of an
+            all-reduce: bitwise the same result however the devices are
+            spread over processes, for debugging and reproducibility; costs
+            memory and time in proportion to the device count.
         axis_name: the name collectives use for the device axis.
         """
         if not isinstance(axis_name, str) or not axis_name or axis_name == "batch":
@@ -51,6 +60,9 @@ class PmapStrategy(Strategy):
         self.axis_name = axis_name
         self.mesh = make_mesh(devices, axis_name)
         self.microbatches = 1
+        if not isinstance(deterministic, bool):
+            raise TypeError(f"deterministic={deterministic!r} must be True or False")
+        self.deterministic = deterministic
 
     @override
     def reduce(
@@ -63,7 +75,13 @@ class PmapStrategy(Strategy):
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:
         return shard_map_reduce(
-            self.mesh, self.axis_name, fn, replicated, carry, examples
+            self.mesh,
+            self.axis_name,
+            fn,
+            replicated,
+            carry,
+            examples,
+            deterministic=self.deterministic,
         )
 
     @override

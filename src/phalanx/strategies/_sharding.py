@@ -28,21 +28,33 @@ class ShardingStrategy(Strategy):
     mesh: Mesh
     axis_name: str
     microbatches: int
+    deterministic: bool
 
     @validates_own_arguments
-    def __init__(self, devices: Devices = None):
+    def __init__(self, devices: Devices = None, *, deterministic: bool = False):
         """Args:
-        devices: None for all local devices, an int for the first n, or a
-            sequence of devices.
+        devices: None for all local devices (every process's in a
+            multi-process run), an int for the first n, or a sequence of
+            devices.
+        deterministic: sum the devices' gradients in a fixed order (an
+            all-gather, then additions in device order) instead of an
+            all-reduce: bitwise the same result however the devices are
+            spread over processes, for debugging and reproducibility; costs
+            memory and time in proportion to the device count.
         """
         self.axis_name = "data"
         self.mesh = make_mesh(devices, self.axis_name)
         self.microbatches = 1
+        if not isinstance(deterministic, bool):
+            raise TypeError(f"deterministic={deterministic!r} must be True or False")
+        self.deterministic = deterministic
 
     @override
     def reduce(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:
+        if self.deterministic:  # explicit per-device sums, added in order
+            return self.reduce_per_device(fn, replicated, carry, examples)
         return fn(replicated, carry, examples)
 
     @override
@@ -50,7 +62,13 @@ class ShardingStrategy(Strategy):
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:
         return shard_map_reduce(
-            self.mesh, self.axis_name, fn, replicated, carry, examples
+            self.mesh,
+            self.axis_name,
+            fn,
+            replicated,
+            carry,
+            examples,
+            deterministic=self.deterministic,
         )
 
     @override

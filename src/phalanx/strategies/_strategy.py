@@ -33,6 +33,8 @@ class Strategy(eqx.Module):
     mesh: eqx.AbstractVar[Mesh]
     axis_name: eqx.AbstractVar[str]
     microbatches: eqx.AbstractVar[int]
+    # Whether the one cross-device reduction adds in a fixed device order.
+    deterministic: eqx.AbstractVar[bool]
 
     @property
     def num_devices(self) -> int:
