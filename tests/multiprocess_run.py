@@ -22,6 +22,11 @@ STRATEGIES = {
 }
 
 
+# Rows to predict: process 0 passes the first 5, process 1 the other 7.
+PREDICT = np.random.default_rng(2).standard_normal((12, 20)).astype(np.float32)
+SPLIT = 5
+
+
 def train(
     strategy: px.Strategy, callbacks=(), *, steps: int = 20, resume=None
 ) -> px.DataParallelTrainer:
@@ -64,4 +69,10 @@ if __name__ == "__main__":
         resume = "latest" if mode == "resume" else None
     trainer = train(STRATEGIES[name](None), callbacks, steps=steps, resume=resume)
     np.savez(f"{out}/rank{jax.process_index()}.npz", *parameters(trainer))
+    mine = PREDICT[:SPLIT] if jax.process_index() == 0 else PREDICT[SPLIT:]
+    np.savez(
+        f"{out}/predict{jax.process_index()}.npz",
+        whole=trainer.predict(mine),
+        chunked=trainer.predict(mine, batch_size=3),
+    )
     print("history", trainer.history[-1])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import phalanx as px
-from multiprocess_run import STRATEGIES, parameters, train
+from multiprocess_run import PREDICT, STRATEGIES, parameters, train
 
 
 RUN = pathlib.Path(__file__).with_name("multiprocess_run.py")
@@ -57,6 +57,12 @@ def test_two_processes_equal_one_process(tmp_path, name):
     one = train(STRATEGIES[name](4))
     bitwise = name.endswith("deterministic")
     assert_ranks_hold(tmp_path, parameters(one), atol=0 if bitwise else 1e-6)
+    # predict: each process passes its rows, each gets everyone's outputs.
+    expected = np.asarray(one.predict(PREDICT))
+    for rank in (0, 1):
+        predicted = np.load(tmp_path / f"predict{rank}.npz")
+        for key in ("whole", "chunked"):
+            np.testing.assert_allclose(predicted[key], expected, rtol=0, atol=1e-5)
     # Both processes report the same global history as the one process.
     reports = [line for line in done.stdout.splitlines() if " history " in line]
     assert sorted(line[:4] for line in reports) == ["[0] ", "[1] "]

@@ -24,6 +24,7 @@ from ._compiled import CompiledSteps
 from ._config import check_config, check_duration, check_iterable
 from ._forward import takes_key
 from ._history import History
+from ._processes import predict_across_processes
 from ._run import Preempted, RunPlan, find_checkpoint, preemption
 from ._state import TrainState
 from ._typing import (
@@ -386,7 +387,9 @@ class DataParallelTrainer(Generic[_Model]):
 
         Rows are split across devices; any number works (padding is added
         and removed). With `batch_size`, rows go through in chunks of that
-        size (one compilation for all chunks).
+        size (one compilation for all chunks). In a multi-process run each
+        process passes its own rows (any number) and every process gets the
+        outputs for all of them, in process order.
         """
         leaves, treedef = flatten_batch(x, "x")
         n = num_examples(leaves, treedef, "x")
@@ -396,6 +399,15 @@ class DataParallelTrainer(Generic[_Model]):
                 f"batch_size={batch_size!r} must be a positive int or None"
             )
         step = self._steps.predict(treedef, leaves, self._leaves)
+        if jax.process_count() > 1:  # each process's rows; the global result
+            return predict_across_processes(
+                lambda part, size: step(
+                    self._leaves, self.strategy.shard(pad(part, size))
+                ),
+                leaves,
+                batch_size,
+                lambda rows: self._batches.step_size(rows, None),
+            )
         size = self._batches.step_size(min(chunk, n), None)
         outputs = []
         for start in range(0, n, chunk):
