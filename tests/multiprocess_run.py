@@ -69,6 +69,7 @@ if __name__ == "__main__":
         resume = "latest" if mode == "resume" else None
     trainer = train(STRATEGIES[name](None), callbacks, steps=steps, resume=resume)
     np.savez(f"{out}/rank{jax.process_index()}.npz", *parameters(trainer))
+    px.save_model(f"{out}/model.npz", trainer.model)
     mine = PREDICT[:SPLIT] if jax.process_index() == 0 else PREDICT[SPLIT:]
     np.savez(
         f"{out}/predict{jax.process_index()}.npz",

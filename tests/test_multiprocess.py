@@ -3,9 +3,13 @@
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
+import equinox as eqx
+import jax
 import numpy as np
 import pytest
 
@@ -57,6 +61,13 @@ def test_two_processes_equal_one_process(tmp_path, name):
     one = train(STRATEGIES[name](4))
     bitwise = name.endswith("deterministic")
     assert_ranks_hold(tmp_path, parameters(one), atol=0 if bitwise else 1e-6)
+    # save_model (by process 0) holds the trained model.
+    model = px.load_model(tmp_path / "model.npz", like=one.model)
+    saved = [
+        np.asarray(leaf) for leaf in jax.tree.leaves(eqx.filter(model, eqx.is_array))
+    ]
+    for a, b in zip(saved, parameters(one), strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
     # predict: each process passes its rows, each gets everyone's outputs.
     expected = np.asarray(one.predict(PREDICT))
     for rank in (0, 1):
@@ -163,3 +174,30 @@ def test_deterministic_reduction_in_one_process(name):
     fixed = train(STRATEGIES[f"{name}-deterministic"](4))
     for a, b in zip(parameters(fixed), parameters(default), strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_training_stops_the_run():
+    script = """
+import os, signal
+import jax, numpy as np, optax
+import phalanx as px
+px.distributed.initialize()
+
+class Die(px.Callback):
+    def on_step_end(self, info):
+        if info.step == 5 and jax.process_index() == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+x, y = np.ones((32, 4), np.float32), np.zeros(32, np.int32)
+model = px.models.MLP(4, 2, hidden=(8,), key=jax.random.key(0))
+trainer = px.DataParallelTrainer(model, optax.sgd(0.1), callbacks=[Die()], sync_every=1)
+trainer.fit([(x, y)], steps=10_000)
+"""
+    start = time.monotonic()
+    done = launch("-c", script, ok=False)
+    assert time.monotonic() - start < 60
+    assert done.returncode == 128 + signal.SIGKILL
+    assert "rank 1 was killed by SIGKILL; the other processes were stopped" in (
+        done.stderr
+    )

@@ -12,7 +12,7 @@ import os
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
@@ -32,7 +32,8 @@ def save_model(path: str | os.PathLike[str], model: eqx.Module) -> None:
 
     Args:
         path: the file to write (conventionally ``*.npz``); its folder must
-            exist. An existing file is replaced atomically.
+            exist. An existing file is replaced atomically. In a
+            multi-process run only process 0 writes it.
         model: any Equinox model, e.g. ``trainer.model``.
 
     Raises:
@@ -59,7 +60,9 @@ def save_model(path: str | os.PathLike[str], model: eqx.Module) -> None:
                 f"model{entry[0]} is a PRNG key array, which save_model does "
                 "not store; keep keys out of the model or save them separately"
             )
-        arrays[f"leaf_{index}"] = np.asarray(jax.device_get(leaf))
+        arrays[f"leaf_{index}"] = _host_copy(leaf)
+    if jax.process_index() != 0:
+        return  # in a multi-process run the file is written once, by process 0
     header = json.dumps(
         {"format": _FORMAT, "model": type(model).__name__, "leaves": spec}
     )
@@ -127,3 +130,16 @@ def load_model(path: str | os.PathLike[str], *, like: _Model) -> _Model:
     )
     arrays = iter(jax.numpy.asarray(array) for array in stored)
     return jax.tree.map(lambda leaf: next(arrays) if eqx.is_array(leaf) else leaf, like)
+
+
+def _host_copy(leaf: Any) -> np.ndarray:
+    """A leaf's value on the host; a replicated array spanning several
+    processes is read from this process's own copy."""
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        if not leaf.is_fully_replicated:
+            raise ValueError(
+                "save_model needs the model replicated on every device; pass "
+                "trainer.model"
+            )
+        return np.asarray(leaf.addressable_shards[0].data)
+    return np.asarray(jax.device_get(leaf))
