@@ -38,6 +38,9 @@ OPTIONS = (
     "--run-dir",
     "--overwrite",
     "--log-every",
+    "--checkpoint-every",
+    "--resume",
+    "--distributed",
 )
 RUN_FILES = [
     "checkpoints",
