@@ -2,6 +2,7 @@
 processes on 127.0.0.1 (gloo collectives between processes)."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -82,6 +83,38 @@ def test_a_dead_rank_stops_the_others():
         "rank 1 was killed by SIGKILL; the other processes were stopped" in done.stderr
     )
     assert lines_of(done.stdout, 0) == lines_of(done.stdout, 2) == ["waiting"]
+
+
+def test_signals_reach_every_rank():
+    script = """
+import os, signal, sys, time
+def stop(signum, frame):
+    print("rank", os.environ["JAX_PROCESS_ID"], "got", signum, flush=True)
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(600)
+"""
+    command = [sys.executable, "-m", "phalanx", "launch", "--nproc", "2", "--"]
+    launcher = subprocess.Popen(
+        [*command, sys.executable, "-c", script],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert launcher.stdout is not None
+    ready = 0
+    while ready < 2:
+        ready += "ready" in launcher.stdout.readline()
+    launcher.send_signal(signal.SIGTERM)
+    out, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 143, out + err
+    assert sorted(lines_of(out, 0) + lines_of(out, 1)) == [
+        "rank 0 got 15",
+        "rank 1 got 15",
+    ]
+    assert "stopping" not in err and "were stopped" not in err  # expected exits
 
 
 def test_a_failing_rank_gives_its_exit_code():
