@@ -60,7 +60,6 @@ def rank_environment(
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={m}"
         # NOTES-jax-cpu trap 1: XLA:CPU collectives need 2 threads per device.
         env.setdefault("NPROC", str(2 * m))
-        env["PHALANX_CPU_DEVICES"] = str(m)
     return env
 
 
@@ -149,19 +148,26 @@ def run_launch(args: LaunchArgs, *, grace: float = GRACE_SECONDS) -> int:
         code (128 + signal number for a process killed by a signal).
     """
     port = args.port or free_port()
-    ranks = _Ranks(args, port)
     received: list[int] = []
+    started: list[_Ranks] = []
 
     def forward(signum: int, frame: object) -> None:
         del frame
         received.append(signum)
-        ranks.signal(signum)
+        for ranks in started:
+            ranks.signal(signum)
 
+    # Installed first: a signal while the processes start is not lost (they
+    # run in their own sessions, so it would not reach them otherwise).
     previous = {
         signum: signal.signal(signum, forward)
         for signum in (signal.SIGINT, signal.SIGTERM)
     }
     try:
+        ranks = _Ranks(args, port)
+        started.append(ranks)
+        if received:
+            ranks.signal(received[-1])
         failure = None
         while failure is None and ranks.running():
             failure = ranks.first_failure()
