@@ -1,5 +1,6 @@
-"""What the processes of a multi-process run must agree on, checked before
-the step's collectives (which would otherwise hang or fail obscurely)."""
+"""Host-side work that every process of a multi-process run does together:
+checking that their batch slices agree (before the step's collectives, which
+would otherwise hang or fail obscurely), and gathering predictions."""
 
 from collections.abc import Callable
 from typing import Any
