@@ -204,3 +204,34 @@ def test_initialize_errors():
     assert "needs coordinator_address (or JAX_COORDINATOR_ADDRESS), process_id" in (
         partial.stderr
     )
+
+
+def test_train_distributed_without_a_run(tmp_path):
+    # --distributed with nothing to join trains here, and says so.
+    command = [sys.executable, "-m", "phalanx", "train", "--distributed"]
+    done = subprocess.run(
+        [*command, "--epochs", "1", "--run-dir", "run"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [
+        "phalanx: --distributed, but no multi-process run was found "
+        "(JAX_COORDINATOR_ADDRESS unset, no cluster detected); training in this "
+        "process only"
+    ]
+    assert "on 1 cpu device(s)" in done.stdout.splitlines()[0]
+    refused = subprocess.run(
+        [*command, "--devices", "2", "--run-dir", "other"],
+        cwd=tmp_path,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "--devices chooses" in refused.stderr
+    assert not (tmp_path / "other").exists()

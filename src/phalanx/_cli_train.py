@@ -4,11 +4,12 @@ import argparse
 import dataclasses
 import datetime
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from .distributed._env import LAUNCH_STAMP, NUM_PROCESSES
+from .distributed._env import COORDINATOR, LAUNCH_STAMP, NUM_PROCESSES
 
 
 class UsageError(Exception):
@@ -223,6 +224,13 @@ def select_devices(
         import jax
         from jax.experimental import multihost_utils
 
+        if jax.process_count() == 1 and not os.environ.get(NUM_PROCESSES):
+            print(
+                "phalanx: --distributed, but no multi-process run was found "
+                f"({COORDINATOR} unset, no cluster detected); training in this "
+                "process only",
+                file=sys.stderr,
+            )
         # Every process has checked its arguments before any writes files.
         multihost_utils.sync_global_devices("phalanx train: arguments checked")
         return jax.devices(), False
