@@ -45,6 +45,8 @@ class BatchPipeline:
         on_spec: Callable[[BatchSpec, list[Leaf]], None],
     ):
         self.strategy = strategy
+        # This process's slice of a step is padded to a multiple of this.
+        self._multiple = strategy.process_batch_multiple
         self.split = split
         self.value_checks = value_checks
         self.class_labels = class_labels
@@ -56,7 +58,7 @@ class BatchPipeline:
 
     def step_size(self, n: int, first: int | None) -> int:
         """Examples in the padded step: the pass's first size, or n if larger."""
-        multiple = self.strategy.process_batch_multiple
+        multiple = self._multiple
         return math.ceil(max(n, first or 0) / multiple) * multiple
 
     def check(

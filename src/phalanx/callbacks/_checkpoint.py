@@ -175,8 +175,9 @@ class Checkpoint(Callback):
         )
         # Orbax's writer threads (those started since the manager was made)
         # yield the cores to training; threads they start inherit it.
-        lower_priority(thread_ids() - self._threads)
-        self._threads |= thread_ids()
+        threads = thread_ids()
+        lower_priority(threads - self._threads)
+        self._threads = threads
         if wait:
             manager.wait_until_finished()
         return path

@@ -51,6 +51,13 @@ def make_mesh(devices: Devices, axis_name: str) -> Mesh:
     return Mesh(np.array(chosen), (axis_name,), axis_types=(AxisType.Auto,))
 
 
+def check_deterministic(deterministic: object) -> bool:
+    """The `deterministic` argument of a strategy, checked."""
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic={deterministic!r} must be True or False")
+    return deterministic
+
+
 def _to_summable(x: jax.Array) -> jax.Array:
     return x.astype(jnp.int32) if x.dtype == jnp.bool_ else x
 

@@ -5,7 +5,7 @@ from jaxtyping import PyTree
 from typing_extensions import override
 
 from .._typing import Devices, validates_own_arguments
-from ._mesh import make_mesh, shard_map_apply, shard_map_reduce
+from ._mesh import check_deterministic, make_mesh, shard_map_apply, shard_map_reduce
 from ._strategy import LocalFn, MapFn, Strategy
 
 
@@ -45,12 +45,12 @@ class PmapStrategy(Strategy):
         devices: None for all local devices (every process's in a
             multi-process run), an int for the first n, or a sequence of
             devices.
+        axis_name: the name collectives use for the device axis.
         deterministic: sum the devices' gradients in a fixed order (an
             all-gather, then additions in device order) instead of an
             all-reduce: bitwise the same result however the devices are
             spread over processes, for debugging and reproducibility; costs
             memory and time in proportion to the device count.
-        axis_name: the name collectives use for the device axis.
         """
         if not isinstance(axis_name, str) or not axis_name or axis_name == "batch":
             raise ValueError(
@@ -60,9 +60,7 @@ class PmapStrategy(Strategy):
         self.axis_name = axis_name
         self.mesh = make_mesh(devices, axis_name)
         self.microbatches = 1
-        if not isinstance(deterministic, bool):
-            raise TypeError(f"deterministic={deterministic!r} must be True or False")
-        self.deterministic = deterministic
+        self.deterministic = check_deterministic(deterministic)
 
     @override
     def reduce(

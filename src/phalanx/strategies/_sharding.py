@@ -5,7 +5,7 @@ from jaxtyping import PyTree
 from typing_extensions import override
 
 from .._typing import Devices, validates_own_arguments
-from ._mesh import make_mesh, shard_map_reduce
+from ._mesh import check_deterministic, make_mesh, shard_map_reduce
 from ._strategy import LocalFn, MapFn, Strategy
 
 
@@ -45,9 +45,7 @@ class ShardingStrategy(Strategy):
         self.axis_name = "data"
         self.mesh = make_mesh(devices, self.axis_name)
         self.microbatches = 1
-        if not isinstance(deterministic, bool):
-            raise TypeError(f"deterministic={deterministic!r} must be True or False")
-        self.deterministic = deterministic
+        self.deterministic = check_deterministic(deterministic)
 
     @override
     def reduce(
