@@ -95,3 +95,9 @@ def read_event_scalars(logdir) -> dict[str, list[tuple[int, float]]]:
                 )
         assert offset == len(data), f"{path} ends inside a record"
     return scalars
+
+
+def is_gloo_note(line: str) -> bool:
+    """gloo's "[Gloo] Rank r is connected to n peer ranks..." note, which its
+    C++ side sometimes writes in two pieces (so one line lacks "[Gloo]")."""
+    return "[Gloo]" in line or "peer ranks" in line

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from helpers import is_gloo_note
 from phalanx._launch import free_port
 
 
@@ -35,7 +36,7 @@ def lines_of(output: str, rank: int) -> list[str]:
     return [
         line[len(prefix) :]
         for line in output.splitlines()
-        if line.startswith(prefix) and not line.startswith(f"{prefix}[Gloo]")
+        if line.startswith(prefix) and not is_gloo_note(line)
     ]
 
 
@@ -208,15 +209,17 @@ def test_initialize_errors():
 
 def test_train_distributed_without_a_run(tmp_path):
     # --distributed with nothing to join trains here, and says so.
-    command = [sys.executable, "-m", "phalanx", "train", "--distributed"]
-    done = subprocess.run(
-        [*command, "--epochs", "1", "--run-dir", "run"],
-        cwd=tmp_path,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    def train(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "phalanx", "train", "--distributed", *args],
+            cwd=tmp_path,
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    done = train("--epochs", "1", "--run-dir", "run")
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == [
         "phalanx: --distributed, but no multi-process run was found "
@@ -224,14 +227,7 @@ def test_train_distributed_without_a_run(tmp_path):
         "process only"
     ]
     assert "on 1 cpu device(s)" in done.stdout.splitlines()[0]
-    refused = subprocess.run(
-        [*command, "--devices", "2", "--run-dir", "other"],
-        cwd=tmp_path,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    refused = train("--devices", "2", "--run-dir", "other")
     assert refused.returncode == 2
     assert refused.stderr.count("\n") == 1 and "--devices chooses" in refused.stderr
     assert not (tmp_path / "other").exists()

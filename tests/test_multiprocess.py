@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import phalanx as px
+from helpers import is_gloo_note
 from multiprocess_run import PREDICT, STRATEGIES, parameters, train
 
 
@@ -165,7 +166,7 @@ def test_phalanx_train_under_launch(tmp_path):
     final = one.stdout.splitlines()[-1].replace(
         "logs in one", f"logs in runs/{folder.name}"
     )
-    lines = [line for line in two.stdout.splitlines() if "[Gloo]" not in line]
+    lines = [line for line in two.stdout.splitlines() if not is_gloo_note(line)]
     assert lines[-1] == f"[0] {final}"
     assert all(line.startswith("[0] ") for line in lines)  # process 1 is silent
     assert sum("  step " in line for line in lines) == 46 // 5
