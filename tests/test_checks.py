@@ -3,12 +3,16 @@ its value and the fix, before any device work, and leaves the state as it was.""
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from typing_extensions import override
 
 import phalanx as px
 from helpers import CLASSES, IN, make_data, make_model, max_abs_diff, params_of
+from phalanx import _batching
+from phalanx._checks import BatchSpec
 
 
 def snapshot(trainer):
@@ -39,12 +43,17 @@ def bad_batches():
         "wrong feature size": (
             [(np.ones((16, IN + 2), np.float32), y)],
             ValueError,
-            [f"({IN},)", f"x.shape=({IN + 2},)", f"in_size={IN + 2}"],
+            [
+                f"({IN},)",
+                f"x.shape=({IN + 2},)",
+                "x.reshape(16, -1)",
+                f"in_size={IN + 2}",
+            ],
         ),
         "wrong rank": (
             [(np.ones((16, IN, 1), np.float32), y)],
             TypeError,
-            ["data", "float32[5, 1]", "fix the batch or the model"],
+            ["data", "float32[5, 1]", f"shape ({IN},)", f"x.reshape(16, {IN})"],
         ),
         "float labels for cross-entropy": (
             [(x, y.astype(np.float32))],
@@ -54,7 +63,12 @@ def bad_batches():
         "leaves disagree on the examples axis": (
             [(x, y[:15])],
             ValueError,
-            ["leading (examples) axis", "16", "15"],
+            [
+                "leading (examples) axis",
+                "batch[0] has 16, batch[1] has 15",
+                "give every leaf the same number of examples",
+                "x[i:j], y[i:j]",
+            ],
         ),
         "labels out of range": (
             [(x, np.where(y == 0, CLASSES, y).astype(np.int32))],
@@ -116,6 +130,115 @@ def test_bad_batch_mid_epoch_keeps_the_good_steps():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_host_structure_checks_run_once_per_signature(monkeypatch):
+    # Structure and shape checks are cached by the batch's shape/dtype
+    # signature; value checks run on every batch.
+    counts = {"examples axis": 0, "against the spec": 0, "values": 0}
+
+    def counting(name, fn):
+        def counted(*args):
+            counts[name] += 1
+            return fn(*args)
+
+        return counted
+
+    monkeypatch.setattr(
+        _batching, "num_examples", counting("examples axis", _batching.num_examples)
+    )
+    monkeypatch.setattr(
+        BatchSpec, "check", counting("against the spec", BatchSpec.check)
+    )
+    monkeypatch.setattr(
+        _batching, "check_finite", counting("values", _batching.check_finite)
+    )
+    x, y = make_data(40)
+    data = [(x[:16], y[:16]), (x[16:32], y[16:32]), (x[32:], y[32:])]
+    trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
+    trainer.fit(data, epochs=2)
+    trainer.evaluate(data)
+    # Two signatures (16 and 8 rows): the first fixes the spec, the second is
+    # checked against it; nine batches get their values checked.
+    assert counts == {"examples axis": 2, "against the spec": 1, "values": 9}
+    trainer.fit([(x[:4], y[:4])] * 2, epochs=1)  # a new signature: once more
+    assert counts == {"examples axis": 3, "against the spec": 2, "values": 11}
+
+
+def test_bad_batch_is_refused_before_device_work(trainer, monkeypatch):
+    x, y = make_data(16)
+    # A bad first batch is checked against the model abstractly: nothing is
+    # placed on devices or compiled.
+    with jax.transfer_guard_host_to_device("disallow_explicit"):
+        with pytest.raises(TypeError, match=r"x\.reshape\(16, 5\)"):
+            trainer.fit([(x[:, :, None], y)], epochs=1)
+    assert trainer._steps.train is None
+    trainer.fit([(x, y)], epochs=1)
+    before = snapshot(trainer)
+
+    def step_ran(*args):
+        raise AssertionError("the compiled step ran on a bad batch")
+
+    monkeypatch.setattr(trainer._steps, "train", step_ran)
+    nan_x = x.copy()
+    nan_x[3, 1] = np.nan
+    bad = [((x, x), y), (x.astype(np.float64), y), (x, y[:15]), (x, y + CLASSES)]
+    with jax.transfer_guard_host_to_device("disallow_explicit"):
+        for batch in [*bad, (nan_x, y)]:
+            with pytest.raises((TypeError, ValueError), match=r"^data: batch 0 of"):
+                trainer.fit([batch], epochs=1)
+        # The guard does see batches being placed: it stops a good one.
+        with pytest.raises(Exception, match="Disallowed host-to-device transfer"):
+            trainer.fit([(x, y)], epochs=1)
+    assert_unchanged(trainer, before)
+
+
+class ListGradients(px.DataParallelTrainer):
+    @override
+    def gradients(self, grads, state):
+        return jax.tree.leaves(grads)
+
+
+class HalfPrecisionGradients(px.DataParallelTrainer):
+    @override
+    def gradients(self, grads, state):
+        return eqx.tree_at(
+            lambda g: g.layers[0].weight,
+            grads,
+            replace_fn=lambda w: w.astype(jnp.bfloat16),
+        )
+
+
+@pytest.mark.parametrize(
+    "cls, phrases",
+    [
+        (
+            ListGradients,
+            [
+                "gradients: the hook returned a tree of structure PyTreeDef([*,",
+                "one gradient per parameter",
+                "jax.tree.map(fn, grads)",
+            ],
+        ),
+        (
+            HalfPrecisionGradients,
+            [
+                "gradients: the gradient of model.layers[0].weight is bfloat16",
+                "the parameter is float32",
+                "g.astype(jnp.float32)",
+            ],
+        ),
+    ],
+)
+def test_gradients_must_match_the_parameters_tree_and_dtypes(cls, phrases):
+    trainer = cls(make_model(), optax.sgd(1.0), strategy=px.PmapStrategy(8))
+    before = snapshot(trainer)
+    with pytest.raises(TypeError) as info:
+        trainer.fit([make_data(16)], steps=1)
+    for phrase in phrases:
+        assert phrase in str(info.value), str(info.value)
+    assert_unchanged(trainer, before)
+    assert len(trainer.history) == 0
+
+
 def test_checks_off_skips_value_checks():
     x, y = make_data(16)
     x[0, 0] = np.nan
@@ -124,6 +247,30 @@ def test_checks_off_skips_value_checks():
     )
     trainer.fit([(x, y)], epochs=1)  # no host check: the NaN reaches the model
     assert np.isnan(trainer.history[0]["loss"])
+    out_of_range = np.where(y == 0, CLASSES, y).astype(np.int32)
+    trainer.fit([(x[1:], out_of_range[1:])], epochs=1)  # labels are not checked
+    assert len(trainer.history) == 2
+
+
+@pytest.mark.parametrize("checks", ["on", "off"])
+def test_traced_batch_check_is_in_the_step_only_when_on(monkeypatch, checks):
+    traced = []
+    build = BatchSpec.traced_check
+
+    def recording(spec):
+        check = build(spec)
+
+        def recorded(leaves, weight):
+            traced.append(tuple(leaf.shape for leaf in leaves))
+            return check(leaves, weight)
+
+        return recorded
+
+    monkeypatch.setattr(BatchSpec, "traced_check", recording)
+    trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2), checks=checks)
+    trainer.fit([make_data(16)], epochs=1)
+    # Traced (abstractly, then for the train step), never run per step.
+    assert len(traced) == (2 if checks == "on" else 0)
 
 
 @pytest.mark.parametrize(
@@ -245,10 +392,7 @@ def test_loss_must_return_one_value_per_example():
 def test_traced_batch_check_uses_jaxtyping_and_beartype():
     # Inside the compiled step the batch is checked against the spec at trace
     # time: every leaf's per-example shape and dtype, one shared batch axis.
-    import jax.numpy as jnp
     import jaxtyping
-
-    from phalanx._checks import BatchSpec
 
     x, y = make_data(16)
     leaves, treedef = jax.tree.flatten((x, y))

@@ -6,6 +6,7 @@ import inspect
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -21,12 +22,19 @@ def test_py_typed_is_shipped():
 
 
 def test_public_signatures_carry_shapes():
-    annotation = str(
-        inspect.signature(px.models.MLP.__call__).parameters["x"].annotation
-    )
-    assert "Float" in annotation and "in" in annotation
+    for model in (px.models.MLP, px.models.Linear):
+        call = inspect.signature(model.__call__)
+        x, out = call.parameters["x"].annotation, call.return_annotation
+        assert x.__name__.startswith("Float[") and x.dim_str == "in"
+        assert out.__name__.startswith("Float[") and out.dim_str == "out"
     loss = str(inspect.signature(px.DataParallelTrainer.loss).return_annotation)
     assert "batch" in loss
+    # predict: a pytree of NumPy or jax arrays sharing their leading rows, and
+    # outputs with those rows.
+    predict = inspect.signature(px.DataParallelTrainer.predict)
+    leaves = typing.get_args(predict.parameters["x"].annotation.leaftype)
+    assert [leaf.dim_str for leaf in leaves] == ["rows ...", "rows ..."]
+    assert predict.return_annotation.leaftype.dim_str == "rows ..."
 
 
 def pyright(*args: str) -> str:

@@ -7,6 +7,7 @@ step run at trace time only, so they cost nothing in steady state.
 """
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -86,11 +87,12 @@ def num_examples(leaves: Sequence[Leaf], treedef: Any, where: str) -> int:
                 f"data: {where} leaf {name} is a scalar; every leaf needs a "
                 "leading examples axis, e.g. y of shape (batch,)"
             )
-    sizes = {name: leaf.shape[0] for name, leaf in zip(names, leaves, strict=True)}
-    if len(set(sizes.values())) > 1:
+    sizes = [f"{n} has {leaf.shape[0]}" for n, leaf in zip(names, leaves, strict=True)]
+    if len({leaf.shape[0] for leaf in leaves}) > 1:
         raise ValueError(
             f"data: {where} leaves disagree on the leading (examples) axis: "
-            f"{sizes}; every leaf must hold the same number of examples"
+            f"{', '.join(sizes)}; give every leaf the same number of examples, "
+            "slicing them together (e.g. x[i:j], y[i:j], one row of each per example)"
         )
     n = leaves[0].shape[0]
     if n == 0:
@@ -107,6 +109,8 @@ class BatchSpec:
     treedef: Any
     shapes: tuple[tuple[int, ...], ...]  # per example, without the leading axis
     dtypes: tuple[np.dtype, ...]
+    # The first batch's number of examples, for the fixes that messages suggest.
+    examples: int = dataclasses.field(default=0, compare=False)
 
     @classmethod
     def of(cls, leaves: Sequence[Leaf], treedef: Any) -> "BatchSpec":
@@ -114,6 +118,7 @@ class BatchSpec:
             treedef,
             tuple(leaf.shape[1:] for leaf in leaves),
             tuple(leaf.dtype for leaf in leaves),
+            leaves[0].shape[0],
         )
 
     def describe(self) -> str:
@@ -149,6 +154,32 @@ class BatchSpec:
                     f"data: {where} leaf {name} has dtype {leaf.dtype} but the first "
                     f"batch had {dtype}; cast it, e.g. {name}.astype(np.{dtype})"
                 )
+
+    def input_fix(self, model: Any) -> str:
+        """How to make the inputs x fit a model that declares its `in_size`
+        (phalanx's and Equinox's Linear and MLP); generic for other models."""
+        in_size = getattr(model, "in_size", None)
+        expected = None
+        if isinstance(in_size, int):
+            expected = (in_size,)
+        elif isinstance(in_size, str) and in_size == "scalar":
+            expected = ()
+        shape = self.shapes[0]
+        if expected is None or _path_names(self.treedef)[0] != "batch[0]":
+            return "fix the batch or the model"
+        if shape == expected:
+            return f"x has the model's example shape {shape}: fix the targets or loss"
+        n, size = self.examples, math.prod(expected)
+        fix = (
+            f"the model takes examples of shape {expected}, but x holds "
+            f"{len(shape)}-d examples of shape {shape}; "
+        )
+        if math.prod(shape) == size:
+            return fix + f"reshape them, e.g. x.reshape{(n, *expected)}"
+        return fix + (
+            f"give each example {size} values, or flatten them with "
+            f"x.reshape({n}, -1) and build the model with in_size={math.prod(shape)}"
+        )
 
     def traced_check(self) -> Callable[[tuple[Array, ...], Array], None]:
         """A jaxtyping + beartype check of a device batch, for use under jit.
@@ -218,20 +249,25 @@ def check_gradients(grads: PyTree, params: PyTree) -> None:
     """Raise at trace time if gradients do not match the parameters leaf by leaf."""
     grad_leaves, grad_def = jax.tree.flatten(grads)
     param_leaves, param_def = jax.tree_util.tree_flatten_with_path(params)
-    if grad_def != jax.tree.structure(params):
+    if grad_def != param_def:
         raise TypeError(
-            f"gradients have structure {grad_def} but the parameters have "
-            f"{jax.tree.structure(params)}; return one gradient per parameter "
-            "(e.g. jax.tree.map over the gradient tree)"
+            f"gradients: the hook returned a tree of structure {grad_def} but the "
+            f"parameters have {param_def}; return one gradient per parameter, in "
+            "the parameters' tree (e.g. jax.tree.map(fn, grads))"
         )
     for g, (path, p) in zip(grad_leaves, param_leaves, strict=True):
         if g.shape != p.shape or g.dtype != p.dtype:
-            raise TypeError(
-                f"gradient of model{jax.tree_util.keystr(path)} is {g.dtype}"
-                f"{list(g.shape)} but the parameter is {p.dtype}{list(p.shape)}; "
-                "gradients must keep each parameter's shape and dtype"
+            name = "model" + jax.tree_util.keystr(path)
+            fix = (
+                f"cast it back, e.g. g.astype(jnp.{p.dtype})"
+                if g.shape == p.shape
+                else f"keep the shape {tuple(p.shape)}, e.g. transform elementwise"
             )
-    del param_def
+            raise TypeError(
+                f"gradients: the gradient of {name} is {g.dtype}{list(g.shape)} but "
+                f"the parameter is {p.dtype}{list(p.shape)}; gradients must keep "
+                f"each parameter's shape and dtype: {fix}"
+            )
 
 
 def check_per_example(losses: Array, weight: Array, hook: str) -> None:

@@ -76,7 +76,7 @@ class CompiledSteps:
             kind = TypeError if isinstance(error, TypeError) else ValueError
             raise kind(
                 f"data: the first batch {spec.describe()} does not fit the model and "
-                f"loss; fix the batch or the model. The error was: {error}"
+                f"loss; {spec.input_fix(self.trainer.model)}. The error was: {error}"
                 + _hint(error)
             ) from error
         self.metric_names = tuple(k for k in sums if k not in ("loss", "weight"))

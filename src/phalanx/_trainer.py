@@ -382,7 +382,9 @@ class DataParallelTrainer(Generic[_Model]):
         return results
 
     @validates_own_arguments
-    def predict(self, x: PyTree, *, batch_size: int | None = None) -> PyTree[jax.Array]:
+    def predict(
+        self, x: PyTree[Shaped[Leaf, "rows ..."]], *, batch_size: int | None = None
+    ) -> PyTree[Shaped[Array, "rows ..."]]:
         """Model outputs (inference mode) for every row of `x`, in order.
 
         Rows are split across devices; any number works (padding is added

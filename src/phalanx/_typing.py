@@ -2,6 +2,7 @@
 
 Dimensions:
     batch: examples in one step's global batch, padding included.
+    rows: the examples handed to `predict` (any number, no padding).
     example: the per-example axes of one leaf (``...`` in a signature).
     in, out: a model's input and output features.
 
