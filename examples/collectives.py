@@ -11,7 +11,8 @@ Under `px.PmapStrategy` the loss runs on each device's slice of the batch, so
 negatives: every example is contrasted with the whole global batch. Gradients
 flow back through the gather to the devices that made those embeddings, so
 training on eight devices matches training on one device with the whole
-batch, which the script checks.
+batch, which the script checks. The two views come from a dict
+`px.data.ArrayLoader`, reshuffled every epoch.
 
 Run: ``python examples/collectives.py [--epochs N] [--steps N]``
 """
@@ -90,9 +91,11 @@ def _axis_bound(axis: str) -> bool:
 class ContrastiveTrainer(px.DataParallelTrainer):
     """InfoNCE over the global batch: each left view must pick its right view.
 
-    A batch is a pair ``(left, right)`` of views; `split_batch` stacks them into
-    one model input per example and leaves no targets: the partner of example
-    i is example i of the other view.
+    A batch is what ``px.data.ArrayLoader({"left": ..., "right": ...})``
+    yields: a dict of the two views plus the loader's ``"sample_weight"``
+    (which the default `sample_weight` hook reads). `split_batch` stacks the
+    views into one model input per example and leaves no targets: the partner
+    of example i is example i of the other view.
     """
 
     temperature = 0.1
@@ -106,8 +109,9 @@ class ContrastiveTrainer(px.DataParallelTrainer):
 
     @override
     def split_batch(self, batch: PyTree) -> tuple[PyTree, PyTree]:
-        left, right = batch
-        return jnp.stack([left, right], axis=1), None
+        # Host-side NumPy, like the batch itself: the trainer checks and
+        # shards the result.
+        return np.stack([batch["left"], batch["right"]], axis=1), None
 
     def info_nce(
         self, outputs: Float[Array, "batch 2 dim"], targets: None
@@ -164,20 +168,28 @@ def main() -> None:
     show_collectives(everywhere)
 
     left, right = make_views(np.random.default_rng(0), 1024)
-    data = [(left[i : i + 128], right[i : i + 128]) for i in range(0, 1024, 128)]
     model = TwoTower(16, 16, key=jax.random.key(0))
     print("part 2: contrastive loss, negatives all_gather-ed from every device")
     trained = []
     for strategy in (everywhere, px.PmapStrategy(devices=1)):
+        # A fresh loader with the same seed, so both runs see the same
+        # shuffled batches. Padding would break the exactness of this loss:
+        # a zero-weight padding row adds no loss of its own, but its embedding
+        # would still be all_gather-ed as a negative for every real example.
+        # So the batch size divides the data (1024 = 8 x 128) and
+        # drop_last=True keeps that true if either number changes.
+        data = px.data.ArrayLoader(
+            {"left": left, "right": right}, batch_size=128, seed=0, drop_last=True
+        )
         trainer = ContrastiveTrainer(model, optax.adam(3e-3), strategy=strategy)
         trainer.fit(data, epochs=epochs, steps=args.steps)
         trained.append(jax.device_get(eqx.filter(trainer.model, eqx.is_array)))
         first, last = trainer.history[0], trainer.history[-1]
         n = strategy.num_devices
         print(
-            f"  {n} device(s), {128 // n:>3} examples each: "
+            f"  {n} device(s), {data.batch_size // n:>3} examples each: "
             f"loss {first['loss']:.4f} -> {last['loss']:.4f}, partner found among "
-            f"128: {first['match']:.1%} -> {last['match']:.1%}"
+            f"{data.batch_size}: {first['match']:.1%} -> {last['match']:.1%}"
         )
     diffs = jax.tree.map(lambda a, b: np.abs(a - b).max(), *trained)
     print(

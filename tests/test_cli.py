@@ -10,6 +10,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import jax
 import matplotlib.image
@@ -55,6 +56,12 @@ NOTICE = (
 EPOCHS, LOG_EVERY, BATCH = 3, 5, 64
 TABLE_COLUMNS = ["epoch", "loss", "accuracy", "ex/s", "eval loss", "eval acc", "time"]
 FINAL_LINE = re.compile(r"test loss (\d+\.\d{4}), test accuracy (\d+\.\d{4}); logs in")
+# ProgressBar's plain line, printed every --log-every steps when stdout is not
+# a terminal: "epoch 1/3  step 5/69  loss 2.1358  450 ex/s  eta 0:00:09".
+PROGRESS_LINE = re.compile(
+    r"epoch (\d+)/(\d+)  step (\d+)/(\d+)  loss (\d+\.\d{4})  ([\d,]+) ex/s"
+    r"  eta (\d+):(\d\d):(\d\d)"
+)
 
 
 def phalanx(cwd: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -131,7 +138,7 @@ def steps_per_epoch() -> int:
 
 
 @pytest.mark.slow
-def test_run_prints_table_and_test_accuracy(default_run):
+def test_run_prints_table_and_test_accuracy(default_run, steps_per_epoch):
     result, run = default_run
     assert result.stderr.splitlines() == [NOTICE]  # no warnings, no traceback
     lines = result.stdout.splitlines()
@@ -159,6 +166,32 @@ def test_run_prints_table_and_test_accuracy(default_run):
     assert final.group(1) == f"{logged[-1]['eval_loss']:.4f}"
     assert final.group(2) == f"{logged[-1]['eval_accuracy']:.4f}"
     assert float(final.group(2)) > 0.9
+
+    # Progress while it works: a plain line every LOG_EVERY steps (captured
+    # stdout is no terminal), each before its epoch's table row.
+    total = EPOCHS * steps_per_epoch
+    progress = [
+        (index, PROGRESS_LINE.fullmatch(line))
+        for index, line in enumerate(lines)
+        if line.startswith("epoch ") and " step " in line
+    ]
+    assert progress and all(match for _, match in progress), progress
+    steps = [int(match.group(3)) for _, match in progress]
+    assert steps == list(range(LOG_EVERY, total + 1, LOG_EVERY))
+    row_index = [i for i, line in enumerate(lines) if re.match(r"\s+\d+/\d+\s", line)]
+    step_rows = {
+        int(r["step"]): r for r in read_csv(run / "metrics.csv") if r["kind"] == "step"
+    }
+    for (index, match), step in zip(progress, steps, strict=True):
+        epoch = (step - 1) // steps_per_epoch + 1
+        assert match.group(1, 2) == (str(epoch), str(EPOCHS)), match.group(0)
+        assert match.group(4) == str(total), match.group(0)
+        after = row_index[epoch - 2] if epoch > 1 else 0
+        assert after < index < row_index[epoch - 1], match.group(0)
+        # The loss shown is the step's logged loss.
+        assert match.group(5) == f"{float(step_rows[step]['loss']):.4f}"
+        assert int(match.group(6).replace(",", "")) > 0, match.group(0)
+        assert int(match.group(8)) < 60 and int(match.group(9)) < 60
 
 
 @pytest.mark.slow
@@ -236,6 +269,50 @@ def test_history_png(default_run):
     image = matplotlib.image.imread(png)
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
     assert image.std() > 0.05  # something is drawn
+
+
+# --- the README's main job, as written ----------------------------------------
+
+
+@pytest.mark.slow
+def test_readme_main_job(tmp_path, record_property):
+    # The README's Quick start: install, then `phalanx train` with no arguments.
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert '&& pip install -e ".[dev]" && phalanx train\n' in readme
+    script = pathlib.Path(sys.executable).with_name("phalanx")  # console script
+    assert script.exists(), f"{script} missing: install with pip install -e ."
+    run = tmp_path / "run"  # --run-dir only keeps the default runs/ out of cwd
+    # As a user would run it: no NPROC (the CLI sets its own for fake devices);
+    # CPU even on a host with accelerators, as the acceptance is for 8 fake CPU
+    # devices.
+    env = {k: v for k, v in os.environ.items() if k != "NPROC"}
+    env["JAX_PLATFORMS"] = "cpu"
+    start = time.perf_counter()
+    result = subprocess.run(
+        [str(script), "train", "--run-dir", str(run)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    wall = time.perf_counter() - start
+    print(f"phalanx train (the README's main job): {wall:.1f} s")
+    record_property("wall_s", round(wall, 1))  # in --junitxml reports
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr.splitlines() == [NOTICE]
+    lines = result.stdout.splitlines()
+    assert "MLP 64-256-128-10 on digits" in lines[0]
+    final = FINAL_LINE.match(lines[-1])
+    assert final is not None, lines[-1]
+    assert float(final.group(2)) >= 0.97, lines[-1]
+    # The bound is 60 s on its 2-core machine (about 30 s there);
+    # 120 s leaves room for slower CI machines while still catching a job
+    # that has become several times slower.
+    assert wall < 120, f"phalanx train took {wall:.1f} s"
+    for name in ("metrics.csv", "metrics.jsonl", "history.png"):
+        assert (run / name).stat().st_size > 0, name
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
 
 
 # --- strategies, accumulation and device counts agree -------------------------
