@@ -1,8 +1,10 @@
 """Checkpoints: exact resume (mid-epoch and at epoch ends), restore onto
 another strategy and device count, atomic saves, clear errors."""
 
+import json
 import os
 import signal
+import threading
 
 import jax
 import numpy as np
@@ -192,3 +194,58 @@ def test_corrupt_checkpoint_is_refused(tmp_path):
     with pytest.raises(ValueError, match="cannot be read.*corrupt"):
         trainer.fit([make_data(16)], resume=tmp_path / "7")
     assert int(trainer.state.step) == 0
+
+
+def test_older_checkpoint_format_is_refused(tmp_path):
+    run(tmp_path, epochs=1, every=7)
+    # A snapshot as phalanx 0.1.0 wrote it before arrays were packed.
+    host = tmp_path / "7" / "host" / "metadata"
+    content = json.loads(host.read_text())
+    del content["format"]
+    host.write_text(json.dumps(content))
+    trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
+    with pytest.raises(ValueError, match=r"checkpoint format 1; .* reads format 2"):
+        trainer.fit([make_data(16)], resume=tmp_path / "7")
+    assert int(trainer.state.step) == 0
+
+
+def test_training_goes_on_while_a_save_is_written(tmp_path, monkeypatch):
+    """A save queues copies of the arrays and returns; the writer thread
+    waits for the devices and hands them to orbax while steps go on."""
+    written = threading.Event()
+    write = px.callbacks.Checkpoint._write
+
+    def held(self, step, *args):
+        if step == 5:  # hold the first save until training is 4 steps further
+            assert written.wait(timeout=30), "training waited for the writer"
+        write(self, step, *args)
+
+    class Release(px.Callback):
+        @override
+        def on_step_end(self, info):
+            if info.step == 9:
+                written.set()
+
+    monkeypatch.setattr(px.callbacks.Checkpoint, "_write", held)
+    x, y = make_data(100, seed=3)
+
+    def trained(steps, callbacks=()):
+        trainer = px.DataParallelTrainer(
+            make_model(),
+            optax.adam(1e-2),
+            strategy=px.ShardingStrategy(8),
+            callbacks=callbacks,
+        )
+        if steps:
+            trainer.fit(px.data.ArrayLoader((x, y), 16, seed=1), steps=steps)
+        return trainer
+
+    # (no epoch-end save: a save waits for the one before it to be handed over)
+    checkpoint = px.callbacks.Checkpoint(tmp_path, every_n_steps=5, every_n_epochs=None)
+    trained(10, [Release(), checkpoint])
+    with ocp.CheckpointManager(tmp_path) as manager:
+        assert manager.all_steps() == [5, 10]
+    # The held save holds step 5's state, not a later one.
+    restored = trained(0)
+    checkpoint.restore(restored, tmp_path / "5", None)
+    assert max_abs_diff(restored.model, trained(5).model) == 0

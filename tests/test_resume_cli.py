@@ -361,13 +361,11 @@ def _checkpoint(step: int) -> Callable[[Phalanx, pathlib.Path], bool]:
     return lambda run, folder: (folder / str(step)).is_dir()
 
 
-def _progress(step: int) -> Callable[[Phalanx, pathlib.Path], bool]:
-    return lambda run, folder: run.progress() >= step
-
-
 KILL_POINTS = {
     # trigger, and the steps the newest complete checkpoint may then be at
-    "mid-epoch": (_progress(15), range(1, STEPS_PER_EPOCH)),
+    # (saves are written behind training, so a kill soon after a step may
+    # find its checkpoint not yet committed: the trigger waits for one)
+    "mid-epoch": (_checkpoint(10), range(10, STEPS_PER_EPOCH)),
     "epoch-end": (_checkpoint(STEPS_PER_EPOCH), [STEPS_PER_EPOCH]),
     "later": (_checkpoint(50), range(50, TOTAL)),
 }

@@ -1,9 +1,13 @@
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, final
 
+import jax
 import orbax.checkpoint as ocp
 from typing_extensions import override
 
@@ -35,9 +39,11 @@ class Checkpoint(Callback):
     state, step, PRNG key), the running sums of a part-done epoch, the
     trainer's counters, plan and history, the data loader's `state_dict`,
     every stateful callback's `state_dict`, and metadata (phalanx version,
-    model class, strategy, device count). Saves are asynchronous (training
-    goes on while files are written) and atomic (a step folder appears only
-    when complete); the newest `keep` are kept, or with `monitor` the best
+    model class, strategy, device count). Saves are asynchronous: a save
+    queues a copy of the arrays on the devices and returns, and a writer
+    thread hands it to orbax, which writes while training goes on. They are
+    atomic: a step folder appears only when complete. The newest `keep` are
+    kept, or with `monitor` the best
     `keep` epoch-end checkpoints. Checkpoint callbacks run after all others,
     so a snapshot includes what the loggers wrote for its step.
 
@@ -98,6 +104,10 @@ class Checkpoint(Callback):
         self.mode = mode
         self._manager: ocp.CheckpointManager | None = None
         self._threads: set[int] = set()
+        # Saves are handed to one writer thread, in order: training goes on
+        # while it waits for the device and hands the arrays to orbax.
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
 
     @override
     def on_fit_start(self, info: StepInfo) -> None:
@@ -131,7 +141,8 @@ class Checkpoint(Callback):
         metrics: dict[str, float] | None = None,
         wait: bool = False,
     ) -> Path:
-        """Save a snapshot of `trainer` now; with `wait`, until it is committed.
+        """Save a snapshot of `trainer` as it is now, without waiting for the
+        devices or the disk; with `wait`, return once it is committed.
 
         Returns:
             The step folder it is (being) written to.
@@ -150,13 +161,36 @@ class Checkpoint(Callback):
             for i, c in enumerate(trainer.callbacks)
             if c is not self and callable(getattr(c, "state_dict", None))
         }
+        step = trainer._step
+        # Taken now, at the step boundary: the JSON part, and a copy of the
+        # arrays queued on the devices (the next step donates the originals).
+        args = snapshot(trainer, trainer._data, states)
+        metrics = None if metrics is None else dict(metrics)
+        # At most one snapshot waits for the writer (each holds a copy of
+        # the state); a failed save raises here.
+        self._wait_for_writer()
+        if jax.process_count() > 1:
+            # Orbax synchronises processes with collectives of its own, which
+            # must run in the same order as training's on every process.
+            self._write(step, args, metrics)
+        else:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, "phalanx-checkpoint")
+            self._pending = self._writer.submit(self._write, step, args, metrics)
+        if wait:
+            self._wait()
+        return self.directory / str(step)
+
+    def _write(
+        self, step: int, args: ocp.args.Composite, metrics: dict[str, float] | None
+    ) -> None:
+        """Hand one snapshot to orbax (on the writer thread)."""
         manager = self._open()
-        path = self.directory / str(trainer._step)
         # orbax waits for the previous save before starting one anyway; wait
         # first so that a save of this same step in flight is seen as done.
         manager.wait_until_finished()
         self._empty_trash()
-        if trainer._step in manager.all_steps():
+        if step in manager.all_steps():
             # Saved after this very step already (an every_n_steps save at an
             # epoch's last step): resuming from it replays the epoch's end
             # exactly. Only a ranking by `monitor` needs this epoch's metrics
@@ -164,23 +198,28 @@ class Checkpoint(Callback):
             # atomic rename first: a kill in between leaves the previous
             # checkpoint as the latest, never a half-written one.
             if self.monitor is None or metrics is None:
-                return path
-            manager.delete(trainer._step)
+                return
+            manager.delete(step)
             self._empty_trash()
-        manager.save(
-            trainer._step,
-            args=snapshot(trainer, trainer._data, states),
-            metrics=None if metrics is None else dict(metrics),
-            force=True,
-        )
+        manager.save(step, args=args, metrics=metrics, force=True)
         # Orbax's writer threads (those started since the manager was made)
         # yield the cores to training; threads they start inherit it.
         threads = thread_ids()
         lower_priority(threads - self._threads)
         self._threads = threads
-        if wait:
-            manager.wait_until_finished()
-        return path
+
+    def _wait_for_writer(self) -> None:
+        """Wait until the writer thread has handed every snapshot to orbax;
+        raise the error of one that failed."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            pending.result()
+
+    def _wait(self) -> None:
+        """Wait until every save so far is committed; raise if one failed."""
+        self._wait_for_writer()
+        if self._manager is not None:
+            self._manager.wait_until_finished()
 
     def check(self, trainer: "DataParallelTrainer", resume: Any = "latest") -> None:
         """Raise as `restore` would, without changing anything (for tools that
@@ -220,30 +259,27 @@ class Checkpoint(Callback):
                     f"resume={str(resume)!r}: no complete checkpoint in {folder}; "
                     "start without resume, or point at a folder a Checkpoint wrote"
                 )
-            try:
+            where = folder / str(step)
+            with _unreadable(resume, where):
                 host = read_host(manager, step)
-                check_compatible(trainer, host, str(folder / str(step)))
-                if apply:
+            check_compatible(trainer, host, str(where))
+            if apply:
+                with _unreadable(resume, where):
                     restore(trainer, manager, step, host)
-            # orbax reports missing or damaged files with several types,
-            # including a bare Exception.
-            except Exception as error:
-                if isinstance(error, ValueError) and "another model" in str(error):
-                    raise
-                raise ValueError(
-                    f"resume={str(resume)!r}: checkpoint {folder / str(step)} cannot "
-                    f"be read ({error}); it may be corrupt: resume from an older "
-                    "step folder, or start again"
-                ) from error
         return host
 
     def close(self) -> None:
         """Wait for pending saves to be committed, then release the manager."""
-        if self._manager is not None:
-            self._manager.wait_until_finished()
-            self._manager.close()
-            self._manager = None
-            self._empty_trash()
+        try:
+            self._wait()
+        finally:
+            if self._writer is not None:
+                self._writer.shutdown()
+                self._writer = None
+            if self._manager is not None:
+                self._manager.close()
+                self._manager = None
+                self._empty_trash()
 
     def _open(self) -> ocp.CheckpointManager:
         if self._manager is None:
@@ -320,6 +356,20 @@ class Checkpoint(Callback):
                 "start without resume, or pass the folder a Checkpoint wrote"
             )
         return folder, step
+
+
+@contextlib.contextmanager
+def _unreadable(resume: Any, where: Path) -> Iterator[None]:
+    """Report any error reading checkpoint `where` as one clear ValueError
+    (orbax reports missing or damaged files with several types, including a
+    bare Exception)."""
+    try:
+        yield
+    except Exception as error:
+        raise ValueError(
+            f"resume={str(resume)!r}: checkpoint {where} cannot be read ({error}); "
+            "it may be corrupt: resume from an older step folder, or start again"
+        ) from error
 
 
 def _positive_int(value: object) -> bool:

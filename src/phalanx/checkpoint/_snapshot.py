@@ -1,8 +1,9 @@
 """A trainer's full training snapshot, saved and restored with orbax.
 
 Arrays (the `TrainState` leaves, PRNG keys as key data, and the running sums
-of a part-done epoch) go through orbax's `PyTreeSave`, restored straight
-onto the trainer's own strategy and device count; everything else (counters,
+of a part-done epoch) are packed into one array per dtype and go through
+orbax's `PyTreeSave`, restored straight onto the trainer's own strategy and
+device count; everything else (counters,
 the fit's plan, history, the data loader's position, callbacks' state and
 metadata) is JSON. Orbax writes each step into a temporary folder and renames
 it when complete, so an interrupted save is never mistaken for a checkpoint.
@@ -17,6 +18,11 @@ import orbax.checkpoint as ocp
 
 from .._run import RunPlan
 from ._leaf_spec import LeafSpec, check_same_specs, leaf_specs
+from ._packing import Layout, pack, packed_sizes, unpack
+
+
+# Version 2: arrays packed into one array per dtype (_packing.py).
+FORMAT = 2
 
 
 if TYPE_CHECKING:
@@ -35,10 +41,16 @@ def _spec(trainer: "DataParallelTrainer") -> list[LeafSpec]:
 def snapshot(
     trainer: "DataParallelTrainer", data: Any, callbacks: dict
 ) -> ocp.args.Composite:
-    """Everything needed to continue `trainer` exactly, as orbax save args."""
-    leaves = [jax.random.key_data(x) if _is_key(x) else x for x in trainer._leaves]
+    """Everything needed to continue `trainer` exactly, as orbax save args.
+
+    The arrays are copies queued on the devices, not waited for (the next
+    step donates the trainer's own buffers); everything else is read now.
+    """
     acc = dict(trainer._acc or {})
+    leaves = [jax.random.key_data(x) if _is_key(x) else x for x in trainer._leaves]
+    packed = pack([*leaves, *acc.values()], trainer.strategy.replicated)
     host = {
+        "format": FORMAT,
         "phalanx": _version(),
         "model": type(trainer.state.model).__name__,
         "strategy": type(trainer.strategy).__name__,
@@ -54,7 +66,7 @@ def snapshot(
         "callbacks": callbacks,
     }
     return ocp.args.Composite(
-        arrays=ocp.args.PyTreeSave({"state": leaves, "acc": acc}),
+        arrays=ocp.args.PyTreeSave(packed),
         host=ocp.args.JsonSave(host),
     )
 
@@ -77,7 +89,15 @@ def read_host(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
 
 
 def check_compatible(trainer: "DataParallelTrainer", host: dict, where: str) -> None:
-    """Raise ValueError naming the first leaf where the architectures differ."""
+    """Raise ValueError if phalanx cannot read the checkpoint's format, or
+    naming the first leaf where the architectures differ."""
+    if host.get("format") != FORMAT:
+        raise ValueError(
+            f"checkpoint {where} was written by phalanx {host.get('phalanx')} in "
+            f"checkpoint format {host.get('format', 1)}; this phalanx "
+            f"({_version()}) reads format {FORMAT}: resume it with the phalanx "
+            "that wrote it, or start again"
+        )
     check_same_specs(
         _spec(trainer),
         host["spec"],
@@ -97,17 +117,15 @@ def restore(
     """Load checkpoint `step` into `trainer`, on its own strategy's devices."""
     replicated = trainer.strategy.replicated
     current = trainer._leaves
-
-    def target(leaf: jax.Array) -> jax.ShapeDtypeStruct:
-        value = jax.random.key_data(leaf) if _is_key(leaf) else leaf
-        return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=replicated)
-
-    acc = {
-        name: jax.ShapeDtypeStruct((), np.dtype(dtype), sharding=replicated)
-        for name, dtype in host["acc"].items()
+    layout: Layout = (
+        *(_layout(jax.random.key_data(x) if _is_key(x) else x) for x in current),
+        *(((), dtype) for dtype in host["acc"].values()),
+    )
+    like = {
+        dtype: jax.ShapeDtypeStruct((size,), np.dtype(dtype), sharding=replicated)
+        for dtype, size in packed_sizes(layout).items()
     }
-    like = {"state": [target(leaf) for leaf in current], "acc": acc}
-    arrays = manager.restore(
+    packed = manager.restore(
         step,
         args=ocp.args.Composite(
             arrays=ocp.args.PyTreeRestore(
@@ -115,13 +133,14 @@ def restore(
             )
         ),
     )["arrays"]
+    leaves = unpack(packed, layout, replicated)
     trainer._leaves = [
         jax.random.wrap_key_data(new, impl=jax.random.key_impl(old))
         if _is_key(old)
         else new
-        for new, old in zip(arrays["state"], current, strict=True)
+        for new, old in zip(leaves[: len(current)], current, strict=True)
     ]
-    trainer._acc = dict(arrays["acc"]) or None
+    trainer._acc = dict(zip(host["acc"], leaves[len(current) :], strict=True)) or None
     trainer._step = host["step"]
     trainer._epoch = host["epoch"]
     trainer._epoch_steps = host["epoch_steps"]
@@ -131,6 +150,10 @@ def restore(
         trainer._run, start_step=saved.start_step, start_epoch=saved.start_epoch
     )
     trainer.history.load_state_dict(host["history"])
+
+
+def _layout(leaf: jax.Array) -> tuple[tuple[int, ...], str]:
+    return tuple(leaf.shape), str(leaf.dtype)
 
 
 def _version() -> str:
