@@ -2,6 +2,7 @@
 finish) and the order in which callback hooks fire."""
 
 import jax
+import numpy as np
 import optax
 import pytest
 from typing_extensions import override
@@ -183,3 +184,27 @@ def test_step_metrics_are_lazy_floats():
     trainer.fit([(x, y)], steps=4)
     assert [sorted(m) for m in seen] == [["accuracy", "loss"]] * 2
     assert all(isinstance(v, float) for m in seen for v in m.values())
+
+
+def test_one_transfer_per_host_batch(monkeypatch):
+    """A host batch reaches the devices in one transfer, its sample weights
+    included; all-ones weights (a loader's full batch) use cached ones."""
+    x, y = make_data(64)
+    weights = np.linspace(0.5, 1.5, 64, dtype=np.float32)
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.sgd(0.1), strategy=px.ShardingStrategy(8)
+    )
+    trainer.fit([(x, y), (x, y, weights)], epochs=1)  # compiles, caches weights
+    transfers = []
+    device_put = jax.device_put
+
+    def counted(*args, **kwargs):
+        transfers.append(args)
+        return device_put(*args, **kwargs)
+
+    monkeypatch.setattr(jax, "device_put", counted)
+    ones = np.ones(64, np.float32)
+    trainer.fit([(x, y), (x, y, weights), (x, y, ones)], epochs=1)
+    # (the epoch's zeroed sums are placed once, as a dict)
+    batches = [leaves for leaves, *_ in transfers if isinstance(leaves, list)]
+    assert [len(leaves) for leaves in batches] == [2, 3, 2]

@@ -55,6 +55,9 @@ class BatchPipeline:
         self.num_classes: int | None = None
         self._sizes: dict[Any, int] = {}
         self._weights: dict[tuple[int, int], jax.Array] = {}
+        # Read once: a strategy's attributes are rebuilt on every access.
+        self._split = strategy.split
+        self._shard = strategy.shard
 
     def step_size(self, n: int, first: int | None) -> int:
         """Examples in the padded step: the pass's first size, or n if larger."""
@@ -113,11 +116,19 @@ class BatchPipeline:
                 "run the first batch of a pass must be the largest"
             )
         size = self.step_size(n, first)
+        if sample_weight is not None and (sample_weight == 1).all():
+            sample_weight = None  # e.g. a loader's full batch: cached weights
         if sample_weight is None:
-            weight = self.weights(n, size)
-        else:
-            weight = self.strategy.shard(pad([sample_weight], size))[0]
-        return self.strategy.shard(pad(leaves, size)), weight, size, n
+            return self.place(pad(leaves, size)), self.weights(n, size), size, n
+        *placed, weight = self.place(pad([*leaves, sample_weight], size))
+        return placed, weight, size, n
+
+    def place(self, leaves: list[Leaf]) -> list[jax.Array]:
+        """Put batch leaves on the devices, split along the examples axis (one
+        transfer for all of them)."""
+        if jax.process_count() == 1 and all(isinstance(x, np.ndarray) for x in leaves):
+            return jax.device_put(leaves, self._split)
+        return self._shard(leaves)
 
     def weights(self, n: int, size: int) -> jax.Array:
         """Device weights for n real examples padded to size (cached)."""
@@ -125,7 +136,7 @@ class BatchPipeline:
         if weight is None:
             host = np.zeros(size, np.float32)
             host[:n] = 1.0
-            weight = self._weights[(n, size)] = self.strategy.shard([host])[0]
+            weight = self._weights[(n, size)] = self._shard([host])[0]
         return weight
 
 
