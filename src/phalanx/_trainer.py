@@ -1,5 +1,5 @@
 import os
-from collections.abc import Iterable, Sequence, Sized
+from collections.abc import Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 import equinox as eqx
@@ -17,13 +17,13 @@ from ._checks import (
     Leaf,
     empty_data_message,
     flatten_batch,
-    nonfinite_error,
     num_examples,
 )
 from ._compiled import CompiledSteps
 from ._config import check_config, check_duration, check_iterable
 from ._forward import takes_key
 from ._history import History
+from ._loop import plan, run_epoch
 from ._processes import predict_across_processes
 from ._run import Preempted, RunPlan, find_checkpoint, preemption
 from ._state import TrainState
@@ -37,7 +37,7 @@ from ._typing import (
     validates_own_arguments,
 )
 from .callbacks import Callback, Checkpoint, StepInfo
-from .callbacks._callback import overrides, runs_here
+from .callbacks._callback import runs_here
 from .strategies import ShardingStrategy, Strategy
 
 
@@ -322,7 +322,7 @@ class DataParallelTrainer(Generic[_Model]):
         self._acc, self._epoch_steps = None, 0
         if resume is not None:
             find_checkpoint(self.callbacks, resume).restore(self, resume, data)
-        self._plan = _plan(data, self._run, self._step)
+        self._plan = plan(data, self._run, self._step)
         self.stop_training = False
         self._preempted: int | None = None
         self._notify("on_fit_start", self._info())
@@ -331,7 +331,7 @@ class DataParallelTrainer(Generic[_Model]):
                 while not (
                     self.stop_training or self._run.done(self._step, self._epoch)
                 ):
-                    self._run_epoch(data, eval_data)
+                    run_epoch(self, data, eval_data)
                 if self._preempted is not None:
                     saved = [
                         c.save(self, wait=True)
@@ -433,79 +433,6 @@ class DataParallelTrainer(Generic[_Model]):
             self._leaves, self._steps.train_acc(), leaves, weight
         )
 
-    # -------------------------------------------------------------- the loop
-
-    def _run_epoch(self, data: Iterable[Any], eval_data: Any) -> None:
-        epoch = self._epoch
-        self._notify("on_epoch_start", self._info())
-        step_hooks = [c for c in self._callbacks_here if overrides(c, "on_step_end")]
-        # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
-        # was trained on (a stateful loader resumes by itself).
-        skip = 0 if hasattr(data, "load_state_dict") else self._epoch_steps
-        # Resumed from a snapshot of the epoch's last step: only its end is left.
-        done = isinstance(data, Sized) and 0 < len(data) <= self._epoch_steps
-        first = None
-        for i, batch in enumerate(() if done else data):
-            if i < skip:
-                continue
-            leaves, weight, first, n = self._batches.prepare(
-                batch, f"batch {i} of epoch {epoch}", first
-            )
-            acc = self._steps.train_acc() if self._acc is None else self._acc
-            self._leaves, acc, metrics = self._steps.train(
-                self._leaves, acc, leaves, weight
-            )
-            self._acc = acc
-            self._step += 1
-            self._epoch_steps += 1
-            if self._step % self.sync_every == 0:
-                self._sync(acc)
-            if step_hooks:
-                # Every process's examples (the slices are equal but for the
-                # last batch of a pass, at most one example apart).
-                info = self._info(metrics, examples=n * jax.process_count())
-                for callback in step_hooks:
-                    callback.on_step_end(info)
-            if self._preempted is not None:
-                return  # mid-epoch: the checkpoint keeps the epoch's sums
-            if self.stop_training or self._run.done(self._step, None):
-                break
-        if self._acc is None:
-            raise ValueError(empty_data_message("data", epoch))
-        logs = self._epoch_logs(jax.device_get(self._acc))
-        self._acc, self._epoch_steps = None, 0
-        if eval_data is not None:
-            logs.update({f"eval_{k}": v for k, v in self.evaluate(eval_data).items()})
-        self.history.append(logs)
-        info = self._info(logs)
-        self._epoch += 1
-        self._notify("on_epoch_end", info)
-
-    def _sync(self, acc: dict[str, jax.Array]) -> None:
-        """Wait for the device (bounded in-flight window); surface a bad step."""
-        if self.nan_policy == "raise":
-            self._raise_if_nonfinite(jax.device_get(acc))
-        else:
-            jax.block_until_ready(acc["skipped"])
-
-    def _epoch_logs(self, sums: dict[str, Any]) -> HostMetrics:
-        self._raise_if_nonfinite(sums)
-        # Names from the sums themselves: after a resume at an epoch's last
-        # step, the epoch ends before any batch has built the steps.
-        bookkeeping = ("weight", "skipped", "nonfinite_step", "nonfinite_leaf")
-        names = ["loss", *sorted(k for k in sums if k not in (*bookkeeping, "loss"))]
-        logs = {k: float(sums[k] / sums["weight"]) for k in names}
-        if self.nan_policy == "skip":
-            logs["skipped_steps"] = float(sums["skipped"])
-        return logs
-
-    def _raise_if_nonfinite(self, sums: dict[str, Any]) -> None:
-        if int(sums["nonfinite_step"]) >= 0:
-            self._step = int(sums["nonfinite_step"])
-            raise nonfinite_error(
-                self._step, int(sums["nonfinite_leaf"]), self.state.model
-            )
-
     # ------------------------------------------------------------ set-up
 
     def _on_spec(self, spec: BatchSpec, leaves: list[Leaf]) -> None:
@@ -552,17 +479,3 @@ class DataParallelTrainer(Generic[_Model]):
     def _notify(self, hook: str, info: StepInfo) -> None:
         for callback in self._callbacks_here:
             getattr(callback, hook)(info)
-
-
-def _plan(
-    data: Iterable[Any], run: RunPlan, step: int
-) -> tuple[int | None, int | None]:
-    """A run's epochs, and its steps from its start, where known up front."""
-    per_epoch = len(data) if isinstance(data, Sized) else None
-    total = None
-    if run.epochs is not None and per_epoch is not None:
-        total = run.start_step + run.epochs * per_epoch
-    if run.steps is not None:
-        end = run.start_step + run.steps
-        total = end if total is None else min(total, end)
-    return run.epochs, None if total is None else max(total, step) - run.start_step
