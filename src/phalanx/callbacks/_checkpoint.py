@@ -43,9 +43,9 @@ class Checkpoint(Callback):
     queues a copy of the arrays on the devices and returns, and a writer
     thread hands it to orbax, which writes while training goes on. They are
     atomic: a step folder appears only when complete. The newest `keep` are
-    kept, or with `monitor` the best
-    `keep` epoch-end checkpoints. Checkpoint callbacks run after all others,
-    so a snapshot includes what the loggers wrote for its step.
+    kept, or with `monitor` the best `keep` epoch-end checkpoints.
+    Checkpoint callbacks run after all others, so a snapshot includes what
+    the loggers wrote for its step.
 
     Resume with ``trainer.fit(..., resume="latest")``; a snapshot restores
     onto any strategy and device count.
@@ -184,7 +184,8 @@ class Checkpoint(Callback):
     def _write(
         self, step: int, args: ocp.args.Composite, metrics: dict[str, float] | None
     ) -> None:
-        """Hand one snapshot to orbax (on the writer thread)."""
+        """Hand one snapshot to orbax (on the writer thread; on the training
+        thread in a multi-process run)."""
         manager = self._open()
         # orbax waits for the previous save before starting one anyway; wait
         # first so that a save of this same step in flight is seen as done.

@@ -3,9 +3,9 @@
 Arrays (the `TrainState` leaves, PRNG keys as key data, and the running sums
 of a part-done epoch) are packed into one array per dtype and go through
 orbax's `PyTreeSave`, restored straight onto the trainer's own strategy and
-device count; everything else (counters,
-the fit's plan, history, the data loader's position, callbacks' state and
-metadata) is JSON. Orbax writes each step into a temporary folder and renames
+device count; everything else (counters, the fit's plan, history, the data
+loader's position, callbacks' state and metadata, the format version) is
+JSON. Orbax writes each step into a temporary folder and renames
 it when complete, so an interrupted save is never mistaken for a checkpoint.
 """
 
