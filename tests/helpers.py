@@ -1,5 +1,7 @@
 """Shared test data, a hand-written reference trainer, and tree comparison."""
 
+import re
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -99,5 +101,7 @@ def read_event_scalars(logdir) -> dict[str, list[tuple[int, float]]]:
 
 def is_gloo_note(line: str) -> bool:
     """gloo's "[Gloo] Rank r is connected to n peer ranks..." note, which its
-    C++ side sometimes writes in two pieces (so one line lacks "[Gloo]")."""
-    return "[Gloo]" in line or "peer ranks" in line
+    C++ side sometimes writes in pieces (so one line lacks "[Gloo]", and its
+    line end can arrive alone: an empty line, rank-prefixed by the launcher)."""
+    content = re.sub(r"^\[\d+\] ", "", line).strip()
+    return "[Gloo]" in line or "peer ranks" in line or not content
