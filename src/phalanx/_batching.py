@@ -55,8 +55,7 @@ class BatchPipeline:
         self.num_classes: int | None = None
         self._sizes: dict[Any, int] = {}
         self._weights: dict[tuple[int, int], jax.Array] = {}
-        # Read once: a strategy's attributes are rebuilt on every access.
-        self._split = strategy.split
+        # Read once: equinox builds a new bound method on every access.
         self._shard = strategy.shard
 
     def step_size(self, n: int, first: int | None) -> int:
@@ -119,16 +118,10 @@ class BatchPipeline:
         if sample_weight is not None and (sample_weight == 1).all():
             sample_weight = None  # e.g. a loader's full batch: cached weights
         if sample_weight is None:
-            return self.place(pad(leaves, size)), self.weights(n, size), size, n
-        *placed, weight = self.place(pad([*leaves, sample_weight], size))
+            return self._shard(pad(leaves, size)), self.weights(n, size), size, n
+        # One transfer for the leaves and their weights.
+        *placed, weight = self._shard(pad([*leaves, sample_weight], size))
         return placed, weight, size, n
-
-    def place(self, leaves: list[Leaf]) -> list[jax.Array]:
-        """Put batch leaves on the devices, split along the examples axis (one
-        transfer for all of them)."""
-        if jax.process_count() == 1 and all(isinstance(x, np.ndarray) for x in leaves):
-            return jax.device_put(leaves, self._split)
-        return self._shard(leaves)
 
     def weights(self, n: int, size: int) -> jax.Array:
         """Device weights for n real examples padded to size (cached)."""

@@ -1,4 +1,5 @@
 import abc
+import functools
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
@@ -57,12 +58,12 @@ class Strategy(eqx.Module):
     @property
     def replicated(self) -> NamedSharding:
         """The sharding of state: a full copy on every device."""
-        return NamedSharding(self.mesh, P())
+        return _sharding(self.mesh, P())
 
     @property
     def split(self) -> NamedSharding:
         """The sharding of batches: split along the leading examples axis."""
-        return NamedSharding(self.mesh, P(self.axis_name))
+        return _sharding(self.mesh, P(self.axis_name))
 
     def replicate(self, leaves: list[Any]) -> list[jax.Array]:
         """Place state leaves (the same values in every process) on every
@@ -125,6 +126,13 @@ class Strategy(eqx.Module):
     @abc.abstractmethod
     def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
         """Apply `fn` to every example; outputs stay split across devices."""
+
+
+@functools.cache
+def _sharding(mesh: Mesh, spec: P) -> NamedSharding:
+    """One `NamedSharding` per mesh and spec, built once (they are read per
+    batch, and a strategy's properties run on every access)."""
+    return NamedSharding(mesh, spec)
 
 
 def _replicate_across_processes(leaf: Any, sharding: NamedSharding) -> jax.Array:
