@@ -162,7 +162,7 @@ class BatchSpec:
         expected = None
         if isinstance(in_size, int):
             expected = (in_size,)
-        elif isinstance(in_size, str) and in_size == "scalar":
+        elif in_size == "scalar":
             expected = ()
         shape = self.shapes[0]
         if expected is None or _path_names(self.treedef)[0] != "batch[0]":
