@@ -196,15 +196,19 @@ def test_corrupt_checkpoint_is_refused(tmp_path):
     assert int(trainer.state.step) == 0
 
 
-def test_older_checkpoint_format_is_refused(tmp_path):
+@pytest.mark.parametrize("older", [1, 2])
+def test_older_checkpoint_format_is_refused(tmp_path, older):
     run(tmp_path, epochs=1, every=7)
-    # A snapshot as phalanx 0.1.0 wrote it before arrays were packed.
+    # Format 1 (phalanx 0.1.0) had no "format" entry; 2 kept the sums apart.
     host = tmp_path / "7" / "host" / "metadata"
     content = json.loads(host.read_text())
-    del content["format"]
+    if older == 1:
+        del content["format"]
+    else:
+        content["format"] = older
     host.write_text(json.dumps(content))
     trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
-    with pytest.raises(ValueError, match=r"checkpoint format 1; .* reads format 2"):
+    with pytest.raises(ValueError, match=rf"checkpoint format {older}; .* format 3"):
         trainer.fit([make_data(16)], resume=tmp_path / "7")
     assert int(trainer.state.step) == 0
 

@@ -61,7 +61,9 @@ def test_two_processes_form_one_run_of_four_devices():
     )
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in (0, 1):
-        assert lines_of(done.stdout, rank) == [f"{rank} 2 4 18.0"]
+        # Exactly once; gloo's C++ notes share the pipe and can leave a stray
+        # fragment of theirs on a rank's line (seen once: "[0] 3").
+        assert lines_of(done.stdout, rank).count(f"{rank} 2 4 18.0") == 1, done.stdout
 
 
 def test_a_dead_rank_stops_the_others():

@@ -205,6 +205,6 @@ def test_one_transfer_per_host_batch(monkeypatch):
     monkeypatch.setattr(jax, "device_put", counted)
     ones = np.ones(64, np.float32)
     trainer.fit([(x, y), (x, y, weights), (x, y, ones)], epochs=1)
-    # (the epoch's zeroed sums are placed once, as a dict)
+    # (the epoch's zeroed sums are placed once, as a tuple)
     batches = [leaves for leaves, *_ in transfers if isinstance(leaves, list)]
     assert [len(leaves) for leaves in batches] == [2, 3, 2]

@@ -2,7 +2,7 @@
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +22,25 @@ from ._processes import check_same_slices
 from .strategies import Strategy
 
 
+class DeviceBatch(NamedTuple):
+    """A batch placed for a step.
+
+    Attributes:
+        leaves: the leaves of ``(inputs, targets)``, split across devices.
+        weight: per-example weights (sample weights; 0 for padding), split.
+        total: Σ weight over the global batch, replicated.
+        size: examples in the padded step; pass it back as `first` for the
+            rest of the pass.
+        n: this process's real examples.
+    """
+
+    leaves: list[jax.Array]
+    weight: jax.Array
+    total: jax.Array
+    size: int
+    n: int
+
+
 class BatchPipeline:
     """Turns the user's host batches into padded, sharded device batches.
 
@@ -32,7 +51,9 @@ class BatchPipeline:
     fixes the `BatchSpec` (and `on_spec` validates it against the model).
     Value checks (finite floats, class labels in range, weights) run on
     every NumPy batch when `value_checks` is on. A batch shorter than the step's
-    size is padded with zero-weight examples, so the update is exact.
+    size is padded with zero-weight examples, so the update is exact. The
+    total weight is summed on the host where it holds every weight (one
+    process, host weights), and on the devices otherwise.
     """
 
     def __init__(
@@ -55,8 +76,11 @@ class BatchPipeline:
         self.num_classes: int | None = None
         self._sizes: dict[Any, int] = {}
         self._weights: dict[tuple[int, int], jax.Array] = {}
+        self._totals: dict[float, jax.Array] = {}
         # Read once: equinox builds a new bound method on every access.
         self._shard = strategy.shard
+        self._replicated = strategy.replicated
+        self._device_total = jax.jit(jnp.sum, out_shardings=self._replicated)
 
     def step_size(self, n: int, first: int | None) -> int:
         """Examples in the padded step: the pass's first size, or n if larger."""
@@ -95,16 +119,9 @@ class BatchPipeline:
                 check_labels(labels, self.num_classes, where)
         return leaves, treedef, n, sample_weight
 
-    def prepare(
-        self, batch: Any, where: str, first: int | None
-    ) -> tuple[list[jax.Array], jax.Array, int, int]:
-        """Check, pad and shard one batch.
-
-        Returns:
-            The device leaves of ``(inputs, targets)``, the device weights
-            (sample weights, 0 for padding), the step size (pass it back as
-            `first` for the rest of the pass) and the number of examples.
-        """
+    def prepare(self, batch: Any, where: str, first: int | None) -> DeviceBatch:
+        """Check, pad and shard one batch (`first`: the pass's step size, None
+        at its first batch)."""
         leaves, treedef, n, sample_weight = self.check(batch, where)
         if first is None:  # a pass's first batch fixes its step's shape
             check_same_slices(leaves, treedef, where)
@@ -118,10 +135,12 @@ class BatchPipeline:
         if sample_weight is not None and (sample_weight == 1).all():
             sample_weight = None  # e.g. a loader's full batch: cached weights
         if sample_weight is None:
-            return self._shard(pad(leaves, size)), self.weights(n, size), size, n
-        # One transfer for the leaves and their weights.
-        *placed, weight = self._shard(pad([*leaves, sample_weight], size))
-        return placed, weight, size, n
+            weight = self.weights(n, size)
+            sample_weight = n  # their sum
+            placed = self._shard(pad(leaves, size))
+        else:  # one transfer for the leaves and their weights
+            *placed, weight = self._shard(pad([*leaves, sample_weight], size))
+        return DeviceBatch(placed, weight, self.total(weight, sample_weight), size, n)
 
     def weights(self, n: int, size: int) -> jax.Array:
         """Device weights for n real examples padded to size (cached)."""
@@ -131,6 +150,22 @@ class BatchPipeline:
             host[:n] = 1.0
             weight = self._weights[(n, size)] = self._shard([host])[0]
         return weight
+
+    def total(self, weight: jax.Array, host: np.ndarray | int) -> jax.Array:
+        """Σ of the global batch's weights, replicated (`host`: this
+        process's weights, or their sum)."""
+        if jax.process_count() > 1:
+            # Only the devices see every process's weights. Every process
+            # runs this reduction for every batch (never cached: the
+            # processes must run the same collectives in the same order).
+            return self._device_total(weight)
+        value = float(np.sum(host, dtype=np.float64))
+        total = self._totals.get(value)
+        if total is None:
+            total = jax.device_put(np.float32(value), self._replicated)
+            if len(self._totals) < 64:  # e.g. every batch size of a pass
+                self._totals[value] = total
+        return total
 
 
 def pad(leaves: list[Leaf], size: int) -> list[Leaf]:

@@ -1,4 +1,3 @@
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -7,6 +6,7 @@ import numpy as np
 
 from ._checks import BatchSpec, Leaf
 from ._step import build_predict_step, build_steps
+from ._sums import NO_FLAGS, EpochSums, sum_names
 
 
 if TYPE_CHECKING:
@@ -38,7 +38,8 @@ class CompiledSteps:
         self.traced_checks = traced_checks
         self.train: Any = None
         self.evaluate: Any = None
-        self.metric_names: tuple[str, ...] = ()
+        # The order of the packed sums: "loss", "weight", then the metrics.
+        self.sum_names: tuple[str, ...] = ()
         self._predict: dict[Any, Any] = {}
 
     @property
@@ -79,7 +80,7 @@ class CompiledSteps:
                 f"loss; {spec.input_fix(self.trainer.model)}. The error was: {error}"
                 + _hint(error)
             ) from error
-        self.metric_names = tuple(k for k in sums if k not in ("loss", "weight"))
+        self.sum_names = sum_names([k for k in sums if k not in ("loss", "weight")])
         self.train = jax.jit(
             train, donate_argnums=(0, 1), out_shardings=self.replicated
         )
@@ -119,22 +120,21 @@ class CompiledSteps:
             step = self._predict[treedef] = jax.jit(fn, out_shardings=strategy.split)
         return step
 
-    def train_acc(self) -> dict[str, jax.Array]:
+    @property
+    def step_names(self) -> tuple[str, ...]:
+        """The names of a train step's packed sums."""
+        skip = self.trainer.nan_policy == "skip"
+        return (*self.sum_names, "skipped") if skip else self.sum_names
+
+    def train_acc(self) -> EpochSums:
         """Zeroed on-device sums of an epoch, and the non-finite step record."""
-        return self._put(
-            {k: np.float32(0) for k in ("loss", "weight", *self.metric_names)}
-            | {"skipped": np.int32(0)}
-            | {"nonfinite_step": np.int32(-1), "nonfinite_leaf": np.int32(-1)}
-        )
+        zeros = np.zeros(len(self.sum_names), np.float32)
+        return EpochSums(*jax.device_put((zeros, NO_FLAGS), self.replicated))
 
-    def eval_acc(self) -> dict[str, jax.Array]:
+    def eval_acc(self) -> jax.Array:
         """Zeroed on-device sums of an evaluation."""
-        return self._put(
-            {k: np.float32(0) for k in ("loss", "weight", *self.metric_names)}
-        )
-
-    def _put(self, values: Mapping[str, np.generic]) -> dict[str, jax.Array]:
-        return jax.device_put(values, self.replicated)
+        zeros = np.zeros(len(self.sum_names), np.float32)
+        return jax.device_put(zeros, self.replicated)
 
 
 def _hint(error: Exception) -> str:

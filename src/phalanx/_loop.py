@@ -9,6 +9,7 @@ import jax
 
 from ._checks import empty_data_message, nonfinite_error
 from ._run import RunPlan
+from ._sums import FLAGS, EpochSums, StepSums, means
 from ._typing import HostMetrics
 from .callbacks._callback import overrides
 
@@ -35,12 +36,11 @@ def run_epoch(
     for i, batch in enumerate(() if done else data):
         if i < skip:
             continue
-        leaves, weight, first, n = trainer._batches.prepare(
-            batch, f"batch {i} of epoch {epoch}", first
-        )
+        placed = trainer._batches.prepare(batch, f"batch {i} of epoch {epoch}", first)
+        first = placed.size
         acc = trainer._steps.train_acc() if trainer._acc is None else trainer._acc
-        trainer._leaves, acc, metrics = trainer._steps.train(
-            trainer._leaves, acc, leaves, weight
+        trainer._leaves, acc, sums = trainer._steps.train(
+            trainer._leaves, acc, placed.leaves, placed.weight, placed.total
         )
         trainer._acc = acc
         trainer._step += 1
@@ -50,7 +50,10 @@ def run_epoch(
         if step_hooks:
             # Every process's examples (the slices are equal but for the
             # last batch of a pass, at most one example apart).
-            info = trainer._info(metrics, examples=n * jax.process_count())
+            info = trainer._info(
+                StepSums(sums, trainer._steps.step_names),
+                examples=placed.n * jax.process_count(),
+            )
             for callback in step_hooks:
                 callback.on_step_end(info)
         if trainer._preempted is not None:
@@ -69,36 +72,34 @@ def run_epoch(
     trainer._notify("on_epoch_end", info)
 
 
-def sync(trainer: "DataParallelTrainer", acc: dict[str, jax.Array]) -> None:
+def sync(trainer: "DataParallelTrainer", acc: EpochSums) -> None:
     """Wait for the device (bounded in-flight window); surface a bad step."""
     if trainer.nan_policy == "raise":
-        raise_if_nonfinite(trainer, jax.device_get(acc))
+        raise_if_nonfinite(trainer, jax.device_get(acc.flags))
     else:
-        jax.block_until_ready(acc["skipped"])
+        jax.block_until_ready(acc.flags)
 
 
-def epoch_logs(trainer: "DataParallelTrainer", sums: dict[str, Any]) -> HostMetrics:
-    """The epoch's means from its on-device sums (each divided once by the
+def epoch_logs(trainer: "DataParallelTrainer", acc: Any) -> HostMetrics:
+    """The epoch's means from its sums, fetched (each divided once by the
     epoch's total weight)."""
-    raise_if_nonfinite(trainer, sums)
-    # Names from the sums themselves: after a resume at an epoch's last
-    # step, the epoch ends before any batch has built the steps.
-    bookkeeping = ("weight", "skipped", "nonfinite_step", "nonfinite_leaf")
-    names = ["loss", *sorted(k for k in sums if k not in (*bookkeeping, "loss"))]
-    logs = {k: float(sums[k] / sums["weight"]) for k in names}
+    raise_if_nonfinite(trainer, acc.flags)
+    # Names kept with the sums: after a resume at an epoch's last step, the
+    # epoch ends before any batch has built the steps.
+    average = means(acc.sums, trainer._acc_names)
+    logs = {k: average[k] for k in ["loss", *sorted(set(average) - {"loss"})]}
     if trainer.nan_policy == "skip":
-        logs["skipped_steps"] = float(sums["skipped"])
+        logs["skipped_steps"] = float(acc.flags[FLAGS.index("skipped")])
     return logs
 
 
-def raise_if_nonfinite(trainer: "DataParallelTrainer", sums: dict[str, Any]) -> None:
+def raise_if_nonfinite(trainer: "DataParallelTrainer", flags: Any) -> None:
     """Raise FloatingPointError if a step had a non-finite gradient; the
     trainer's step goes back to it (its state was frozen there)."""
-    if int(sums["nonfinite_step"]) >= 0:
-        trainer._step = int(sums["nonfinite_step"])
-        raise nonfinite_error(
-            trainer._step, int(sums["nonfinite_leaf"]), trainer.state.model
-        )
+    _, step, leaf = (int(flag) for flag in flags)
+    if step >= 0:
+        trainer._step = step
+        raise nonfinite_error(step, leaf, trainer.state.model)
 
 
 def plan(data: Iterable[Any], run: RunPlan, step: int) -> tuple[int | None, int | None]:

@@ -2,7 +2,10 @@
 
 Each step is a `jax.jit` function of flat lists of arrays (NOTES trap 4):
 the state's leaves, an on-device accumulator of the epoch's sums, and the
-batch's leaves with per-example weights (0 for padding).
+batch's leaves with per-example weights (0 for padding). The train step also
+takes the batch's total weight, known before the step runs: the gradient is
+of Σ weight · loss / total, so the division happens once, on the loss's
+cotangent, instead of on every gradient leaf after the reduction.
 """
 
 from collections.abc import Callable
@@ -16,6 +19,7 @@ import jax.random as jr
 from ._checks import check_gradients, check_per_example
 from ._forward import example_keys, forward
 from ._state import TrainState
+from ._sums import EpochSums
 
 
 if TYPE_CHECKING:
@@ -30,7 +34,8 @@ def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
 
 
 def weighted_sums(trainer, model, outputs, targets, weight) -> dict[str, Any]:
-    """Σ weight · loss, Σ weight, and Σ weight · metric over this slice."""
+    """Σ weight · loss, Σ weight, and Σ weight · metric over this slice (in
+    the order of `sum_names`)."""
     losses = trainer.loss(model, outputs, targets)
     check_per_example(losses, weight, "loss")
     sums = {"loss": jnp.sum(weight * losses), "weight": jnp.sum(weight)}
@@ -45,9 +50,9 @@ def _array_leaves(state: TrainState) -> list[jax.Array]:
     return jax.tree.leaves(eqx.filter(state, eqx.is_array))
 
 
-def _means(sums: dict[str, Any]) -> dict[str, Any]:
-    """Divide every sum once by the global weight."""
-    return {k: v / sums["weight"] for k, v in sums.items() if k != "weight"}
+def _packed(sums: dict[str, Any]) -> jax.Array:
+    """A slice's sums as one vector (one operand of the reduction)."""
+    return jnp.stack(list(sums.values()))
 
 
 def build_steps(
@@ -88,7 +93,7 @@ def build_steps(
         sums = weighted_sums(trainer, model, outputs, targets, weight)
         return sums, outputs, model_state
 
-    def train_step(leaves, acc, batch_leaves, weight):
+    def train_step(leaves, acc, batch_leaves, weight, total):
         state = unflatten(leaves)
         params, arrays, static = _split_model(state.model)
         if pass_key:
@@ -97,22 +102,21 @@ def build_steps(
             step_key = next_key = state.key
 
         def local(replicated, model_state, examples):
-            params, rest = replicated
+            params, rest, total = replicated
 
             def objective(params):
                 sums, _, new_state = run(static, params, rest, model_state, examples)
-                return sums["loss"], (sums, new_state)
+                return sums["loss"] / total, (_packed(sums), new_state)
 
             grads, (sums, model_state) = jax.grad(objective, has_aux=True)(params)
             return (grads, sums), model_state
 
         (grads, sums), model_state = strategy.reduce(
             local,
-            (params, (arrays, step_key)),
+            (params, (arrays, step_key), total),
             state.model_state,
             examples(batch_leaves, weight),
         )
-        grads = jax.tree.map(lambda g: g / sums["weight"].astype(g.dtype), grads)
         grads = trainer.gradients(grads, state)
         check_gradients(grads, params)
 
@@ -137,7 +141,8 @@ def build_steps(
 
         def local(replicated, model_state, examples):
             params, rest = replicated
-            return run(static, params, rest, model_state, examples)[0], model_state
+            sums = run(static, params, rest, model_state, examples)[0]
+            return _packed(sums), model_state
 
         sums, _ = strategy.reduce(
             local,
@@ -145,7 +150,7 @@ def build_steps(
             state.model_state,
             examples(batch_leaves, weight),
         )
-        return jax.tree.map(jnp.add, acc, sums)
+        return acc + sums
 
     def probe(leaves, batch_leaves, weight):
         state = unflatten(leaves)
@@ -167,10 +172,13 @@ def _guard(
     old: TrainState,
     update: Callable[[], list[jax.Array]],
     grads: Any,
-    sums: Any,
-    acc: Any,
-) -> tuple[list[jax.Array], dict[str, jax.Array], dict[str, jax.Array]]:
+    sums: jax.Array,
+    acc: EpochSums,
+) -> tuple[list[jax.Array], EpochSums, jax.Array]:
     """Apply the non-finite gradient policy; update the epoch accumulator.
+
+    Returns the new state's leaves, the epoch's sums, and the step's packed
+    sums (with a trailing 1 if the step was skipped, under ``"skip"``).
 
     ``"raise"`` freezes the state at the first bad step and records it, so the
     host can raise at its next sync point with the state from before that
@@ -185,27 +193,23 @@ def _guard(
         jnp.stack([jnp.sum(g * 0) for g in jax.tree.leaves(grads)])
     )
     finite = jnp.all(finite_leaves)
-    halted = acc["nonfinite_step"] >= 0
+    skipped, bad_step, bad_leaf = acc.flags
+    halted = bad_step >= 0
     apply = {"off": jnp.bool_(True), "skip": finite, "raise": finite & ~halted}[policy]
     first_bad = ~finite & ~halted if policy == "raise" else jnp.bool_(False)
     if policy == "off":
         leaves = update()
     else:
         leaves = jax.lax.cond(apply, update, lambda: _array_leaves(old))
-    acc = {
-        **{k: acc[k] + jnp.where(apply, v, jnp.zeros_like(v)) for k, v in sums.items()},
-        "skipped": acc["skipped"] + (~apply).astype(jnp.int32),
-        "nonfinite_step": jnp.where(first_bad, old.step, acc["nonfinite_step"]),
-        "nonfinite_leaf": jnp.where(
-            first_bad,
-            jnp.argmin(finite_leaves).astype(jnp.int32),
-            acc["nonfinite_leaf"],
-        ),
-    }
-    metrics = _means(sums)
+    flags = [
+        skipped + (~apply).astype(jnp.int32),
+        jnp.where(first_bad, old.step, bad_step),
+        jnp.where(first_bad, jnp.argmin(finite_leaves).astype(jnp.int32), bad_leaf),
+    ]
+    acc = EpochSums(acc.sums + jnp.where(apply, sums, 0), jnp.stack(flags))
     if policy == "skip":
-        metrics["skipped"] = (~apply).astype(jnp.float32)
-    return leaves, acc, metrics
+        sums = jnp.append(sums, (~apply).astype(sums.dtype))
+    return leaves, acc, sums
 
 
 def build_predict_step(

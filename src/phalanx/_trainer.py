@@ -27,9 +27,9 @@ from ._loop import plan, run_epoch
 from ._processes import predict_across_processes
 from ._run import Preempted, RunPlan, find_checkpoint, preemption
 from ._state import TrainState
+from ._sums import EpochSums, StepSums, means
 from ._typing import (
     ChecksMode,
-    DeviceMetrics,
     HostMetrics,
     LossFn,
     LossName,
@@ -169,7 +169,8 @@ class DataParallelTrainer(Generic[_Model]):
         # Where a fit is: its plan, data, the epoch's on-device sums and steps.
         self._run = RunPlan(0, 0, None, None)
         self._data: Any = None
-        self._acc: dict[str, jax.Array] | None = None
+        self._acc: EpochSums | None = None
+        self._acc_names: tuple[str, ...] = ()  # the order of _acc.sums
         self._epoch_steps = 0
         self._preempted: int | None = None
         self._steps = CompiledSteps(
@@ -366,18 +367,16 @@ class DataParallelTrainer(Generic[_Model]):
         acc: Any = None
         first = None
         for i, batch in enumerate(data):
-            leaves, weight, first, _ = self._batches.prepare(batch, f"batch {i}", first)
+            placed = self._batches.prepare(batch, f"batch {i}", first)
+            first = placed.size
             if acc is None:
                 acc = self._steps.eval_acc()
-            acc = self._steps.evaluate(self._leaves, acc, leaves, weight)
+            acc = self._steps.evaluate(self._leaves, acc, placed.leaves, placed.weight)
             if (i + 1) % self.sync_every == 0:
                 jax.block_until_ready(acc)
         if acc is None:
             raise ValueError(empty_data_message("data"))
-        sums = jax.device_get(acc)
-        results = {
-            k: float(v / sums["weight"]) for k, v in sums.items() if k != "weight"
-        }
+        results = means(jax.device_get(acc), self._steps.sum_names)
         self._notify("on_eval_end", self._info(results))
         return results
 
@@ -428,9 +427,13 @@ class DataParallelTrainer(Generic[_Model]):
             hlo = trainer.lower((x, y)).compile().as_text()
             ```
         """
-        leaves, weight, _, _ = self._batches.prepare(batch, "batch", None)
+        placed = self._batches.prepare(batch, "batch", None)
         return self._steps.train.lower(
-            self._leaves, self._steps.train_acc(), leaves, weight
+            self._leaves,
+            self._steps.train_acc(),
+            placed.leaves,
+            placed.weight,
+            placed.total,
         )
 
     # ------------------------------------------------------------ set-up
@@ -451,11 +454,12 @@ class DataParallelTrainer(Generic[_Model]):
         # The step sees the global batch: every process's slice.
         size *= self.strategy.batch_multiple // self.strategy.process_batch_multiple
         outputs = self._steps.build(spec, self._leaves, size)
+        self._acc_names = self._steps.sum_names
         if self._loss_name == "cross_entropy":
             self._batches.num_classes = int(outputs.shape[-1])
 
     def _info(
-        self, metrics: DeviceMetrics | HostMetrics | None = None, examples: int = 0
+        self, metrics: StepSums | HostMetrics | None = None, examples: int = 0
     ) -> StepInfo:
         max_epochs, total_steps = self._plan
         return StepInfo(

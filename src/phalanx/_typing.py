@@ -13,13 +13,11 @@ shared leading ``batch`` axis.
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeAlias, TypeVar
 
-from jaxtyping import Array, Float, Int, Shaped
+from jaxtyping import Array, Float, Int
 
 
 ExampleIndex: TypeAlias = Int[Array, " batch"]
 PerExample: TypeAlias = Float[Array, " batch"]
-# Device scalars by name; fetched to the host only at log points.
-DeviceMetrics: TypeAlias = dict[str, Shaped[Array, ""]]
 HostMetrics: TypeAlias = dict[str, float]
 # ``loss=`` callables: (outputs, targets) -> one value per example.
 LossFn: TypeAlias = Callable[[Any, Any], PerExample]

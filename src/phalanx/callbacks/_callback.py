@@ -1,10 +1,11 @@
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import jax
 
-from .._typing import DeviceMetrics, HostMetrics
+from .._sums import StepSums
+from .._typing import HostMetrics
 
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class StepInfo:
     trainer: "DataParallelTrainer"
     step: int
     epoch: int
-    device_metrics: DeviceMetrics | HostMetrics = dataclasses.field(
+    device_metrics: StepSums | HostMetrics = dataclasses.field(
         default_factory=dict, repr=False
     )
     examples: int = 0
@@ -54,12 +55,11 @@ class StepInfo:
         (e.g. ``"lr"``); callbacks later in the list see them.
         """
         metrics = self.device_metrics
-        if all(isinstance(value, float) for value in metrics.values()):
-            # Already on the host (epoch end): the very dict the history keeps,
-            # so entries a callback adds (e.g. "lr") reach later callbacks too.
-            return metrics  # pyright: ignore[reportReturnType]
-        fetched: dict[str, Any] = jax.device_get(dict(metrics))
-        return {name: float(value) for name, value in fetched.items()}
+        if isinstance(metrics, StepSums):
+            return metrics.means()
+        # Already on the host (epoch end): the very dict the history keeps,
+        # so entries a callback adds (e.g. "lr") reach later callbacks too.
+        return metrics
 
     @property
     def state(self) -> "TrainState":

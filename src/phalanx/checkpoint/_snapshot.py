@@ -17,12 +17,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from .._run import RunPlan
+from .._sums import FLAGS, EpochSums
 from ._leaf_spec import LeafSpec, check_same_specs, leaf_specs
 from ._packing import Layout, pack, packed_sizes, unpack
 
 
-# Version 2: arrays packed into one array per dtype (_packing.py).
-FORMAT = 2
+# Version 2: arrays packed into one array per dtype (_packing.py); 3: a
+# part-done epoch's sums as two vectors (sums, flags) and the sums' names.
+FORMAT = 3
 
 
 if TYPE_CHECKING:
@@ -46,9 +48,9 @@ def snapshot(
     The arrays are copies queued on the devices, not waited for (the next
     step donates the trainer's own buffers); everything else is read now.
     """
-    acc = dict(trainer._acc or {})
+    acc = trainer._acc or ()
     leaves = [jax.random.key_data(x) if _is_key(x) else x for x in trainer._leaves]
-    packed = pack([*leaves, *acc.values()], trainer.strategy.replicated)
+    packed = pack([*leaves, *acc], trainer.strategy.replicated)
     host = {
         "format": FORMAT,
         "phalanx": _version(),
@@ -61,7 +63,7 @@ def snapshot(
         "epoch_steps": trainer._epoch_steps,
         "run": dataclasses.asdict(trainer._run),
         "history": trainer.history.state_dict(),
-        "acc": {name: str(value.dtype) for name, value in acc.items()},
+        "acc": list(trainer._acc_names) if acc else None,
         "data": data.state_dict() if hasattr(data, "state_dict") else None,
         "callbacks": callbacks,
     }
@@ -119,7 +121,11 @@ def restore(
     current = trainer._leaves
     layout: Layout = (
         *(_layout(jax.random.key_data(x) if _is_key(x) else x) for x in current),
-        *(((), dtype) for dtype in host["acc"].values()),
+        *(
+            [((len(host["acc"]),), "float32"), ((len(FLAGS),), "int32")]
+            if host["acc"]
+            else []
+        ),
     )
     like = {
         dtype: jax.ShapeDtypeStruct((size,), np.dtype(dtype), sharding=replicated)
@@ -140,7 +146,11 @@ def restore(
         else new
         for new, old in zip(leaves[: len(current)], current, strict=True)
     ]
-    trainer._acc = dict(zip(host["acc"], leaves[len(current) :], strict=True)) or None
+    if host["acc"]:
+        trainer._acc = EpochSums(*leaves[len(current) :])
+        trainer._acc_names = tuple(host["acc"])
+    else:
+        trainer._acc = None
     trainer._step = host["step"]
     trainer._epoch = host["epoch"]
     trainer._epoch_steps = host["epoch_steps"]
