@@ -18,7 +18,10 @@ What is measured, per side (a trainer or reference is built once per device
 count and batch size and serves every case it appears in):
 
 - time to first step, from nothing: build the model and the trainer or
-  reference, place the device batches, make one step, wait for it;
+  reference, place the device batches, make one step, wait for it; the
+  median of `--first-step-repeats` builds, each after `jax.clear_caches()`
+  (so each traces and compiles afresh), after a warm-up on every device
+  count (so no build pays JAX's one-off set-up);
 - `--repeats` timed runs of the same number of steps, the sides alternating
   (AB, BA, ...), each timed until `jax.block_until_ready` on the state
   returns. The steps are `--steps`, or else as many as side B makes in about
@@ -83,8 +86,19 @@ TARGETS = {
 FIRST_STEP_TARGET = 1.2  # time to first step, A/B, at most
 MIN_STEPS = 10  # per timed run, when chosen from --run-seconds
 CALIBRATION_STEPS = 5
-TINY = {"repeats": 1, "steps": 3, "devices": "2", "batch_sizes": "64"}
-DEFAULTS = {"repeats": 5, "devices": "1,8", "batch_sizes": "256,2048"}
+TINY = {
+    "repeats": 1,
+    "first_step_repeats": 1,
+    "steps": 3,
+    "devices": "2",
+    "batch_sizes": "64",
+}
+DEFAULTS = {
+    "repeats": 5,
+    "first_step_repeats": 3,
+    "devices": "1,8",
+    "batch_sizes": "256,2048",
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -93,6 +107,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--cases", default=",".join(CASES), help=f"comma-separated, from {CASES}"
     )
     parser.add_argument("--repeats", type=int, help="timed runs per side (5)")
+    parser.add_argument(
+        "--first-step-repeats",
+        type=int,
+        help="builds timed per side for the time to first step (3)",
+    )
     parser.add_argument("--steps", type=int, help="steps per timed run")
     parser.add_argument(
         "--run-seconds",
@@ -123,8 +142,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.data = _names(parser, "data", args.data, ("device", "host"))
     args.devices = _ints(parser, "devices", args.devices)
     args.batch_sizes = _ints(parser, "batch-sizes", args.batch_sizes)
-    if args.repeats < 1 or (args.steps or 1) < 1 or args.run_seconds <= 0:
-        parser.error("--repeats, --steps and --run-seconds must be positive")
+    if (
+        min(args.repeats, args.first_step_repeats, args.steps or 1) < 1
+        or args.run_seconds <= 0
+    ):
+        parser.error(
+            "--repeats, --first-step-repeats, --steps and --run-seconds must be "
+            "positive"
+        )
     microbatches = max(
         [1]
         + [MICROBATCHES for c in args.cases if c.startswith("accum")]
@@ -208,13 +233,15 @@ def memory_stats(compiled: jax.stages.Compiled) -> dict[str, int] | None:
 class Side:
     """One trainer or reference loop, built once and fed either kind of data.
 
-    `start` builds it from nothing and makes its first step (timed once, then
-    remembered); `run` times `steps` steps from ``"device"`` batches (placed
-    once, cycled through) or from the ``"host"`` loader (placed every step).
+    `start` builds it from nothing and makes its first step (timed `repeats`
+    times from empty caches, then remembered); `run` times `steps` steps
+    from ``"device"`` batches (placed once, cycled through) or from the
+    ``"host"`` loader (placed every step).
     """
 
-    def __init__(self, batch: int):
+    def __init__(self, batch: int, repeats: int):
         self.batch = batch
+        self.repeats = repeats  # builds timed for the time to first step
         self.first_step_s: float | None = None
         self._memory: dict[str, int] | None = None
 
@@ -222,9 +249,13 @@ class Side:
         """Seconds to build, place the device batches and finish step one."""
         if self.first_step_s is None:
             dataset(self.batch)  # made before the clock starts
-            start = time.perf_counter()
-            self.build()
-            self.first_step_s = time.perf_counter() - start
+            times = []
+            for _ in range(self.repeats):
+                jax.clear_caches()
+                start = time.perf_counter()
+                self.build()
+                times.append(time.perf_counter() - start)
+            self.first_step_s = statistics.median(times)
         return self.first_step_s
 
     def memory(self) -> dict[str, int] | None:
@@ -246,8 +277,10 @@ class PhalanxSide(Side):
     """A `DataParallelTrainer`, timed through `fit(data, steps=S)` until the
     state is ready."""
 
-    def __init__(self, make_strategy: Callable[[], px.Strategy], batch: int, **kw):
-        super().__init__(batch)
+    def __init__(
+        self, make_strategy: Callable[[], px.Strategy], batch: int, repeats: int, **kw
+    ):
+        super().__init__(batch, repeats)
         self.make_strategy = make_strategy
         self.kwargs = kw  # e.g. checks="off"
 
@@ -278,8 +311,10 @@ class ReferenceSide(Side):
     """A hand-written loop from `references.py`, stepped in a plain for loop
     (no waiting) until the state is ready."""
 
-    def __init__(self, kind: str, devices: int, batch: int, microbatches: int = 1):
-        super().__init__(batch)
+    def __init__(
+        self, kind: str, devices: int, batch: int, repeats: int, microbatches: int = 1
+    ):
+        super().__init__(batch, repeats)
         self.kind, self.devices, self.microbatches = kind, devices, microbatches
 
     def build(self) -> None:
@@ -347,23 +382,28 @@ def cell_cases(args: argparse.Namespace, n: int, batch: int) -> list[Case]:
     reference serves every case it appears in (built and compiled once)."""
     cases = []
     references: dict[str, Side] = {}
-    trainers = {name: PhalanxSide(make_strategy(name, n), batch) for name in PAIRS}
+    repeats = args.first_step_repeats
+    trainers = {
+        name: PhalanxSide(make_strategy(name, n), batch, repeats) for name in PAIRS
+    }
     for name in [c for c in args.cases if c in PAIRS]:
         kind = REFERENCE_KINDS.get(name, "scan")
         if kind not in references:
             k = MICROBATCHES if kind == "scan" else 1
-            references[kind] = ReferenceSide(kind, n, batch, k)
+            references[kind] = ReferenceSide(kind, n, batch, repeats, k)
         a_label, b_label = LABELS[name]
         for feed in args.data:
             a, b = trainers[name], references[kind]
             cases.append(Case(name, n, batch, feed, a_label, a, feed, b_label, b, feed))
     sharding = trainers["sharding"]
     if "checks" in args.cases:
-        off = PhalanxSide(make_strategy("sharding", n), batch, checks="off")
+        off = PhalanxSide(make_strategy("sharding", n), batch, repeats, checks="off")
         labels = ("checks on", sharding, "host", "checks off", off, "host")
         cases.append(Case("checks", n, batch, "host", *labels))
     if "nan-guard" in args.cases:
-        off = PhalanxSide(make_strategy("sharding", n), batch, nan_policy="off")
+        off = PhalanxSide(
+            make_strategy("sharding", n), batch, repeats, nan_policy="off"
+        )
         labels = ("nan_policy raise", sharding, "device", "nan_policy off", off)
         cases.append(Case("nan-guard", n, batch, "device", *labels, "device"))
     if "host-vs-device" in args.cases:
@@ -389,6 +429,8 @@ def measure(case: Case, repeats: int, steps: int | None, seconds: float) -> dict
     sides = {"a": (case.a, case.a_feed), "b": (case.b, case.b_feed)}
     labels = {"a": case.a_label, "b": case.b_label}
     first = {key: side.start() for key, (side, _) in sides.items()}
+    for side, feed in sides.values():  # compiled again after clear_caches
+        side.run(1, feed)
     steps = steps or steps_per_run(case, seconds)
     seconds: dict[str, list[float]] = {"a": [], "b": []}
     for round_ in range(repeats):
@@ -550,17 +592,19 @@ def memory_table(rows: list[dict[str, Any]]) -> Table:
 # ----------------------------------------------------------------------- main
 
 
-def warm_up() -> None:
-    """Start JAX and trace each kind of step once on a shape no case uses, so
-    the first case's time to first step holds no one-off set-up."""
-    x, y = np.zeros((16, IN), np.float32), np.zeros(16, np.int32)
-    trainer = px.DataParallelTrainer(
-        make_model(), make_optimizer(), strategy=px.ShardingStrategy(1)
-    )
-    trainer.fit([(x, y)], steps=1)
-    reference = make_reference("jit", jax.devices()[:1], 16)
-    reference.step(reference.place(x, y))
-    reference.block()
+def warm_up(device_counts: list[int]) -> None:
+    """Start JAX and run each kind of step once on every device count, on a
+    shape no case uses, so no time to first step holds one-off set-up."""
+    for n in device_counts:
+        rows = 16 * n
+        x, y = np.zeros((rows, IN), np.float32), np.zeros(rows, np.int32)
+        trainer = px.DataParallelTrainer(
+            make_model(), make_optimizer(), strategy=px.ShardingStrategy(n)
+        )
+        trainer.fit([(x, y)], steps=1)
+        reference = make_reference("jit", jax.devices()[:n], rows)
+        reference.step(reference.place(x, y))
+        reference.block()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -576,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     config = configuration(args)
     console = Console(width=None if sys.stdout.isatty() else 190)
-    warm_up()
+    warm_up(args.devices)
     results = []
     for n, batch in itertools.product(args.devices, args.batch_sizes):
         for case in cell_cases(args, n, batch):
