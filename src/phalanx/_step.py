@@ -187,10 +187,12 @@ def _guard(
     a policy it runs in a `lax.cond`, so that a good step updates the state
     in place instead of selecting between two copies of it.
     """
-    # x * 0 is 0 for a finite x and NaN for NaN or ±inf: one multiply and
-    # one sum per leaf (no overflow, unlike summing the values themselves).
+    # x - x is 0 for a finite x and NaN for NaN or ±inf: one subtraction and
+    # one sum per leaf (no overflow, unlike summing the values themselves;
+    # x * 0 would multiply by a broadcast zeros array, which XLA may share
+    # with an accumulator's zeros and then copy).
     finite_leaves = ~jnp.isnan(
-        jnp.stack([jnp.sum(g * 0) for g in jax.tree.leaves(grads)])
+        jnp.stack([jnp.sum(g - g) for g in jax.tree.leaves(grads)])
     )
     finite = jnp.all(finite_leaves)
     skipped, bad_step, bad_leaf = acc.flags
