@@ -186,25 +186,34 @@ def test_step_metrics_are_lazy_floats():
     assert all(isinstance(v, float) for m in seen for v in m.values())
 
 
-def test_one_transfer_per_host_batch(monkeypatch):
-    """A host batch reaches the devices in one transfer, its sample weights
-    included; all-ones weights (a loader's full batch) use cached ones."""
+def test_host_batches_travel_with_the_step_call(monkeypatch):
+    """A NumPy batch and its sample weights go to the devices as arguments of
+    the compiled step (placed by its input shardings, in C++), with no
+    `jax.device_put` of their own; all-ones weights (a loader's full batch)
+    use cached device weights."""
     x, y = make_data(64)
     weights = np.linspace(0.5, 1.5, 64, dtype=np.float32)
     trainer = px.DataParallelTrainer(
         make_model(), optax.sgd(0.1), strategy=px.ShardingStrategy(8)
     )
     trainer.fit([(x, y), (x, y, weights)], epochs=1)  # compiles, caches weights
-    transfers = []
-    device_put = jax.device_put
+    transfers, calls = [], []
+    device_put, train = jax.device_put, trainer._steps.train
 
     def counted(*args, **kwargs):
         transfers.append(args)
         return device_put(*args, **kwargs)
 
+    def spied(leaves, acc, batch, weight, total):
+        calls.append([type(leaf) for leaf in [*batch, weight]])
+        return train(leaves, acc, batch, weight, total)
+
     monkeypatch.setattr(jax, "device_put", counted)
+    monkeypatch.setattr(trainer._steps, "train", spied)
     ones = np.ones(64, np.float32)
     trainer.fit([(x, y), (x, y, weights), (x, y, ones)], epochs=1)
-    # (the epoch's zeroed sums are placed once, as a tuple)
-    batches = [leaves for leaves, *_ in transfers if isinstance(leaves, list)]
-    assert [len(leaves) for leaves in batches] == [2, 3, 2]
+    # The only transfer: the epoch's zeroed sums (the totals are cached).
+    assert len(transfers) == 1 and isinstance(transfers[0][0], tuple)
+    cached = type(trainer._batches.weights(64, 64))
+    host = [np.ndarray, np.ndarray]
+    assert calls == [host + [cached], host + [np.ndarray], host + [cached]]

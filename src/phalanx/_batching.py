@@ -23,19 +23,21 @@ from .strategies import Strategy
 
 
 class DeviceBatch(NamedTuple):
-    """A batch placed for a step.
+    """A batch ready for a step.
 
     Attributes:
-        leaves: the leaves of ``(inputs, targets)``, split across devices.
-        weight: per-example weights (sample weights; 0 for padding), split.
+        leaves: the leaves of ``(inputs, targets)``: split across devices, or
+            NumPy arrays the step itself places (single process).
+        weight: per-example weights (sample weights; 0 for padding), as
+            the leaves.
         total: Σ weight over the global batch, replicated.
         size: examples in the padded step; pass it back as `first` for the
             rest of the pass.
         n: this process's real examples.
     """
 
-    leaves: list[jax.Array]
-    weight: jax.Array
+    leaves: list[jax.Array | np.ndarray]
+    weight: jax.Array | np.ndarray
     total: jax.Array
     size: int
     n: int
@@ -137,10 +139,19 @@ class BatchPipeline:
         if sample_weight is None:
             weight = self.weights(n, size)
             sample_weight = n  # their sum
-            placed = self._shard(pad(leaves, size))
+            placed = self.place(pad(leaves, size))
         else:  # one transfer for the leaves and their weights
-            *placed, weight = self._shard(pad([*leaves, sample_weight], size))
+            *placed, weight = self.place(pad([*leaves, sample_weight], size))
         return DeviceBatch(placed, weight, self.total(weight, sample_weight), size, n)
+
+    def place(self, leaves: list[Leaf]) -> list[jax.Array | np.ndarray]:
+        """Leaves for a step: NumPy leaves of a single process as they are
+        (the compiled step's input shardings split them across the devices
+        as it is called, in C++: cheaper than a `jax.device_put` first),
+        anything else placed by the strategy."""
+        if jax.process_count() == 1 and all(isinstance(x, np.ndarray) for x in leaves):
+            return [*leaves]
+        return [*self._shard(leaves)]
 
     def weights(self, n: int, size: int) -> jax.Array:
         """Device weights for n real examples padded to size (cached)."""
@@ -151,7 +162,9 @@ class BatchPipeline:
             weight = self._weights[(n, size)] = self._shard([host])[0]
         return weight
 
-    def total(self, weight: jax.Array, host: np.ndarray | int) -> jax.Array:
+    def total(
+        self, weight: jax.Array | np.ndarray, host: np.ndarray | int
+    ) -> jax.Array:
         """Σ of the global batch's weights, replicated (`host`: this
         process's weights, or their sum)."""
         if jax.process_count() > 1:

@@ -81,11 +81,19 @@ class CompiledSteps:
                 + _hint(error)
             ) from error
         self.sum_names = sum_names([k for k in sums if k not in ("loss", "weight")])
+        # Batches may come as NumPy arrays: the shardings place them.
+        replicated, split = self.replicated, self.trainer.strategy.split
         self.train = jax.jit(
-            train, donate_argnums=(0, 1), out_shardings=self.replicated
+            train,
+            donate_argnums=(0, 1),
+            in_shardings=(replicated, replicated, split, split, replicated),
+            out_shardings=replicated,
         )
         self.evaluate = jax.jit(
-            evaluate, donate_argnums=(1,), out_shardings=self.replicated
+            evaluate,
+            donate_argnums=(1,),
+            in_shardings=(replicated, replicated, split, split),
+            out_shardings=replicated,
         )
         return outputs
 
