@@ -46,17 +46,19 @@ def max_abs_diff(a, b) -> float:
     )
 
 
-def reference_fit(model, batches, steps: int, lr: float = 1e-2):
-    """One device, full batch, plain jax.jit: the update every strategy must match."""
-    optimizer = optax.adam(lr)
+def reference_fit(model, batches, steps: int, lr: float = 1e-2, optimizer=None):
+    """One device, full batch, plain jax.jit: the update every strategy must
+    match (adam(lr) unless another `optimizer` is given)."""
+    optimizer = optax.adam(lr) if optimizer is None else optimizer
     params, static = eqx.partition(model, eqx.is_inexact_array)
     opt_state = optimizer.init(params)
 
     @jax.jit
-    def step(params, opt_state, x, y):
+    def step(params, opt_state, x, y, w):
         def loss(params):
             logits = jax.vmap(eqx.combine(params, static))(x)
-            return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
+            losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+            return jnp.sum(w * losses) / jnp.sum(w)
 
         grads = jax.grad(loss)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -64,9 +66,10 @@ def reference_fit(model, batches, steps: int, lr: float = 1e-2):
 
     device = jax.devices()[0]
     for i in range(steps):
-        x, y = batches[i % len(batches)]
-        x, y = jax.device_put((x, y), device)
-        params, opt_state = step(params, opt_state, x, y)
+        x, y, *w = batches[i % len(batches)]  # (x, y) or (x, y, sample_weight)
+        w = w[0] if w else np.ones(len(x), np.float32)
+        x, y, w = jax.device_put((x, y, w), device)
+        params, opt_state = step(params, opt_state, x, y, w)
     return eqx.combine(params, static)
 
 
