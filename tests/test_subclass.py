@@ -31,6 +31,22 @@ class L2Trainer(px.DataParallelTrainer):
         return {**super().metrics(outputs, targets), "top2": hit}
 
 
+@pytest.mark.parametrize("name", ["loss", "weight", "skipped"])
+def test_a_metric_may_not_take_the_trainers_own_names(name):
+    class Clashing(px.DataParallelTrainer):
+        @override
+        def metrics(self, outputs, targets):
+            return {name: jnp.zeros(outputs.shape[0])}
+
+    x, y = make_data(16)
+    trainer = Clashing(make_model(), optax.adam(1e-2))
+    # Its own message, not wrapped as a batch that does not fit the model.
+    message = rf"^metrics\(\) returned a metric named '{name}'.*rename it, e\.g\."
+    with pytest.raises(ValueError, match=message):
+        trainer.fit([(x, y)], steps=1)
+    assert int(trainer.state.step) == 0
+
+
 def test_regularised_loss_and_extra_metric():
     x, y = make_data(64)
     model = make_model()

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import BatchSpec, Leaf
-from ._step import build_predict_step, build_steps
+from ._step import MetricNameError, build_predict_step, build_steps
 from ._sums import NO_FLAGS, EpochSums, sum_names
 
 
@@ -73,6 +73,8 @@ class CompiledSteps:
         weight = jax.ShapeDtypeStruct((size,), jnp.float32)
         try:
             outputs, sums = jax.eval_shape(probe, state_leaves, shapes, weight)
+        except MetricNameError:
+            raise  # not the batch's fault: its own message says what to rename
         except (TypeError, ValueError) as error:
             kind = TypeError if isinstance(error, TypeError) else ValueError
             raise kind(

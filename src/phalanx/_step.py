@@ -33,13 +33,29 @@ def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
     return params, arrays, static
 
 
+class MetricNameError(ValueError):
+    """`metrics()` returned a name the trainer reports itself."""
+
+
+# The names of the trainer's own entries among a step's sums and metrics.
+RESERVED_NAMES = ("loss", "weight", "skipped", "skipped_steps")
+
+
 def weighted_sums(trainer, model, outputs, targets, weight) -> dict[str, Any]:
     """Σ weight · loss, Σ weight, and Σ weight · metric over this slice (in
     the order of `sum_names`)."""
     losses = trainer.loss(model, outputs, targets)
     check_per_example(losses, weight, "loss")
     sums = {"loss": jnp.sum(weight * losses), "weight": jnp.sum(weight)}
-    for name, values in trainer.metrics(outputs, targets).items():
+    metrics = trainer.metrics(outputs, targets)
+    taken = [name for name in RESERVED_NAMES if name in metrics]
+    if taken:
+        raise MetricNameError(
+            f"metrics() returned a metric named {taken[0]!r}, a name the trainer "
+            f"reports itself ({', '.join(RESERVED_NAMES)}); rename it, e.g. "
+            f"{taken[0] + '_metric'!r}"
+        )
+    for name, values in metrics.items():
         check_per_example(values, weight, f"metrics()[{name!r}]")
         sums[name] = jnp.sum(weight * values.astype(weight.dtype))
     return sums
