@@ -48,9 +48,9 @@ def snapshot(
     The arrays are copies queued on the devices, not waited for (the next
     step donates the trainer's own buffers); everything else is read now.
     """
-    acc = trainer._acc or ()
+    acc = trainer._acc
     leaves = [jax.random.key_data(x) if _is_key(x) else x for x in trainer._leaves]
-    packed = pack([*leaves, *acc], trainer.strategy.replicated)
+    packed = pack([*leaves, *(acc or ())], trainer.strategy.replicated)
     host = {
         "format": FORMAT,
         "phalanx": _version(),
@@ -63,7 +63,9 @@ def snapshot(
         "epoch_steps": trainer._epoch_steps,
         "run": dataclasses.asdict(trainer._run),
         "history": trainer.history.state_dict(),
-        "acc": list(trainer._acc_names) if acc else None,
+        "acc": None
+        if acc is None
+        else {"names": list(trainer._acc_names), "dtype": str(acc.sums.dtype)},
         "data": data.state_dict() if hasattr(data, "state_dict") else None,
         "callbacks": callbacks,
     }
@@ -122,7 +124,10 @@ def restore(
     layout: Layout = (
         *(_layout(jax.random.key_data(x) if _is_key(x) else x) for x in current),
         *(
-            [((len(host["acc"]),), "float32"), ((len(FLAGS),), "int32")]
+            [
+                ((len(host["acc"]["names"]),), host["acc"]["dtype"]),
+                ((len(FLAGS),), "int32"),
+            ]
             if host["acc"]
             else []
         ),
@@ -148,7 +153,7 @@ def restore(
     ]
     if host["acc"]:
         trainer._acc = EpochSums(*leaves[len(current) :])
-        trainer._acc_names = tuple(host["acc"])
+        trainer._acc_names = tuple(host["acc"]["names"])
     else:
         trainer._acc = None
     trainer._step = host["step"]
