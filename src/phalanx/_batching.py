@@ -138,11 +138,12 @@ class BatchPipeline:
             sample_weight = None  # e.g. a loader's full batch: cached weights
         if sample_weight is None:
             weight = self.weights(n, size)
-            sample_weight = n  # their sum
             placed = self.place(pad(leaves, size))
+            total = self.total(weight, n)  # n ones
         else:  # one transfer for the leaves and their weights
             *placed, weight = self.place(pad([*leaves, sample_weight], size))
-        return DeviceBatch(placed, weight, self.total(weight, sample_weight), size, n)
+            total = self.total(weight, sample_weight)
+        return DeviceBatch(placed, weight, total, size, n)
 
     def place(self, leaves: list[Leaf]) -> list[jax.Array | np.ndarray]:
         """Leaves for a step: NumPy leaves of a single process as they are

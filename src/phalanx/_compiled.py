@@ -38,7 +38,8 @@ class CompiledSteps:
         self.traced_checks = traced_checks
         self.train: Any = None
         self.evaluate: Any = None
-        # The order of the packed sums: "loss", "weight", then the metrics.
+        # The order of the packed sums: "loss", "weight", then the metrics
+        # (set by `build`, or by a restored checkpoint of a part-done epoch).
         self.sum_names: tuple[str, ...] = ()
         self._predict: dict[Any, Any] = {}
 

@@ -84,9 +84,9 @@ def epoch_logs(trainer: "DataParallelTrainer", acc: Any) -> HostMetrics:
     """The epoch's means from its sums, fetched (each divided once by the
     epoch's total weight)."""
     raise_if_nonfinite(trainer, acc.flags)
-    # Names kept with the sums: after a resume at an epoch's last step, the
-    # epoch ends before any batch has built the steps.
-    average = means(acc.sums, trainer._acc_names)
+    # After a resume at an epoch's last step, the epoch ends before any batch
+    # has built the steps: the names are then the checkpoint's.
+    average = means(acc.sums, trainer._steps.sum_names)
     logs = {k: average[k] for k in ["loss", *sorted(set(average) - {"loss"})]}
     if trainer.nan_policy == "skip":
         logs["skipped_steps"] = float(acc.flags[FLAGS.index("skipped")])

@@ -170,7 +170,6 @@ class DataParallelTrainer(Generic[_Model]):
         self._run = RunPlan(0, 0, None, None)
         self._data: Any = None
         self._acc: EpochSums | None = None
-        self._acc_names: tuple[str, ...] = ()  # the order of _acc.sums
         self._epoch_steps = 0
         self._preempted: int | None = None
         self._steps = CompiledSteps(
@@ -454,7 +453,6 @@ class DataParallelTrainer(Generic[_Model]):
         # The step sees the global batch: every process's slice.
         size *= self.strategy.batch_multiple // self.strategy.process_batch_multiple
         outputs = self._steps.build(spec, self._leaves, size)
-        self._acc_names = self._steps.sum_names
         if self._loss_name == "cross_entropy":
             self._batches.num_classes = int(outputs.shape[-1])
 

@@ -65,7 +65,7 @@ def snapshot(
         "history": trainer.history.state_dict(),
         "acc": None
         if acc is None
-        else {"names": list(trainer._acc_names), "dtype": str(acc.sums.dtype)},
+        else {"names": list(trainer._steps.sum_names), "dtype": str(acc.sums.dtype)},
         "data": data.state_dict() if hasattr(data, "state_dict") else None,
         "callbacks": callbacks,
     }
@@ -153,7 +153,7 @@ def restore(
     ]
     if host["acc"]:
         trainer._acc = EpochSums(*leaves[len(current) :])
-        trainer._acc_names = tuple(host["acc"]["names"])
+        trainer._steps.sum_names = tuple(host["acc"]["names"])
     else:
         trainer._acc = None
     trainer._step = host["step"]
