@@ -328,6 +328,8 @@ def test_bad_strategy_arguments(make, error, phrases):
         ({"nan_policy": "ignore"}, ValueError, ["nan_policy='ignore'"]),
         ({"seed": 1.5}, TypeError, ["seed=1.5"]),
         ({"sync_every": 0}, ValueError, ["sync_every=0"]),
+        ({"prefetch": -1}, ValueError, ["prefetch=-1", "e.g. 2"]),
+        ({"prefetch": 1.5}, ValueError, ["prefetch=1.5"]),
         ({"model_state": {}}, TypeError, ["model_state=dict", "make_with_state"]),
         ({"model": "mlp"}, TypeError, ["model='mlp'", "callable"]),
     ],

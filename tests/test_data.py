@@ -4,6 +4,7 @@ iterables the trainer takes as they are, and the digits and MNIST loaders."""
 import gzip
 import hashlib
 
+import jax
 import numpy as np
 import optax
 import pytest
@@ -120,6 +121,24 @@ def test_state_dict_resumes_exactly(stop_after):
     resumed = ids_loader(40, 8, seed=1)
     resumed.load_state_dict(state)
     assert head + stream(resumed, 15 - stop_after) == full
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_batches_are_aligned_for_use_in_place(shuffle):
+    # 64-byte aligned host arrays become CPU device arrays without a copy.
+    x, y = make_data(50)
+    batches = list(ArrayLoader((x, y), 16, shuffle=shuffle, seed=0))
+    for batch in batches:
+        assert all(leaf.ctypes.data % 64 == 0 for leaf in batch)
+        assert all(leaf.flags.c_contiguous for leaf in batch)
+    placed = jax.device_put(batches[0][0], jax.devices()[0])
+    assert placed.unsafe_buffer_pointer() == batches[0][0].ctypes.data
+    last = batches[-1]  # 2 real examples, padded with zeros of weight 0
+    np.testing.assert_array_equal(last[2], [1, 1] + [0] * 14)
+    assert not last[0][2:].any() and not last[1][2:].any()
+    order = np.arange(48, 50) if not shuffle else None
+    if order is not None:
+        np.testing.assert_array_equal(last[0][:2], x[order])
 
 
 def test_dict_arrays_yield_dicts_with_sample_weight():

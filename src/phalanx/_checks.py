@@ -225,7 +225,7 @@ def check_sample_weight(weight: Any, n: int, where: str) -> np.ndarray:
             f"data: {where} has sample_weight of dtype {array.dtype} and shape "
             f"{array.shape}; it must be one number per example, shape ({n},)"
         )
-    array = array.astype(np.float32)
+    array = array.astype(np.float32, copy=False)
     if not np.isfinite(array).all() or (array < 0).any():
         raise ValueError(
             f"data: {where} has sample_weight values outside [0, inf) (min "

@@ -26,6 +26,7 @@ def check_config(
     checks: Any,
     nan_policy: Any,
     sync_every: Any,
+    prefetch: Any,
 ) -> None:
     """Raise TypeError / ValueError naming the first bad trainer argument."""
     if not callable(model):
@@ -70,6 +71,11 @@ def check_config(
         raise ValueError(f"nan_policy={nan_policy!r} must be 'raise', 'skip' or 'off'")
     if not _is_int(sync_every) or sync_every < 1:
         raise ValueError(f"sync_every={sync_every!r} must be an int >= 1, e.g. 16")
+    if not _is_int(prefetch) or prefetch < 0:
+        raise ValueError(
+            f"prefetch={prefetch!r} must be an int >= 0: batches prepared ahead, "
+            "e.g. 2 (0 prepares each batch when its step runs)"
+        )
 
 
 def check_duration(epochs: Any, steps: Any) -> tuple[int | None, int | None]:

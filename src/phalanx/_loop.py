@@ -2,16 +2,20 @@
 the epoch's logs. `DataParallelTrainer.fit` drives it; it reads and updates
 the trainer's loop state (step, epoch, the epoch's on-device sums)."""
 
-from collections.abc import Iterable, Sized
+import contextlib
+import itertools
+from collections.abc import Iterable, Iterator, Sized
 from typing import TYPE_CHECKING, Any
 
 import jax
 
+from ._batching import DeviceBatch
 from ._checks import empty_data_message, nonfinite_error
+from ._prefetch import Prefetcher, can_prefetch
 from ._run import RunPlan
 from ._sums import FLAGS, EpochSums, StepSums, means
 from ._typing import HostMetrics
-from .callbacks._callback import overrides
+from .callbacks._callback import Callback, overrides
 
 
 if TYPE_CHECKING:
@@ -27,17 +31,32 @@ def run_epoch(
     epoch = trainer._epoch
     trainer._notify("on_epoch_start", trainer._info())
     step_hooks = [c for c in trainer._callbacks_here if overrides(c, "on_step_end")]
-    # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
-    # was trained on (a stateful loader resumes by itself).
-    skip = 0 if hasattr(data, "load_state_dict") else trainer._epoch_steps
     # Resumed from a snapshot of the epoch's last step: only its end is left.
     done = isinstance(data, Sized) and 0 < len(data) <= trainer._epoch_steps
-    first = None
-    for i, batch in enumerate(() if done else data):
-        if i < skip:
-            continue
-        placed = trainer._batches.prepare(batch, f"batch {i} of epoch {epoch}", first)
-        first = placed.size
+    with prepared(trainer, () if done else data) as batches:
+        train_pass(trainer, batches, step_hooks)
+    if trainer._preempted is not None:
+        return  # mid-epoch: the checkpoint keeps the epoch's sums
+    if trainer._acc is None:
+        raise ValueError(empty_data_message("data", epoch))
+    logs = epoch_logs(trainer, jax.device_get(trainer._acc))
+    trainer._acc, trainer._epoch_steps = None, 0
+    if eval_data is not None:
+        logs.update({f"eval_{k}": v for k, v in trainer.evaluate(eval_data).items()})
+    trainer.history.append(logs)
+    info = trainer._info(logs)
+    trainer._epoch += 1
+    trainer._notify("on_epoch_end", info)
+
+
+def train_pass(
+    trainer: "DataParallelTrainer",
+    batches: Iterable[DeviceBatch],
+    step_hooks: list[Callback],
+) -> None:
+    """A step per batch until the pass ends, the fit's plan is done, a
+    callback stops training, or a signal came."""
+    for placed in batches:
         acc = trainer._steps.train_acc() if trainer._acc is None else trainer._acc
         trainer._leaves, acc, sums = trainer._steps.train(
             trainer._leaves, acc, placed.leaves, placed.weight, placed.total
@@ -57,19 +76,70 @@ def run_epoch(
             for callback in step_hooks:
                 callback.on_step_end(info)
         if trainer._preempted is not None:
-            return  # mid-epoch: the checkpoint keeps the epoch's sums
+            return
         if trainer.stop_training or trainer._run.done(trainer._step, None):
-            break
-    if trainer._acc is None:
-        raise ValueError(empty_data_message("data", epoch))
-    logs = epoch_logs(trainer, jax.device_get(trainer._acc))
-    trainer._acc, trainer._epoch_steps = None, 0
-    if eval_data is not None:
-        logs.update({f"eval_{k}": v for k, v in trainer.evaluate(eval_data).items()})
-    trainer.history.append(logs)
-    info = trainer._info(logs)
-    trainer._epoch += 1
-    trainer._notify("on_epoch_end", info)
+            return
+
+
+@contextlib.contextmanager
+def prepared(
+    trainer: "DataParallelTrainer", data: Iterable[Any]
+) -> Iterator[Iterator[DeviceBatch]]:
+    """The pass's batches, checked, padded and placed: `trainer.prefetch`
+    ahead on a background thread where reading ahead loses nothing.
+
+    A stateful loader read ahead of the steps is rewound on exit to just
+    after the last batch taken; while the pass runs, `trainer._data_state`
+    holds that position, for a checkpoint.
+    """
+    epoch = trainer._epoch
+    pipeline = trainer._batches
+    # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
+    # was trained on (a stateful loader resumes by itself).
+    rewinds = hasattr(data, "load_state_dict")
+    skip = 0 if rewinds else trainer._epoch_steps
+    state_dict = getattr(data, "state_dict", None) if rewinds else None
+    start = state_dict() if state_dict is not None else None
+    iterator = iter(data)
+    ahead = trainer.prefetch > 0 and can_prefetch(data, iterator)
+    track = ahead and state_dict is not None
+    numbered = (
+        (i, batch, state_dict() if track and state_dict is not None else None)
+        for i, batch in enumerate(iterator)
+        if i >= skip
+    )
+    first: int | None = None  # the pass's first batch fixes its step's shape
+
+    def prepare(item: tuple[int, Any, Any]) -> tuple[DeviceBatch, Any]:
+        nonlocal first
+        i, batch, state = item
+        placed = pipeline.prepare(batch, f"batch {i} of epoch {epoch}", first)
+        first = placed.size if first is None else first
+        return placed, state
+
+    def taken(batches: Iterator[tuple[DeviceBatch, Any]]) -> Iterator[DeviceBatch]:
+        for placed, state in batches:
+            trainer._data_state = state
+            yield placed
+
+    opening = []
+    if pipeline.spec is None:
+        # The first batch of all builds the steps: prepared here, before any
+        # thread starts.
+        head = next(numbered, None)
+        opening = [] if head is None else [prepare(head)]
+    if not ahead:
+        yield taken(itertools.chain(opening, map(prepare, numbered)))
+        return
+    trainer._data_state = start  # rewound to if no step is taken
+    rest = Prefetcher(numbered, prepare, trainer.prefetch)
+    try:
+        yield taken(itertools.chain(opening, rest))
+    finally:
+        rest.close()
+        if track:
+            getattr(data, "load_state_dict")(trainer._data_state)  # noqa: B009
+        trainer._data_state = None
 
 
 def sync(trainer: "DataParallelTrainer", acc: EpochSums) -> None:

@@ -91,6 +91,7 @@ class DataParallelTrainer(Generic[_Model]):
         checks: ChecksMode = "on",
         nan_policy: NanPolicy = "raise",
         sync_every: int = 16,
+        prefetch: int = 2,
     ):
         """Args:
         model: a per-example Equinox model; it may take a ``key`` keyword
@@ -115,6 +116,14 @@ class DataParallelTrainer(Generic[_Model]):
             (counted in the ``skipped_steps`` metric), or ``"off"``.
         sync_every: the host waits for the device at least every this many
             steps, bounding memory and error latency.
+        prefetch: training batches checked and padded this many ahead, on a
+            background thread of the lowest priority (it runs on cores XLA
+            leaves idle; `split_batch` and `sample_weight` run there too); 0
+            prepares each batch on the calling thread. Data is read ahead only
+            where nothing is lost: a loader with `state_dict` and
+            `load_state_dict` is rewound to the batch trained on when a fit
+            stops mid-epoch; a one-shot iterator (a generator) and every
+            multi-process run are not read ahead.
 
         Raises:
             TypeError, ValueError: an argument is invalid (the message names it).
@@ -130,6 +139,7 @@ class DataParallelTrainer(Generic[_Model]):
             checks=checks,
             nan_policy=nan_policy,
             sync_every=sync_every,
+            prefetch=prefetch,
         )
         self.strategy: Strategy = ShardingStrategy() if strategy is None else strategy
         self.optimizer = optimizer
@@ -141,6 +151,7 @@ class DataParallelTrainer(Generic[_Model]):
         self.checks = checks
         self.nan_policy = nan_policy
         self.sync_every = sync_every
+        self.prefetch = prefetch
         self.history = History()
         # A callback sets this to end `fit` after the current step (Keras' idiom).
         self.stop_training = False
@@ -169,6 +180,9 @@ class DataParallelTrainer(Generic[_Model]):
         # Where a fit is: its plan, data, the epoch's on-device sums and steps.
         self._run = RunPlan(0, 0, None, None)
         self._data: Any = None
+        # The data's state after the batch last trained on, while a pass
+        # reads ahead of the steps (what a checkpoint then saves).
+        self._data_state: Any = None
         self._acc: EpochSums | None = None
         self._epoch_steps = 0
         self._preempted: int | None = None

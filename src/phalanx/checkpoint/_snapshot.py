@@ -66,13 +66,21 @@ def snapshot(
         "acc": None
         if acc is None
         else {"names": list(trainer._steps.sum_names), "dtype": str(acc.sums.dtype)},
-        "data": data.state_dict() if hasattr(data, "state_dict") else None,
+        "data": _data_state(trainer, data),
         "callbacks": callbacks,
     }
     return ocp.args.Composite(
         arrays=ocp.args.PyTreeSave(packed),
         host=ocp.args.JsonSave(host),
     )
+
+
+def _data_state(trainer: "DataParallelTrainer", data: Any) -> Any:
+    """Where `data` stands after the last batch trained on: the loop's note
+    of it while batches are read ahead, else the loader's own state."""
+    if trainer._data_state is not None:
+        return trainer._data_state
+    return data.state_dict() if hasattr(data, "state_dict") else None
 
 
 def item_handlers() -> dict[str, ocp.CheckpointHandler]:

@@ -1,5 +1,6 @@
 """Batches of in-memory NumPy arrays: shuffled, padded, sliced per process."""
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, final
 
@@ -203,20 +204,40 @@ class ArrayLoader:
         real = max(stop - start, 0)
         order = self._permutation()
         rows = slice(start, start + real) if order is None else order[start:stop]
-        parts = [_pad(array[rows], local) for array in self._arrays]
-        weight = np.zeros(local, np.float32)
-        weight[:real] = 1.0
+        parts = [_gather(array, rows, real, local) for array in self._arrays]
+        weight = _empty_aligned((local,), np.dtype(np.float32))
+        weight[:real], weight[real:] = 1.0, 0.0
         if self._keys is None:
             return (*parts, weight)
         return {**dict(zip(self._keys, parts, strict=True)), WEIGHT_KEY: weight}
 
 
-def _pad(rows: np.ndarray, size: int) -> np.ndarray:
-    """Pad with zero rows along the leading axis to `size` rows."""
-    if len(rows) == size:
-        return rows
-    padding = np.zeros((size - len(rows), *rows.shape[1:]), rows.dtype)
-    return np.concatenate([rows, padding])
+# JAX on CPU uses a NumPy array's memory in place, without a copy, when its
+# data starts on a 64-byte boundary; NumPy's own allocations promise only 16.
+_ALIGN = 64
+
+
+def _empty_aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on an `_ALIGN`
+    boundary (a fresh one each time: JAX may keep using it after a step)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def _gather(
+    array: np.ndarray, rows: slice | np.ndarray, real: int, size: int
+) -> np.ndarray:
+    """`array`'s `real` rows at `rows` (a slice or indices), zero-padded to
+    `size` rows, in a fresh aligned array (placed on a CPU device uncopied)."""
+    out = _empty_aligned((size, *array.shape[1:]), array.dtype)
+    if isinstance(rows, slice):
+        out[:real] = array[rows]
+    else:  # indices from a permutation: always in range, so no checks
+        np.take(array, rows, axis=0, out=out[:real], mode="clip")
+    out[real:] = 0
+    return out
 
 
 def _check_arrays(arrays: Any) -> tuple[list[str] | None, list[np.ndarray]]:

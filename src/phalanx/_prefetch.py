@@ -1,0 +1,110 @@
+"""A pass's batches, prepared ahead on a background thread that runs only on
+cores nothing else wants."""
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import jax
+
+
+_T = TypeVar("_T")
+_POLL_S = 0.05  # how often a blocked producer looks for `close`
+
+
+class _End(NamedTuple):
+    """The items ran out."""
+
+
+class _Failed(NamedTuple):
+    """Preparing the next item raised `error`."""
+
+    error: BaseException
+
+
+class Prefetcher(Generic[_T]):
+    """`prepare(item)` for each of `items`, computed `depth` items ahead on a
+    background thread.
+
+    The thread asks the OS for the idle scheduling class (Linux
+    ``SCHED_IDLE``), so it runs only on a core that would otherwise idle:
+    checking and gathering the next batches fills the gaps in XLA's use of
+    the cores instead of taking turns with it. (At normal priority the same
+    thread gains nothing on a machine whose cores XLA keeps busy.) Results
+    come out in order; an exception raised for an item is raised by `next`
+    in its place, and the thread stops there. `close` stops the thread; the
+    items it read ahead are dropped (the caller rewinds their source).
+    """
+
+    def __init__(self, items: Iterator[Any], prepare: Callable[[Any], _T], depth: int):
+        self._items = items
+        self._prepare = prepare
+        self._queue: queue.Queue[_T | _End | _Failed] = queue.Queue(maxsize=depth)
+        self._closed = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._produce, daemon=True)
+        self._thread.start()
+
+    def __iter__(self) -> "Prefetcher[_T]":
+        return self
+
+    def __next__(self) -> _T:
+        if self._done:
+            raise StopIteration
+        result = self._queue.get()
+        if isinstance(result, _End | _Failed):
+            self._done = True
+            if isinstance(result, _Failed):
+                raise result.error
+            raise StopIteration
+        return result
+
+    def close(self) -> None:
+        """Stop the thread and wait for it (it finishes the item in hand)."""
+        self._closed.set()
+        self._thread.join()
+
+    def _produce(self) -> None:
+        _lower_priority()
+        try:
+            for item in self._items:
+                if not self._put(self._prepare(item)):
+                    return
+            self._put(_End())
+        except StopIteration as error:  # from a hook: not the end of the items
+            self._put(_Failed(RuntimeError(f"StopIteration raised: {error!r}")))
+        except BaseException as error:  # raised in the consumer, in order
+            self._put(_Failed(error))
+
+    def _put(self, result: _T | _End | _Failed) -> bool:
+        """Queue `result`; False if the consumer closed the prefetcher first."""
+        while not self._closed.is_set():
+            try:
+                self._queue.put(result, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+
+def _lower_priority() -> None:
+    """Put the calling thread in the idle scheduling class, where the OS
+    offers it (Linux); elsewhere it keeps normal priority."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # pyright: ignore[reportAttributeAccessIssue]
+    except (AttributeError, OSError):
+        pass
+
+
+def can_prefetch(data: Iterable[Any], iterator: Iterator[Any]) -> bool:
+    """Whether reading `data` ahead loses nothing: one process (several must
+    issue their collectives in the same order, and a batch's total weight is
+    a collective there), and `data` is iterable again or rewinds
+    (`state_dict` / `load_state_dict`) — not a one-shot iterator whose items
+    read ahead would be gone."""
+    if jax.process_count() > 1:
+        return False
+    rewinds = hasattr(data, "state_dict") and hasattr(data, "load_state_dict")
+    return rewinds or iterator is not data
