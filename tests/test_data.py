@@ -1,6 +1,7 @@
 """phalanx.data: the array loader (coverage, order, resume, exact padding), other
 iterables the trainer takes as they are, and the digits and MNIST loaders."""
 
+import gc
 import gzip
 import hashlib
 
@@ -12,6 +13,7 @@ import pytest
 import phalanx as px
 from helpers import STRATEGIES, make_data, make_model, max_abs_diff, reference_fit
 from phalanx.data import ArrayLoader, load_digits, load_mnist
+from phalanx.data._buffers import BufferPool
 
 
 def ids_loader(n: int, batch_size: int, **kwargs) -> ArrayLoader:
@@ -139,6 +141,50 @@ def test_batches_are_aligned_for_use_in_place(shuffle):
     order = np.arange(48, 50) if not shuffle else None
     if order is not None:
         np.testing.assert_array_equal(last[0][:2], x[order])
+
+
+def test_buffers_are_reused_only_when_nothing_views_them():
+    pool = BufferPool(limit=3)
+    f32 = np.dtype(np.float32)
+    a = pool.empty((4, 8), f32)
+    a_data = a.ctypes.data
+    b = pool.empty((4, 8), f32)
+    assert b.ctypes.data != a_data  # a still held
+    tail = a[2:]
+    del a
+    assert pool.empty((4, 8), f32).ctypes.data not in (a_data, b.ctypes.data)
+    del tail  # the last view of a's buffer
+    assert pool.empty((4, 8), f32).ctypes.data == a_data
+
+
+def test_a_batch_on_a_cpu_device_keeps_its_buffer():
+    # JAX uses an aligned array in place: its buffer must wait for the device
+    # array too.
+    pool = BufferPool()
+    f32 = np.dtype(np.float32)
+    host = pool.empty((16, 16), f32)
+    host[:] = 7.0
+    address = host.ctypes.data
+    placed = jax.device_put(host, jax.devices()[0])
+    assert placed.unsafe_buffer_pointer() == address  # no copy
+    del host
+    other = pool.empty((16, 16), f32)
+    other[:] = 0.0
+    assert other.ctypes.data != address
+    np.testing.assert_array_equal(np.asarray(placed), 7.0)
+    del placed
+    gc.collect()  # a jax.Array that has been read is freed by the collector
+    assert pool.empty((16, 16), f32).ctypes.data == address
+
+
+def test_beyond_the_limit_batches_get_fresh_memory():
+    pool = BufferPool(limit=2)
+    f32 = np.dtype(np.float32)
+    held = [pool.empty((8,), f32) for _ in range(4)]
+    addresses = [x.ctypes.data for x in held]
+    del held
+    again = [pool.empty((8,), f32) for _ in range(2)]
+    assert {x.ctypes.data for x in again} == set(addresses[:2])
 
 
 def test_dict_arrays_yield_dicts_with_sample_weight():

@@ -1,12 +1,12 @@
 """Batches of in-memory NumPy arrays: shuffled, padded, sliced per process."""
 
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, final
 
 import numpy as np
 
 from .._typing import validates_own_arguments
+from ._buffers import BufferPool
 
 
 Arrays = Sequence[np.ndarray] | Mapping[str, np.ndarray]
@@ -26,6 +26,10 @@ class ArrayLoader:
     real examples. A short last batch is padded to `batch_size` with zeros of
     weight 0, so the update stays exact and one compilation serves every
     step; ``drop_last=True`` drops it instead.
+
+    Batches are built in 64-byte-aligned arrays, which JAX on CPU places on
+    a device without a copy; their memory is reused once nothing holds a
+    batch any more (the loader keeps up to 32 such buffers per array).
 
     Each epoch is a fresh permutation, reproducible from ``(seed, epoch)``.
     With several processes, each yields only its contiguous slice of every
@@ -122,6 +126,7 @@ class ArrayLoader:
         self._epoch = 0
         self._position = 0
         self._order: tuple[int, np.ndarray | None] | None = None
+        self._buffers = BufferPool()
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -204,34 +209,26 @@ class ArrayLoader:
         real = max(stop - start, 0)
         order = self._permutation()
         rows = slice(start, start + real) if order is None else order[start:stop]
-        parts = [_gather(array, rows, real, local) for array in self._arrays]
-        weight = _empty_aligned((local,), np.dtype(np.float32))
+        parts = [
+            _gather(self._buffers, array, rows, real, local) for array in self._arrays
+        ]
+        weight = self._buffers.empty((local,), np.dtype(np.float32))
         weight[:real], weight[real:] = 1.0, 0.0
         if self._keys is None:
             return (*parts, weight)
         return {**dict(zip(self._keys, parts, strict=True)), WEIGHT_KEY: weight}
 
 
-# JAX on CPU uses a NumPy array's memory in place, without a copy, when its
-# data starts on a 64-byte boundary; NumPy's own allocations promise only 16.
-_ALIGN = 64
-
-
-def _empty_aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on an `_ALIGN`
-    boundary (a fresh one each time: JAX may keep using it after a step)."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    return raw[start : start + nbytes].view(dtype).reshape(shape)
-
-
 def _gather(
-    array: np.ndarray, rows: slice | np.ndarray, real: int, size: int
+    buffers: BufferPool,
+    array: np.ndarray,
+    rows: slice | np.ndarray,
+    real: int,
+    size: int,
 ) -> np.ndarray:
     """`array`'s `real` rows at `rows` (a slice or indices), zero-padded to
-    `size` rows, in a fresh aligned array (placed on a CPU device uncopied)."""
-    out = _empty_aligned((size, *array.shape[1:]), array.dtype)
+    `size` rows, in an aligned array (placed on a CPU device uncopied)."""
+    out = buffers.empty((size, *array.shape[1:]), array.dtype)
     if isinstance(rows, slice):
         out[:real] = array[rows]
     else:  # indices from a permutation: always in range, so no checks
