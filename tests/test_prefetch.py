@@ -50,7 +50,7 @@ def test_a_step_hook_sees_the_batches_trained_not_those_read_ahead():
     class Where(px.Callback):
         @override
         def on_step_end(self, info):
-            positions.append(info.trainer._data_state)
+            positions.append(info.trainer._feed.state)
 
     data = loader()
     trainer(callbacks=[Where()]).fit(data, steps=4)
@@ -115,3 +115,14 @@ def test_batches_are_prepared_at_idle_priority():
     # The first batch of all on the calling thread (it builds the steps),
     # every later one on the background thread.
     assert policies == [os.SCHED_OTHER] + [os.SCHED_IDLE] * 13
+
+
+def test_evaluation_reads_ahead_too_and_gives_the_same_numbers():
+    ahead, inline = trainer(prefetch=2), trainer(prefetch=0)
+    results = [t.evaluate(loader()) for t in (ahead, inline)]
+    assert results[0] == results[1]
+    x, y = make_data(64)
+    x[40, 0] = np.inf
+    batches = [(x[i : i + 16], y[i : i + 16]) for i in range(0, 64, 16)]
+    with pytest.raises(ValueError, match="batch 2 leaf .* non-finite .* example 8"):
+        ahead.evaluate(batches)

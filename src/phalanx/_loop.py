@@ -2,16 +2,14 @@
 the epoch's logs. `DataParallelTrainer.fit` drives it; it reads and updates
 the trainer's loop state (step, epoch, the epoch's on-device sums)."""
 
-import contextlib
-import itertools
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Sized
 from typing import TYPE_CHECKING, Any
 
 import jax
 
 from ._batching import DeviceBatch
 from ._checks import empty_data_message, nonfinite_error
-from ._prefetch import Prefetcher, can_prefetch
+from ._prefetch import Feed
 from ._run import RunPlan
 from ._sums import FLAGS, EpochSums, StepSums, means
 from ._typing import HostMetrics
@@ -33,8 +31,21 @@ def run_epoch(
     step_hooks = [c for c in trainer._callbacks_here if overrides(c, "on_step_end")]
     # Resumed from a snapshot of the epoch's last step: only its end is left.
     done = isinstance(data, Sized) and 0 < len(data) <= trainer._epoch_steps
-    with prepared(trainer, () if done else data) as batches:
-        train_pass(trainer, batches, step_hooks)
+    # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
+    # was trained on (a stateful loader resumes by itself).
+    skip = 0 if hasattr(data, "load_state_dict") else trainer._epoch_steps
+    trainer._feed = Feed(
+        trainer._batches,
+        () if done else data,
+        depth=trainer.prefetch,
+        where=lambda i: f"batch {i} of epoch {epoch}",
+        skip=skip,
+    )
+    try:
+        with trainer._feed as batches:
+            train_pass(trainer, batches, step_hooks)
+    finally:
+        trainer._feed = None
     if trainer._preempted is not None:
         return  # mid-epoch: the checkpoint keeps the epoch's sums
     if trainer._acc is None:
@@ -79,67 +90,6 @@ def train_pass(
             return
         if trainer.stop_training or trainer._run.done(trainer._step, None):
             return
-
-
-@contextlib.contextmanager
-def prepared(
-    trainer: "DataParallelTrainer", data: Iterable[Any]
-) -> Iterator[Iterator[DeviceBatch]]:
-    """The pass's batches, checked, padded and placed: `trainer.prefetch`
-    ahead on a background thread where reading ahead loses nothing.
-
-    A stateful loader read ahead of the steps is rewound on exit to just
-    after the last batch taken; while the pass runs, `trainer._data_state`
-    holds that position, for a checkpoint.
-    """
-    epoch = trainer._epoch
-    pipeline = trainer._batches
-    # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
-    # was trained on (a stateful loader resumes by itself).
-    rewinds = hasattr(data, "load_state_dict")
-    skip = 0 if rewinds else trainer._epoch_steps
-    state_dict = getattr(data, "state_dict", None) if rewinds else None
-    start = state_dict() if state_dict is not None else None
-    iterator = iter(data)
-    ahead = trainer.prefetch > 0 and can_prefetch(data, iterator)
-    track = ahead and state_dict is not None
-    numbered = (
-        (i, batch, state_dict() if track and state_dict is not None else None)
-        for i, batch in enumerate(iterator)
-        if i >= skip
-    )
-    first: int | None = None  # the pass's first batch fixes its step's shape
-
-    def prepare(item: tuple[int, Any, Any]) -> tuple[DeviceBatch, Any]:
-        nonlocal first
-        i, batch, state = item
-        placed = pipeline.prepare(batch, f"batch {i} of epoch {epoch}", first)
-        first = placed.size if first is None else first
-        return placed, state
-
-    def taken(batches: Iterator[tuple[DeviceBatch, Any]]) -> Iterator[DeviceBatch]:
-        for placed, state in batches:
-            trainer._data_state = state
-            yield placed
-
-    opening = []
-    if pipeline.spec is None:
-        # The first batch of all builds the steps: prepared here, before any
-        # thread starts.
-        head = next(numbered, None)
-        opening = [] if head is None else [prepare(head)]
-    if not ahead:
-        yield taken(itertools.chain(opening, map(prepare, numbered)))
-        return
-    trainer._data_state = start  # rewound to if no step is taken
-    rest = Prefetcher(numbered, prepare, trainer.prefetch)
-    try:
-        yield taken(itertools.chain(opening, rest))
-    finally:
-        rest.close()
-        if track:
-            getattr(data, "load_state_dict")(trainer._data_state)  # noqa: B009
-        trainer._data_state = None
 
 
 def sync(trainer: "DataParallelTrainer", acc: EpochSums) -> None:

@@ -1,13 +1,18 @@
 """A pass's batches, prepared ahead on a background thread that runs only on
 cores nothing else wants."""
 
+import itertools
 import os
 import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import jax
+
+
+if TYPE_CHECKING:
+    from ._batching import BatchPipeline, DeviceBatch
 
 
 _T = TypeVar("_T")
@@ -108,3 +113,75 @@ def can_prefetch(data: Iterable[Any], iterator: Iterator[Any]) -> bool:
         return False
     rewinds = hasattr(data, "state_dict") and hasattr(data, "load_state_dict")
     return rewinds or iterator is not data
+
+
+class Feed:
+    """One pass over `data`: its batches checked, padded and placed, `depth`
+    ahead on a `Prefetcher` where reading ahead loses nothing
+    (`can_prefetch`). A context manager; entering it gives the batches.
+
+    `state` is where a stateful loader (`state_dict` / `load_state_dict`)
+    stands after the last batch taken, while batches are read ahead of it
+    (`tracking`); on exit the loader is rewound there. Without read-ahead the
+    loader's own state is exact and `tracking` is False.
+
+    The pass's first batch fixes its step's shape. The first batch of all
+    (the pipeline has no spec yet) is prepared on the calling thread: it
+    validates the data against the model and builds the steps.
+    """
+
+    def __init__(
+        self,
+        pipeline: "BatchPipeline",
+        data: Iterable[Any],
+        *,
+        depth: int,
+        where: Callable[[int], str],
+        skip: int = 0,
+    ):
+        self._pipeline = pipeline
+        self._data = data
+        self._where = where
+        self._first: int | None = None
+        rewinds = hasattr(data, "state_dict") and hasattr(data, "load_state_dict")
+        # Where to rewind to if no batch is taken.
+        self.state: Any = self._loader_state() if rewinds else None
+        iterator = iter(data)
+        ahead = depth > 0 and can_prefetch(data, iterator)
+        self.tracking = ahead and rewinds
+        numbered = (
+            (i, batch, self._loader_state() if self.tracking else None)
+            for i, batch in enumerate(iterator)
+            if i >= skip
+        )
+        opening = []
+        if pipeline.spec is None:
+            head = next(numbered, None)
+            opening = [] if head is None else [self._prepare(head)]
+        self._prefetcher = Prefetcher(numbered, self._prepare, depth) if ahead else None
+        rest = self._prefetcher or map(self._prepare, numbered)
+        self._batches = itertools.chain(opening, rest)
+
+    def __enter__(self) -> Iterator["DeviceBatch"]:
+        return self._taken()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+        if self.tracking:
+            getattr(self._data, "load_state_dict")(self.state)  # noqa: B009
+
+    def _taken(self) -> Iterator["DeviceBatch"]:
+        for placed, state in self._batches:
+            if self.tracking:
+                self.state = state
+            yield placed
+
+    def _loader_state(self) -> Any:
+        return getattr(self._data, "state_dict")()  # noqa: B009
+
+    def _prepare(self, item: tuple[int, Any, Any]) -> tuple["DeviceBatch", Any]:
+        i, batch, state = item
+        placed = self._pipeline.prepare(batch, self._where(i), self._first)
+        self._first = placed.size if self._first is None else self._first
+        return placed, state

@@ -24,6 +24,7 @@ from ._config import check_config, check_duration, check_iterable
 from ._forward import takes_key
 from ._history import History
 from ._loop import plan, run_epoch
+from ._prefetch import Feed
 from ._processes import predict_across_processes
 from ._run import Preempted, RunPlan, find_checkpoint, preemption
 from ._state import TrainState
@@ -180,9 +181,9 @@ class DataParallelTrainer(Generic[_Model]):
         # Where a fit is: its plan, data, the epoch's on-device sums and steps.
         self._run = RunPlan(0, 0, None, None)
         self._data: Any = None
-        # The data's state after the batch last trained on, while a pass
-        # reads ahead of the steps (what a checkpoint then saves).
-        self._data_state: Any = None
+        # The pass being trained on (its loader's state is what a
+        # checkpoint saves while batches are read ahead).
+        self._feed: Feed | None = None
         self._acc: EpochSums | None = None
         self._epoch_steps = 0
         self._preempted: int | None = None
@@ -378,15 +379,16 @@ class DataParallelTrainer(Generic[_Model]):
         check_iterable(data, "data")
         self._notify("on_eval_start", self._info())
         acc: Any = None
-        first = None
-        for i, batch in enumerate(data):
-            placed = self._batches.prepare(batch, f"batch {i}", first)
-            first = placed.size
-            if acc is None:
-                acc = self._steps.eval_acc()
-            acc = self._steps.evaluate(self._leaves, acc, placed.leaves, placed.weight)
-            if (i + 1) % self.sync_every == 0:
-                jax.block_until_ready(acc)
+        where = lambda i: f"batch {i}"  # noqa: E731
+        with Feed(self._batches, data, depth=self.prefetch, where=where) as batches:
+            for i, placed in enumerate(batches):
+                if acc is None:
+                    acc = self._steps.eval_acc()
+                acc = self._steps.evaluate(
+                    self._leaves, acc, placed.leaves, placed.weight
+                )
+                if (i + 1) % self.sync_every == 0:
+                    jax.block_until_ready(acc)
         if acc is None:
             raise ValueError(empty_data_message("data"))
         results = means(jax.device_get(acc), self._steps.sum_names)

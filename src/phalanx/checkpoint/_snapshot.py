@@ -76,10 +76,11 @@ def snapshot(
 
 
 def _data_state(trainer: "DataParallelTrainer", data: Any) -> Any:
-    """Where `data` stands after the last batch trained on: the loop's note
+    """Where `data` stands after the last batch trained on: the pass's note
     of it while batches are read ahead, else the loader's own state."""
-    if trainer._data_state is not None:
-        return trainer._data_state
+    feed = trainer._feed
+    if feed is not None and feed.tracking:
+        return feed.state
     return data.state_dict() if hasattr(data, "state_dict") else None
 
 
