@@ -117,14 +117,14 @@ class DataParallelTrainer(Generic[_Model]):
             (counted in the ``skipped_steps`` metric), or ``"off"``.
         sync_every: the host waits for the device at least every this many
             steps, bounding memory and error latency.
-        prefetch: training batches checked and padded this many ahead, on a
-            background thread of the lowest priority (it runs on cores XLA
-            leaves idle; `split_batch` and `sample_weight` run there too); 0
-            prepares each batch on the calling thread. Data is read ahead only
-            where nothing is lost: a loader with `state_dict` and
-            `load_state_dict` is rewound to the batch trained on when a fit
-            stops mid-epoch; a one-shot iterator (a generator) and every
-            multi-process run are not read ahead.
+        prefetch: batches checked and padded this many ahead in `fit` and
+            `evaluate`, on a background thread of the lowest priority (it
+            runs on cores XLA leaves idle; `split_batch` and `sample_weight`
+            run there too); 0 prepares each batch on the calling thread. Data
+            is read ahead only where nothing is lost: a loader with
+            `state_dict` and `load_state_dict` is rewound to the batch last
+            used when a pass stops early; a one-shot iterator (a generator)
+            and every multi-process run are not read ahead.
 
         Raises:
             TypeError, ValueError: an argument is invalid (the message names it).
