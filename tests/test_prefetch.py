@@ -4,7 +4,9 @@ mid-epoch, errors raised at their batch's turn, generators not read ahead."""
 
 import os
 import sys
+import threading
 
+import jax
 import numpy as np
 import optax
 import pytest
@@ -112,9 +114,28 @@ def test_batches_are_prepared_at_idle_priority():
 
     run = Watched(make_model(), optax.adam(1e-2), strategy=px.ShardingStrategy(4))
     run.fit(loader(), epochs=2)
-    # The first batch of all on the calling thread (it builds the steps),
-    # every later one on the background thread.
-    assert policies == [os.SCHED_OTHER] + [os.SCHED_IDLE] * 13
+    # Each pass's first batch on the calling thread, the rest on the
+    # background thread.
+    assert policies == 2 * ([os.SCHED_OTHER] + [os.SCHED_IDLE] * 6)
+
+
+def test_batches_already_on_devices_are_not_read_ahead():
+    threads = []
+
+    class Watched(px.DataParallelTrainer):
+        @override
+        def split_batch(self, batch):
+            threads.append(threading.current_thread())
+            return super().split_batch(batch)
+
+    run = Watched(make_model(), optax.adam(1e-2), strategy=px.ShardingStrategy(4))
+    x, y = make_data(64)
+    placed = jax.device_put(
+        [(x[i : i + 16], y[i : i + 16]) for i in range(0, 64, 16)],
+        run.strategy.split,
+    )
+    run.fit(placed, epochs=2)
+    assert threads == [threading.main_thread()] * 8
 
 
 def test_evaluation_reads_ahead_too_and_gives_the_same_numbers():

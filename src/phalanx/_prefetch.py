@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import jax
+import numpy as np
 
 
 if TYPE_CHECKING:
@@ -125,9 +126,11 @@ class Feed:
     (`tracking`); on exit the loader is rewound there. Without read-ahead the
     loader's own state is exact and `tracking` is False.
 
-    The pass's first batch fixes its step's shape. The first batch of all
-    (the pipeline has no spec yet) is prepared on the calling thread: it
-    validates the data against the model and builds the steps.
+    The pass's first batch is prepared on the calling thread: it fixes the
+    pass's step shape (and, the first of all, validates the data against the
+    model and builds the steps), and shows where the batches are. Only host
+    batches are read ahead: `jax.Array` batches already on the devices cost
+    the host next to nothing to prepare.
     """
 
     def __init__(
@@ -154,10 +157,15 @@ class Feed:
             for i, batch in enumerate(iterator)
             if i >= skip
         )
-        opening = []
-        if pipeline.spec is None:
-            head = next(numbered, None)
-            opening = [] if head is None else [self._prepare(head)]
+        head = next(numbered, None)
+        opening = [] if head is None else [self._prepare(head)]
+        # Batches already on the devices cost the host next to nothing.
+        ahead = ahead and any(
+            isinstance(leaf, np.ndarray)
+            for placed, _ in opening
+            for leaf in placed.leaves
+        )
+        self.tracking = ahead and rewinds
         self._prefetcher = Prefetcher(numbered, self._prepare, depth) if ahead else None
         rest = self._prefetcher or map(self._prepare, numbered)
         self._batches = itertools.chain(opening, rest)
