@@ -89,7 +89,7 @@ TARGETS = {
 }
 FIRST_STEP_TARGET = 1.2  # time to first step, A/B, at most
 MIN_STEPS = 10  # per timed run, when chosen from --run-seconds
-CALIBRATION_STEPS = 5
+CALIBRATION_STEPS = 16  # one loader epoch: a fit call's fixed cost spread as in a run
 TINY = {
     "repeats": 1,
     "first_step_repeats": 1,
