@@ -104,22 +104,14 @@ def _lower_priority() -> None:
         pass
 
 
-def can_prefetch(data: Iterable[Any], iterator: Iterator[Any]) -> bool:
-    """Whether reading `data` ahead loses nothing: one process (several must
-    issue their collectives in the same order, and a batch's total weight is
-    a collective there), and `data` is iterable again or rewinds
-    (`state_dict` / `load_state_dict`) — not a one-shot iterator whose items
-    read ahead would be gone."""
-    if jax.process_count() > 1:
-        return False
-    rewinds = hasattr(data, "state_dict") and hasattr(data, "load_state_dict")
-    return rewinds or iterator is not data
-
-
 class Feed:
     """One pass over `data`: its batches checked, padded and placed, `depth`
-    ahead on a `Prefetcher` where reading ahead loses nothing
-    (`can_prefetch`). A context manager; entering it gives the batches.
+    ahead on a `Prefetcher` where reading ahead loses nothing: in one process
+    (several must issue their collectives in the same order, and a batch's
+    total weight is a collective there), from data that can be iterated
+    again or rewound (`state_dict` / `load_state_dict`), not a one-shot
+    iterator whose items read ahead would be gone. A context manager;
+    entering it gives the batches.
 
     `state` is where a stateful loader (`state_dict` / `load_state_dict`)
     stands after the last batch taken, while batches are read ahead of it
@@ -150,7 +142,11 @@ class Feed:
         # Where to rewind to if no batch is taken.
         self.state: Any = self._loader_state() if rewinds else None
         iterator = iter(data)
-        ahead = depth > 0 and can_prefetch(data, iterator)
+        ahead = (
+            depth > 0 and jax.process_count() == 1 and (rewinds or iterator is not data)
+        )
+        # Provisional: the first batch's state is recorded in case the pass
+        # turns out to be read ahead (settled once that batch is seen).
         self.tracking = ahead and rewinds
         numbered = (
             (i, batch, self._loader_state() if self.tracking else None)

@@ -379,8 +379,10 @@ class DataParallelTrainer(Generic[_Model]):
         check_iterable(data, "data")
         self._notify("on_eval_start", self._info())
         acc: Any = None
-        where = lambda i: f"batch {i}"  # noqa: E731
-        with Feed(self._batches, data, depth=self.prefetch, where=where) as batches:
+        feed = Feed(
+            self._batches, data, depth=self.prefetch, where=lambda i: f"batch {i}"
+        )
+        with feed as batches:
             for i, placed in enumerate(batches):
                 if acc is None:
                     acc = self._steps.eval_acc()
