@@ -56,7 +56,9 @@ import pathlib
 import platform
 import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -542,7 +544,7 @@ def cases_table(results: list[dict[str, Any]], config: dict[str, Any]) -> Table:
     table = Table(
         title=f"A vs B, medians of {config['repeats']} runs each; "
         f"{config['model']}, {config['optimizer']}, "
-        f"{config['platform']} ×{config['device_count']}",
+        f"{config['platform']} ×{config['device_count']} (NPROC {config['NPROC']})",
     )
     for name in ("case", "A", "B", "dev", "batch", "data"):
         table.add_column(name)
@@ -622,7 +624,10 @@ def warm_up(device_counts: list[int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if len(args.devices) > 1:
+        return run_each_device_count(argv, args)
     # Before JAX starts: the fake devices, and NPROC (NOTES-jax-cpu trap 1).
     px.fake_cpu_devices(max(args.devices))
     if len(jax.devices()) < max(args.devices):
@@ -633,7 +638,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     config = configuration(args)
-    console = Console(width=None if sys.stdout.isatty() else 190)
     warm_up(args.devices)
     results = []
     for n, batch in itertools.product(args.devices, args.batch_sizes):
@@ -657,14 +661,62 @@ def main(argv: list[str] | None = None) -> int:
         "accumulation_memory": memory,
         "max_rss_mib": max_rss_mib(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(output, indent=2) + "\n")
+    report(output, args.out)
+    return 0
+
+
+def run_each_device_count(argv: list[str], args: argparse.Namespace) -> int:
+    """Each device count in a process of its own, then one report.
+
+    A process fakes its devices and sets `NPROC` (XLA's CPU thread count)
+    once, before JAX starts, and NPROC must be at least twice the devices
+    (NOTES-jax-cpu trap 1): in a process set up for 8 devices a 1-device
+    step runs 16 threads on this machine's 2 cores, ~1.5x slower than in a
+    process of its own (NPROC=2, what `fake_cpu_devices(1)` sets), on both
+    sides alike. So each count runs as a user of that many devices would.
+    """
+    outputs = []
+    with tempfile.TemporaryDirectory() as folder:
+        for n in args.devices:
+            out = pathlib.Path(folder) / f"{n}.json"
+            # Later options win: this count only, into its own file.
+            command = [*argv, "--devices", str(n), "--out", str(out)]
+            child = subprocess.run(
+                [sys.executable, __file__, *command], stdout=subprocess.DEVNULL
+            )
+            if child.returncode:
+                return child.returncode
+            outputs.append(json.loads(out.read_text()))
+    config = dict(outputs[0]["config"], devices=args.devices)
+    for key in ("device_count", "NPROC"):  # per process, e.g. "1/8"
+        config[key] = "/".join(str(output["config"][key]) for output in outputs)
+    output = {
+        "config": config,
+        "cases": [case for output in outputs for case in output["cases"]],
+        "accumulation_memory": [
+            row for output in outputs for row in output["accumulation_memory"]
+        ],
+        "max_rss_mib": max(output["max_rss_mib"] for output in outputs),
+    }
+    report(output, args.out)
+    return 0
+
+
+def report(output: dict[str, Any], out: pathlib.Path) -> None:
+    """Write the results as JSON to `out` and print their tables."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(output, indent=2) + "\n")
+    console = Console(width=None if sys.stdout.isatty() else 190)
+    results, memory, config = (
+        output["cases"],
+        output["accumulation_memory"],
+        output["config"],
+    )
     if results:
         console.print(cases_table(results, config))
     if memory:
         console.print(memory_table(memory))
-    console.print(f"peak RSS {output['max_rss_mib']:.0f} MiB; results in {args.out}")
-    return 0
+    console.print(f"peak RSS {output['max_rss_mib']:.0f} MiB; results in {out}")
 
 
 if __name__ == "__main__":

@@ -15,20 +15,24 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 VERSUS = ("sharding", "pmap", "accum-sharding", "accum-pmap")
+RUN = [sys.executable, str(ROOT / "benchmarks" / "run.py")]
+SUBPROCESS = {
+    # CPU even on a host with accelerators: the harness fakes CPU devices.
+    # No NPROC of the test process's: each run sets its own.
+    "env": {
+        **{k: v for k, v in os.environ.items() if k != "NPROC"},
+        "JAX_PLATFORMS": "cpu",
+    },
+    "capture_output": True,
+    "text": True,
+    "timeout": 300,
+}
 
 
 @pytest.mark.slow
 def test_tiny_benchmark_run(tmp_path):
     out = tmp_path / "results.json"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--tiny", "--out", out],
-        cwd=tmp_path,
-        # CPU even on a host with accelerators: the harness fakes CPU devices.
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = subprocess.run([*RUN, "--tiny", "--out", out], **SUBPROCESS, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     results = json.loads(out.read_text())
 
@@ -56,3 +60,21 @@ def test_tiny_benchmark_run(tmp_path):
         assert all(row["memory"]["temp_bytes"] > 0 for row in rows)
     assert results["max_rss_mib"] > 0
     assert results["config"]["jax"] and results["config"]["cpu_count"]
+
+
+@pytest.mark.slow
+def test_each_device_count_runs_in_its_own_process(tmp_path):
+    # Each count gets its own fake devices and NPROC (2 per device), as a
+    # user of that many devices would; the parent merges their results.
+    out = tmp_path / "results.json"
+    command = [*RUN, "--tiny", "--devices", "1,2", "--cases", "sharding"]
+    result = subprocess.run(
+        [*command, "--data", "device", "--out", out], **SUBPROCESS, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads(out.read_text())
+
+    assert [case["devices"] for case in results["cases"]] == [1, 2]
+    assert results["config"]["device_count"] == "1/2"
+    assert results["config"]["NPROC"] == "2/4"
+    assert "sharding" in result.stdout  # the merged table
