@@ -1,7 +1,8 @@
 """phalanx against hand-written JAX loops, side by side (issue 5).
 
 Each case pairs two sides, A and B, on the same MLP 784-256-128-10 with
-adam(1e-3) and synthetic data:
+adam(1e-3) and synthetic data, on fake CPU devices, one process per device
+count (`run_each_device_count`):
 
 - ``sharding``, ``pmap``, ``accum-sharding``, ``accum-pmap``: a phalanx
   strategy (A) against its hand-written reference (B) from `references.py`
@@ -24,8 +25,8 @@ count and batch size and serves every case it appears in):
 - time to first step, from nothing: build the model and the trainer or
   reference, place the device batches, make one step, wait for it; the
   median of `--first-step-repeats` builds, each after `jax.clear_caches()`
-  (so each traces and compiles afresh), after a warm-up on every device
-  count (so no build pays JAX's one-off set-up);
+  (so each traces and compiles afresh), after a warm-up (so no build pays
+  JAX's one-off set-up);
 - `--repeats` timed runs of the same number of steps, the sides alternating
   (AB, BA, ...), each timed until `jax.block_until_ready` on the state
   returns. The steps are `--steps`, or else as many as side B makes in about
