@@ -147,3 +147,29 @@ def test_evaluation_reads_ahead_too_and_gives_the_same_numbers():
     batches = [(x[i : i + 16], y[i : i + 16]) for i in range(0, 64, 16)]
     with pytest.raises(ValueError, match="batch 2 leaf .* non-finite .* example 8"):
         ahead.evaluate(batches)
+
+
+def test_by_default_one_cpu_device_prepares_on_the_calling_thread():
+    # XLA spreads one CPU device's step over every core: no idle core for
+    # the thread. Several devices (and explicit values) read ahead.
+    def made(strategy, **kwargs):
+        return px.DataParallelTrainer(
+            make_model(), optax.adam(1e-2), strategy=strategy, **kwargs
+        )
+
+    assert made(px.ShardingStrategy(1)).prefetch == 0
+    assert made(px.AccumulatingStrategy(px.PmapStrategy(1), 2)).prefetch == 0
+    assert made(px.ShardingStrategy(4)).prefetch == 2
+    assert made(px.ShardingStrategy(1), prefetch=3).prefetch == 3
+
+    threads = []
+
+    class Watched(px.DataParallelTrainer):
+        @override
+        def split_batch(self, batch):
+            threads.append(threading.current_thread())
+            return super().split_batch(batch)
+
+    run = Watched(make_model(), optax.adam(1e-2), strategy=px.ShardingStrategy(1))
+    run.fit(loader())
+    assert threads == [threading.main_thread()] * 7

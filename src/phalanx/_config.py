@@ -71,10 +71,11 @@ def check_config(
         raise ValueError(f"nan_policy={nan_policy!r} must be 'raise', 'skip' or 'off'")
     if not _is_int(sync_every) or sync_every < 1:
         raise ValueError(f"sync_every={sync_every!r} must be an int >= 1, e.g. 16")
-    if not _is_int(prefetch) or prefetch < 0:
+    if prefetch is not None and (not _is_int(prefetch) or prefetch < 0):
         raise ValueError(
             f"prefetch={prefetch!r} must be an int >= 0: batches prepared ahead, "
-            "e.g. 2 (0 prepares each batch when its step runs)"
+            "e.g. 2 (0 prepares each batch when its step runs), or None to "
+            "choose by the devices"
         )
 
 

@@ -24,7 +24,7 @@ from ._config import check_config, check_duration, check_iterable
 from ._forward import takes_key
 from ._history import History
 from ._loop import plan, run_epoch
-from ._prefetch import Feed
+from ._prefetch import Feed, default_depth
 from ._processes import predict_across_processes
 from ._run import Preempted, RunPlan, find_checkpoint, preemption
 from ._state import TrainState
@@ -92,7 +92,7 @@ class DataParallelTrainer(Generic[_Model]):
         checks: ChecksMode = "on",
         nan_policy: NanPolicy = "raise",
         sync_every: int = 16,
-        prefetch: int = 2,
+        prefetch: int | None = None,
     ):
         """Args:
         model: a per-example Equinox model; it may take a ``key`` keyword
@@ -120,11 +120,14 @@ class DataParallelTrainer(Generic[_Model]):
         prefetch: batches checked and padded this many ahead in `fit` and
             `evaluate`, on a background thread of the lowest priority (it
             runs on cores XLA leaves idle; `split_batch` and `sample_weight`
-            run there too); 0 prepares each batch on the calling thread. Data
-            is read ahead only where nothing is lost: a loader with
-            `state_dict` and `load_state_dict` is rewound to the batch last
-            used when a pass stops early; a one-shot iterator (a generator)
-            and every multi-process run are not read ahead.
+            run there too); 0 prepares each batch on the calling thread.
+            None (the default) is 2, or 0 where the strategy runs on a
+            single CPU device, whose step XLA spreads over every core: no
+            core is left for the thread, and preparing on the calling thread
+            costs less there. Data is read ahead only where nothing is lost:
+            a loader with `state_dict` and `load_state_dict` is rewound to
+            the batch last used when a pass stops early; a one-shot iterator
+            (a generator) and every multi-process run are not read ahead.
 
         Raises:
             TypeError, ValueError: an argument is invalid (the message names it).
@@ -152,7 +155,7 @@ class DataParallelTrainer(Generic[_Model]):
         self.checks = checks
         self.nan_policy = nan_policy
         self.sync_every = sync_every
-        self.prefetch = prefetch
+        self.prefetch = default_depth(self.strategy) if prefetch is None else prefetch
         self.history = History()
         # A callback sets this to end `fit` after the current step (Keras' idiom).
         self.stop_training = False
