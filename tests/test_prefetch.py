@@ -5,6 +5,7 @@ mid-epoch, errors raised at their batch's turn, generators not read ahead."""
 import os
 import sys
 import threading
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -29,6 +30,21 @@ def trainer(prefetch: int = 2, **kwargs) -> px.DataParallelTrainer:
 def loader() -> px.data.ArrayLoader:
     x, y = make_data(100, seed=2)
     return px.data.ArrayLoader((x, y), 16, seed=0)  # 7 batches per epoch
+
+
+def watched(
+    strategy: px.Strategy, what: Callable[[], object] = threading.current_thread
+) -> tuple[px.DataParallelTrainer, list[object]]:
+    """A trainer that notes `what()` as it prepares each batch, and the notes."""
+    seen = []
+
+    class Watched(px.DataParallelTrainer):
+        @override
+        def split_batch(self, batch):
+            seen.append(what())
+            return super().split_batch(batch)
+
+    return Watched(make_model(), optax.adam(1e-2), strategy=strategy), seen
 
 
 def test_stopping_mid_epoch_rewinds_the_loader_to_the_last_batch_trained():
@@ -104,15 +120,7 @@ def test_a_generator_is_not_read_ahead():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="SCHED_IDLE is Linux's")
 def test_batches_are_prepared_at_idle_priority():
-    policies = []
-
-    class Watched(px.DataParallelTrainer):
-        @override
-        def split_batch(self, batch):
-            policies.append(os.sched_getscheduler(0))
-            return super().split_batch(batch)
-
-    run = Watched(make_model(), optax.adam(1e-2), strategy=px.ShardingStrategy(4))
+    run, policies = watched(px.ShardingStrategy(4), lambda: os.sched_getscheduler(0))
     run.fit(loader(), epochs=2)
     # Each pass's first batch on the calling thread, the rest on the
     # background thread.
@@ -120,15 +128,7 @@ def test_batches_are_prepared_at_idle_priority():
 
 
 def test_batches_already_on_devices_are_not_read_ahead():
-    threads = []
-
-    class Watched(px.DataParallelTrainer):
-        @override
-        def split_batch(self, batch):
-            threads.append(threading.current_thread())
-            return super().split_batch(batch)
-
-    run = Watched(make_model(), optax.adam(1e-2), strategy=px.ShardingStrategy(4))
+    run, threads = watched(px.ShardingStrategy(4))
     x, y = make_data(64)
     placed = jax.device_put(
         [(x[i : i + 16], y[i : i + 16]) for i in range(0, 64, 16)],
@@ -162,14 +162,6 @@ def test_by_default_one_cpu_device_prepares_on_the_calling_thread():
     assert made(px.ShardingStrategy(4)).prefetch == 2
     assert made(px.ShardingStrategy(1), prefetch=3).prefetch == 3
 
-    threads = []
-
-    class Watched(px.DataParallelTrainer):
-        @override
-        def split_batch(self, batch):
-            threads.append(threading.current_thread())
-            return super().split_batch(batch)
-
-    run = Watched(make_model(), optax.adam(1e-2), strategy=px.ShardingStrategy(1))
+    run, threads = watched(px.ShardingStrategy(1))
     run.fit(loader())
     assert threads == [threading.main_thread()] * 7
