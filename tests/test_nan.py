@@ -106,3 +106,26 @@ def test_skip_reports_per_step_flag():
     run.fit([good[0], bad, good[1]], epochs=1)
     assert flags == [0.0, 1.0, 0.0]
     assert jax.tree.structure(run.state) == jax.tree.structure(trainer("skip").state)
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+def test_huge_finite_gradient_whose_sum_overflows_is_applied(policy):
+    # Every entry is finite, but their sum overflows float32: the quick check
+    # (one sum) is inconclusive there, and the exact one must let it through.
+    class Huge(px.DataParallelTrainer):
+        def gradients(self, grads, state):
+            huge = jnp.full_like(grads.layers[0].weight, 1e38)
+            return eqx.tree_at(lambda g: g.layers[0].weight, grads, huge)
+
+    good, _ = batches()
+    model = make_model()
+    run = Huge(
+        model, optax.sgd(1e-40), strategy=px.ShardingStrategy(2), nan_policy=policy
+    )
+    run.fit(good[:2], epochs=1)
+    assert int(run.state.step) == 2
+    if policy == "skip":
+        assert run.history[0]["skipped_steps"] == 0
+    # Each step moved every entry by 1e-40 * 1e38.
+    moved = np.asarray(model.layers[0].weight) - np.asarray(run.model.layers[0].weight)
+    np.testing.assert_allclose(moved, 0.02, rtol=1e-4)

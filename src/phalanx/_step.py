@@ -203,13 +203,7 @@ def _guard(
     a policy it runs in a `lax.cond`, so that a good step updates the state
     in place instead of selecting between two copies of it.
     """
-    # x - x is 0 for a finite x and NaN for NaN or ±inf: one subtraction and
-    # one sum per leaf (no overflow, unlike summing the values themselves;
-    # x * 0 would multiply by a broadcast zeros array, which XLA may share
-    # with an accumulator's zeros and then copy).
-    finite_leaves = ~jnp.isnan(
-        jnp.stack([jnp.sum(g - g) for g in jax.tree.leaves(grads)])
-    )
+    finite_leaves = _finite_leaves(grads)
     finite = jnp.all(finite_leaves)
     skipped, bad_step, bad_leaf = acc.flags
     halted = bad_step >= 0
@@ -228,6 +222,31 @@ def _guard(
     if policy == "skip":
         sums = jnp.append(sums, (~apply).astype(sums.dtype))
     return leaves, acc, sums
+
+
+def _finite_leaves(grads: Any) -> jax.Array:
+    """Whether each leaf of `grads` is finite everywhere, as a bool vector.
+
+    A sum is finite only if every term is (a NaN or ±inf survives any order
+    of additions), so one sum of the leaves' sums settles the usual case in
+    a single read of the gradient. A non-finite total can also be finite
+    values overflowing: only then, or for a bad step, is each leaf checked
+    exactly, with x - x (0 for a finite x, NaN otherwise; it cannot
+    overflow, and x * 0 would multiply by a broadcast zeros array, which XLA
+    may share with an accumulator's zeros and then copy).
+    """
+    leaves = jax.tree.leaves(grads)
+    # Low-precision leaves are summed in float32, where their sums stay far
+    # from overflow (float16's largest value is 65504).
+    total = sum(
+        jnp.sum(g, dtype=jnp.promote_types(g.dtype, jnp.float32)) for g in leaves
+    )
+
+    def each() -> jax.Array:
+        return ~jnp.isnan(jnp.stack([jnp.sum(g - g) for g in leaves]))
+
+    every = jnp.ones(len(leaves), jnp.bool_)
+    return jax.lax.cond(jnp.isfinite(total), lambda: every, each)
 
 
 def build_predict_step(
