@@ -29,7 +29,8 @@ count and batch size and serves every case it appears in):
   JAX's one-off set-up);
 - `--repeats` timed runs of the same number of steps, the sides alternating
   (AB, BA, ...), each timed until `jax.block_until_ready` on the state
-  returns. The steps are `--steps`, or else as many as side B makes in about
+  returns, by the clock and by the process's CPU time (every thread). The
+  steps are `--steps`, or else as many as side B makes in about
   `--run-seconds` (the fastest of 3 short untimed runs, at least
   `MIN_STEPS`), so that a `fit` call's fixed cost is not what is measured;
 - the compiled train step's per-device `memory_analysis()`, and the
@@ -241,6 +242,25 @@ def memory_stats(compiled: jax.stages.Compiled) -> dict[str, int] | None:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """A timed run: seconds on the clock, and CPU seconds of every thread of
+    the process (XLA's included) over the same span."""
+
+    wall: float
+    cpu: float
+
+
+class Stopwatch:
+    """Started on creation; `read` gives the `Timing` since then."""
+
+    def __init__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def read(self) -> Timing:
+        return Timing(time.perf_counter() - self.wall, time.process_time() - self.cpu)
+
+
 class Side:
     """One trainer or reference loop, built once and fed either kind of data.
 
@@ -277,7 +297,7 @@ class Side:
     def build(self) -> None:
         raise NotImplementedError
 
-    def run(self, steps: int, feed: str) -> float:
+    def run(self, steps: int, feed: str) -> Timing:
         raise NotImplementedError
 
     def compile(self) -> jax.stages.Compiled:
@@ -305,7 +325,7 @@ class PhalanxSide(Side):
         self.epoch: list[tuple[jax.Array, jax.Array]] | None = None
         self.run(1, "device")
 
-    def run(self, steps: int, feed: str) -> float:
+    def run(self, steps: int, feed: str) -> Timing:
         if feed == "host":
             data = self.loader  # stateful: each fit resumes where the last stopped
         elif feed == "device-epochs":  # the loader's whole dataset, placed once
@@ -315,10 +335,10 @@ class PhalanxSide(Side):
             data = self.epoch
         else:
             data = [self.placed[i % len(self.placed)] for i in range(steps)]
-        start = time.perf_counter()
+        clock = Stopwatch()
         self.trainer.fit(data, steps=steps)
         jax.block_until_ready(self.trainer.state)
-        return time.perf_counter() - start
+        return clock.read()
 
     def compile(self) -> jax.stages.Compiled:
         return self.trainer.lower(host_batches(self.batch)[0]).compile()
@@ -343,8 +363,8 @@ class ReferenceSide(Side):
         self.host = forever(loader(self.batch))
         self.run(1, "device")
 
-    def run(self, steps: int, feed: str) -> float:
-        start = time.perf_counter()
+    def run(self, steps: int, feed: str) -> Timing:
+        clock = Stopwatch()
         for i in range(steps):
             if feed == "host":
                 x, y, _ = next(self.host)  # weights are all 1: no short batches
@@ -353,7 +373,7 @@ class ReferenceSide(Side):
                 batch = self.placed[i % len(self.placed)]
             self.reference.step(batch)
         self.reference.block()
-        return time.perf_counter() - start
+        return clock.read()
 
     def compile(self) -> jax.stages.Compiled:
         return self.reference.compile(self.placed[0])
@@ -441,7 +461,7 @@ def steps_per_run(case: Case, seconds: float) -> int:
     run, a hiccup or the last of a build's one-off costs, made every timed
     run of the case half as long in earlier runs: 48 steps instead of 83)."""
     fastest = min(
-        case.b.run(CALIBRATION_STEPS, case.b_feed) for _ in range(CALIBRATIONS)
+        case.b.run(CALIBRATION_STEPS, case.b_feed).wall for _ in range(CALIBRATIONS)
     )
     return max(MIN_STEPS, round(seconds / (fastest / CALIBRATION_STEPS)))
 
@@ -454,11 +474,13 @@ def measure(case: Case, repeats: int, steps: int | None, seconds: float) -> dict
     for side, feed in sides.values():  # compiled again after clear_caches
         side.run(1, feed)
     steps = steps or steps_per_run(case, seconds)
-    seconds: dict[str, list[float]] = {"a": [], "b": []}
+    timings: dict[str, list[Timing]] = {"a": [], "b": []}
     for round_ in range(repeats):
         for key in ("a", "b") if round_ % 2 == 0 else ("b", "a"):
             side, feed = sides[key]
-            seconds[key].append(side.run(steps, feed))
+            timings[key].append(side.run(steps, feed))
+    seconds = {key: [t.wall for t in runs] for key, runs in timings.items()}
+    cpu = {key: [t.cpu for t in runs] for key, runs in timings.items()}
     result: dict[str, Any] = {
         "case": case.name,
         "devices": case.devices,
@@ -476,12 +498,17 @@ def measure(case: Case, repeats: int, steps: int | None, seconds: float) -> dict
             "median_s": median,
             "steps_per_s": steps / median,
             "examples_per_s": steps * case.batch / median,
+            "cpu_seconds": cpu[key],
+            "cpu_median_s": statistics.median(cpu[key]),
             "memory": side.memory(),
         }
     a, b = result["a"], result["b"]
     result["ratio"] = a["steps_per_s"] / b["steps_per_s"]
     paired = [tb / ta for ta, tb in zip(seconds["a"], seconds["b"], strict=True)]
     result["paired_ratio_median"] = statistics.median(paired)
+    # The same ratio by CPU time (work per step): steadier than the clock on
+    # a shared machine, but blind to work a side hides on idle cores.
+    result["cpu_ratio"] = b["cpu_median_s"] / a["cpu_median_s"]
     result["first_step_ratio"] = a["first_step_s"] / b["first_step_s"]
     result["target"] = TARGETS.get(case.name)  # None: reported, no target
     result["max_rss_mib"] = max_rss_mib()
@@ -554,7 +581,9 @@ def cases_table(results: list[dict[str, Any]], config: dict[str, Any]) -> Table:
     )
     for name in ("case", "A", "B", "dev", "batch", "data"):
         table.add_column(name)
-    for name in ("steps", "A steps/s", "B steps/s", "A/B", "target", "A ex/s"):
+    for name in ("steps", "A steps/s", "B steps/s", "A/B", "target", "A/B cpu"):
+        table.add_column(name, justify="right")
+    for name in ("A ex/s",):
         table.add_column(name, justify="right")
     for name in ("1st step A s", "B s", "A/B", "temp MiB A", "B"):
         table.add_column(name, justify="right")
@@ -572,6 +601,7 @@ def cases_table(results: list[dict[str, Any]], config: dict[str, Any]) -> Table:
             f"{b['steps_per_s']:.1f}",
             _ratio(r["ratio"], r["target"] is None or r["ratio"] >= r["target"]),
             "–" if r["target"] is None else f"≥ {r['target']}",
+            f"{r['cpu_ratio']:.3f}",
             f"{a['examples_per_s']:,.0f}",
             f"{a['first_step_s']:.2f}",
             f"{b['first_step_s']:.2f}",

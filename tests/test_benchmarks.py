@@ -47,11 +47,13 @@ def test_tiny_benchmark_run(tmp_path):
     for case in results["cases"]:
         for side in (case["a"], case["b"]):
             assert len(side["seconds"]) == results["config"]["repeats"]
-            assert min(side["seconds"]) > 0
+            assert len(side["cpu_seconds"]) == results["config"]["repeats"]
+            assert min(side["seconds"]) > 0 and min(side["cpu_seconds"]) > 0
             for key in ("first_step_s", "steps_per_s", "examples_per_s"):
                 assert side[key] > 0, (case["case"], key)
             assert side["memory"]["temp_bytes"] > 0
         assert case["ratio"] > 0 and case["first_step_ratio"] > 0
+        assert case["cpu_ratio"] > 0
 
     memory = results["accumulation_memory"]
     for side in ("ShardingStrategy", "PmapStrategy", "shard_map scan"):
