@@ -581,9 +581,8 @@ def cases_table(results: list[dict[str, Any]], config: dict[str, Any]) -> Table:
     )
     for name in ("case", "A", "B", "dev", "batch", "data"):
         table.add_column(name)
-    for name in ("steps", "A steps/s", "B steps/s", "A/B", "target", "A/B cpu"):
-        table.add_column(name, justify="right")
-    for name in ("A ex/s",):
+    numbers = ("steps", "A steps/s", "B steps/s", "A/B", "target", "A/B cpu", "A ex/s")
+    for name in numbers:
         table.add_column(name, justify="right")
     for name in ("1st step A s", "B s", "A/B", "temp MiB A", "B"):
         table.add_column(name, justify="right")
