@@ -18,6 +18,10 @@ count (`run_each_device_count`):
   which wait for the device) and as many distinct examples, so only where
   the batches come from differs. (Cycling through `DEVICE_BATCHES` batches
   instead would let side B's data stay in the CPU's cache at batch 2048.)
+- ``jit-host-vs-device``: the same comparison for the ``jit`` reference, fed
+  in its loop from the same loader (A) and from the loader's dataset placed
+  once (B): what host data costs a hand-written loop on this machine, the
+  floor for ``host-vs-device`` (no target).
 
 What is measured, per side (a trainer or reference is built once per device
 count and batch size and serves every case it appears in):
@@ -77,7 +81,8 @@ from references import CLASSES, IN, make_model, make_optimizer, make_reference
 
 
 PAIRS = ("sharding", "pmap", "accum-sharding", "accum-pmap")
-CASES = (*PAIRS, "checks", "nan-guard", "host-vs-device", "memory")
+HOST_CASES = ("host-vs-device", "jit-host-vs-device")
+CASES = (*PAIRS, "checks", "nan-guard", *HOST_CASES, "memory")
 MICROBATCHES = 4  # of the accumulation cases
 MEMORY_MICROBATCHES = (1, 4, 16)  # of the memory report (1: the plain inner)
 DEVICE_BATCHES = 4  # distinct batches cycled through in "device" runs
@@ -266,8 +271,9 @@ class Side:
 
     `start` builds it from nothing and makes its first step (timed `repeats`
     times from empty caches, then remembered); `run` times `steps` steps
-    from ``"device"`` batches (placed once, cycled through) or from the
-    ``"host"`` loader (placed every step).
+    from ``"device"`` batches (placed once, cycled through), from the
+    ``"host"`` loader (placed every step), or from ``"device-epochs"``: the
+    loader's whole dataset, placed once.
     """
 
     def __init__(self, batch: int, repeats: int):
@@ -361,16 +367,23 @@ class ReferenceSide(Side):
         )
         self.placed = [self.reference.place(*b) for b in host_batches(self.batch)]
         self.host = forever(loader(self.batch))
+        self.epoch: list[tuple[jax.Array, jax.Array]] | None = None
         self.run(1, "device")
 
     def run(self, steps: int, feed: str) -> Timing:
+        placed = self.placed
+        if feed == "device-epochs":  # the loader's whole dataset, placed once
+            if self.epoch is None:
+                batches = host_batches(self.batch, HOST_BATCHES)
+                self.epoch = [self.reference.place(*b) for b in batches]
+            placed = self.epoch
         clock = Stopwatch()
         for i in range(steps):
             if feed == "host":
                 x, y, _ = next(self.host)  # weights are all 1: no short batches
                 batch = self.reference.place(x, y)
             else:
-                batch = self.placed[i % len(self.placed)]
+                batch = placed[i % len(placed)]
             self.reference.step(batch)
         self.reference.block()
         return clock.read()
@@ -447,6 +460,11 @@ def cell_cases(args: argparse.Namespace, n: int, batch: int) -> list[Case]:
         labels = ("host loader", sharding, "host", "on device", sharding)
         labels = (*labels, "device-epochs")
         cases.append(Case("host-vs-device", n, batch, "both", *labels))
+    if "jit-host-vs-device" in args.cases:
+        jit = references.get("jit") or ReferenceSide("jit", n, batch, repeats)
+        labels = ("jax.jit, host loader", jit, "host", "jax.jit, on device", jit)
+        labels = (*labels, "device-epochs")
+        cases.append(Case("jit-host-vs-device", n, batch, "both", *labels))
     return cases
 
 

@@ -42,6 +42,7 @@ def test_tiny_benchmark_run(tmp_path):
         ("checks", "host"),
         ("nan-guard", "device"),
         ("host-vs-device", "both"),
+        ("jit-host-vs-device", "both"),
     }
     assert ran == expected
     for case in results["cases"]:
