@@ -83,9 +83,13 @@ class Reference:
         """Wait until every dispatched step has finished."""
         jax.block_until_ready((self.state, self.loss))
 
+    def lower(self, batch: tuple[jax.Array, jax.Array]) -> jax.stages.Lowered:
+        """The step lowered for a placed `batch`, to inspect (not to run)."""
+        return self.step_fn.lower(self.state, *batch)
+
     def compile(self, batch: tuple[jax.Array, jax.Array]) -> jax.stages.Compiled:
         """The step compiled for a placed `batch`, to inspect (not to run)."""
-        return self.step_fn.lower(self.state, *batch).compile()
+        return self.lower(batch).compile()
 
 
 def make_reference(

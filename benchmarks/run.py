@@ -37,8 +37,10 @@ count and batch size and serves every case it appears in):
   steps are `--steps`, or else as many as side B makes in about
   `--run-seconds` (the fastest of 3 short untimed runs, at least
   `MIN_STEPS`), so that a `fit` call's fixed cost is not what is measured;
-- the compiled train step's per-device `memory_analysis()`, and the
-  process's peak RSS after each case.
+- the train step traced and lowered, then compiled, afresh (after
+  `jax.clear_caches()`; the median of `--first-step-repeats`): the seconds
+  of each, and the compiled step's per-device `memory_analysis()`;
+- the process's peak RSS after each case.
 
 The table shows medians; the JSON file (`--out`) holds every timing too. Also
 reported (``memory``), on each device count at the largest batch: the
@@ -280,7 +282,7 @@ class Side:
         self.batch = batch
         self.repeats = repeats  # builds timed for the time to first step
         self.first_step_s: float | None = None
-        self._memory: dict[str, int] | None = None
+        self._compiled: dict[str, Any] | None = None
 
     def start(self) -> float:
         """Seconds to build, place the device batches and finish step one."""
@@ -295,10 +297,25 @@ class Side:
             self.first_step_s = statistics.median(times)
         return self.first_step_s
 
-    def memory(self) -> dict[str, int] | None:
-        if self._memory is None:
-            self._memory = memory_stats(self.compile())
-        return self._memory
+    def compiled(self) -> dict[str, Any]:
+        """The train step traced and lowered, then compiled, from empty caches
+        (`repeats` times): the median seconds of each, and its memory."""
+        if self._compiled is None:
+            lowering, compiling = [], []
+            for _ in range(self.repeats):
+                jax.clear_caches()
+                clock = Stopwatch()
+                lowered = self.lower()
+                lowering.append(clock.read().wall)
+                clock = Stopwatch()
+                compiled = lowered.compile()
+                compiling.append(clock.read().wall)
+            self._compiled = {
+                "lower_s": statistics.median(lowering),
+                "compile_s": statistics.median(compiling),
+                "memory": memory_stats(compiled),
+            }
+        return self._compiled
 
     def build(self) -> None:
         raise NotImplementedError
@@ -306,7 +323,8 @@ class Side:
     def run(self, steps: int, feed: str) -> Timing:
         raise NotImplementedError
 
-    def compile(self) -> jax.stages.Compiled:
+    def lower(self) -> jax.stages.Lowered:
+        """The train step lowered for one of the device batches."""
         raise NotImplementedError
 
 
@@ -346,8 +364,8 @@ class PhalanxSide(Side):
         jax.block_until_ready(self.trainer.state)
         return clock.read()
 
-    def compile(self) -> jax.stages.Compiled:
-        return self.trainer.lower(host_batches(self.batch)[0]).compile()
+    def lower(self) -> jax.stages.Lowered:
+        return self.trainer.lower(host_batches(self.batch)[0])
 
 
 class ReferenceSide(Side):
@@ -388,8 +406,8 @@ class ReferenceSide(Side):
         self.reference.block()
         return clock.read()
 
-    def compile(self) -> jax.stages.Compiled:
-        return self.reference.compile(self.placed[0])
+    def lower(self) -> jax.stages.Lowered:
+        return self.reference.lower(self.placed[0])
 
 
 # ----------------------------------------------------------------- the cases
@@ -518,7 +536,7 @@ def measure(case: Case, repeats: int, steps: int | None, seconds: float) -> dict
             "examples_per_s": steps * case.batch / median,
             "cpu_seconds": cpu[key],
             "cpu_median_s": statistics.median(cpu[key]),
-            "memory": side.memory(),
+            **side.compiled(),  # lower_s, compile_s, memory
         }
     a, b = result["a"], result["b"]
     result["ratio"] = a["steps_per_s"] / b["steps_per_s"]
@@ -602,7 +620,9 @@ def cases_table(results: list[dict[str, Any]], config: dict[str, Any]) -> Table:
     numbers = ("steps", "A steps/s", "B steps/s", "A/B", "target", "A/B cpu", "A ex/s")
     for name in numbers:
         table.add_column(name, justify="right")
-    for name in ("1st step A s", "B s", "A/B", "temp MiB A", "B"):
+    for name in ("1st step A s", "B s", "A/B", "compile A s", "B s"):
+        table.add_column(name, justify="right")
+    for name in ("temp MiB A", "B"):
         table.add_column(name, justify="right")
     for r in results:
         a, b = r["a"], r["b"]
@@ -623,6 +643,8 @@ def cases_table(results: list[dict[str, Any]], config: dict[str, Any]) -> Table:
             f"{a['first_step_s']:.2f}",
             f"{b['first_step_s']:.2f}",
             _ratio(r["first_step_ratio"], r["first_step_ratio"] <= FIRST_STEP_TARGET),
+            f"{a['compile_s']:.2f}",
+            f"{b['compile_s']:.2f}",
             _mib(a["memory"]),
             _mib(b["memory"]),
         )

@@ -50,7 +50,8 @@ def test_tiny_benchmark_run(tmp_path):
             assert len(side["seconds"]) == results["config"]["repeats"]
             assert len(side["cpu_seconds"]) == results["config"]["repeats"]
             assert min(side["seconds"]) > 0 and min(side["cpu_seconds"]) > 0
-            for key in ("first_step_s", "steps_per_s", "examples_per_s"):
+            speeds = ("steps_per_s", "examples_per_s")
+            for key in ("first_step_s", *speeds, "lower_s", "compile_s"):
                 assert side[key] > 0, (case["case"], key)
             assert side["memory"]["temp_bytes"] > 0
         assert case["ratio"] > 0 and case["first_step_ratio"] > 0
