@@ -12,6 +12,11 @@ count (`run_each_device_count`):
   devices) or ``host`` (NumPy through `px.data.ArrayLoader`, placed each
   step);
 - ``checks``: the same trainer with value checks on (A) and off (B), host data;
+- ``nan-guard``: the same trainer with the default ``nan_policy="raise"`` (A)
+  and ``"off"`` (B), device data: what the non-finite gradient guard costs;
+- ``guard-vs-optax``: the trainer (A) against the ``jit`` reference guarded
+  as a hand-written loop would be, with ``optax.apply_if_finite`` (B,
+  ``"jit-guarded"``), device data (no target);
 - ``host-vs-device``: the same trainer fed from the host loader (A) and with
   the loader's whole dataset already on the devices (B, its `HOST_BATCHES`
   batches placed once): the same epochs (each ends with the epoch's logs,
@@ -84,7 +89,7 @@ from references import CLASSES, IN, make_model, make_optimizer, make_reference
 
 PAIRS = ("sharding", "pmap", "accum-sharding", "accum-pmap")
 HOST_CASES = ("host-vs-device", "jit-host-vs-device")
-CASES = (*PAIRS, "checks", "nan-guard", *HOST_CASES, "memory")
+CASES = (*PAIRS, "checks", "nan-guard", "guard-vs-optax", *HOST_CASES, "memory")
 MICROBATCHES = 4  # of the accumulation cases
 MEMORY_MICROBATCHES = (1, 4, 16)  # of the memory report (1: the plain inner)
 DEVICE_BATCHES = 4  # distinct batches cycled through in "device" runs
@@ -474,6 +479,11 @@ def cell_cases(args: argparse.Namespace, n: int, batch: int) -> list[Case]:
         )
         labels = ("nan_policy raise", sharding, "device", "nan_policy off", off)
         cases.append(Case("nan-guard", n, batch, "device", *labels, "device"))
+    if "guard-vs-optax" in args.cases:
+        guarded = ReferenceSide("jit-guarded", n, batch, repeats)
+        labels = ("ShardingStrategy", sharding, "device", "jit + apply_if_finite")
+        labels = (*labels, guarded, "device")
+        cases.append(Case("guard-vs-optax", n, batch, "device", *labels))
     if "host-vs-device" in args.cases:
         labels = ("host loader", sharding, "host", "on device", sharding)
         labels = (*labels, "device-epochs")

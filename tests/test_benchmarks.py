@@ -41,6 +41,7 @@ def test_tiny_benchmark_run(tmp_path):
     expected |= {
         ("checks", "host"),
         ("nan-guard", "device"),
+        ("guard-vs-optax", "device"),
         ("host-vs-device", "both"),
         ("jit-host-vs-device", "both"),
     }
