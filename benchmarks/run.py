@@ -47,11 +47,11 @@ count and batch size and serves every case it appears in):
   of each, and the compiled step's per-device `memory_analysis()`;
 - the process's peak RSS after each case.
 
-The table shows medians; the JSON file (`--out`) holds every timing too. Also
-reported (``memory``), on each device count at the largest batch: the
-compiled step's temporary memory under `AccumulatingStrategy` with 1 (the
-plain inner strategy), 4 and 16 microbatches, and the same for the
-``shard_map`` scan reference.
+The table shows medians (A/B: of the rounds' own ratios); the JSON file
+(`--out`) holds every timing too. Also reported (``memory``), on each device
+count at the largest batch: the compiled step's temporary memory under
+`AccumulatingStrategy` with 1 (the plain inner strategy), 4 and 16
+microbatches, and the same for the ``shard_map`` scan reference.
 
 Usage:
     python benchmarks/run.py [--cases sharding,pmap,...] [--repeats 5]
@@ -288,6 +288,7 @@ class Side:
         self.repeats = repeats  # builds timed for the time to first step
         self.first_step_s: float | None = None
         self._compiled: dict[str, Any] | None = None
+        self._dataset: list[Any] | None = None
 
     def start(self) -> float:
         """Seconds to build, place the device batches and finish step one."""
@@ -296,6 +297,7 @@ class Side:
             times = []
             for _ in range(self.repeats):
                 jax.clear_caches()
+                self._dataset = None  # placed afresh for each build
                 start = time.perf_counter()
                 self.build()
                 times.append(time.perf_counter() - start)
@@ -322,7 +324,17 @@ class Side:
             }
         return self._compiled
 
+    def placed_dataset(self) -> list[Any]:
+        """The loader's whole dataset, placed once (``"device-epochs"``)."""
+        if self._dataset is None:
+            self._dataset = self.place(host_batches(self.batch, HOST_BATCHES))
+        return self._dataset
+
     def build(self) -> None:
+        raise NotImplementedError
+
+    def place(self, batches: list[tuple[np.ndarray, np.ndarray]]) -> list[Any]:
+        """Host batches placed on the devices as this side's step takes them."""
         raise NotImplementedError
 
     def run(self, steps: int, feed: str) -> Timing:
@@ -348,20 +360,18 @@ class PhalanxSide(Side):
         self.trainer = px.DataParallelTrainer(
             make_model(), make_optimizer(), strategy=self.make_strategy(), **self.kwargs
         )
-        split = self.trainer.strategy.split
-        self.placed = [jax.device_put(b, split) for b in host_batches(self.batch)]
+        self.placed = self.place(host_batches(self.batch))
         self.loader = loader(self.batch)
-        self.epoch: list[tuple[jax.Array, jax.Array]] | None = None
         self.run(1, "device")
+
+    def place(self, batches: list[tuple[np.ndarray, np.ndarray]]) -> list[Any]:
+        return jax.device_put(batches, self.trainer.strategy.split)
 
     def run(self, steps: int, feed: str) -> Timing:
         if feed == "host":
             data = self.loader  # stateful: each fit resumes where the last stopped
-        elif feed == "device-epochs":  # the loader's whole dataset, placed once
-            if self.epoch is None:
-                batches = host_batches(self.batch, HOST_BATCHES)
-                self.epoch = jax.device_put(batches, self.trainer.strategy.split)
-            data = self.epoch
+        elif feed == "device-epochs":
+            data = self.placed_dataset()
         else:
             data = [self.placed[i % len(self.placed)] for i in range(steps)]
         clock = Stopwatch()
@@ -388,18 +398,15 @@ class ReferenceSide(Side):
         self.reference = make_reference(
             self.kind, devices, self.batch, self.microbatches
         )
-        self.placed = [self.reference.place(*b) for b in host_batches(self.batch)]
+        self.placed = self.place(host_batches(self.batch))
         self.host = forever(loader(self.batch))
-        self.epoch: list[tuple[jax.Array, jax.Array]] | None = None
         self.run(1, "device")
 
+    def place(self, batches: list[tuple[np.ndarray, np.ndarray]]) -> list[Any]:
+        return [self.reference.place(*batch) for batch in batches]
+
     def run(self, steps: int, feed: str) -> Timing:
-        placed = self.placed
-        if feed == "device-epochs":  # the loader's whole dataset, placed once
-            if self.epoch is None:
-                batches = host_batches(self.batch, HOST_BATCHES)
-                self.epoch = [self.reference.place(*b) for b in batches]
-            placed = self.epoch
+        placed = self.placed_dataset() if feed == "device-epochs" else self.placed
         clock = Stopwatch()
         for i in range(steps):
             if feed == "host":
