@@ -102,9 +102,19 @@ def read_event_scalars(logdir) -> dict[str, list[tuple[int, float]]]:
     return scalars
 
 
+# gloo's note once a process has connected, its numbers as "#".
+_GLOO_NOTE = (
+    "[Gloo] Rank # is connected to # peer ranks. Expected number of connected "
+    "peer ranks is : #"
+)
+
+
 def is_gloo_note(line: str) -> bool:
-    """gloo's "[Gloo] Rank r is connected to n peer ranks..." note, which its
-    C++ side sometimes writes in pieces (so one line lacks "[Gloo]", and its
-    line end can arrive alone: an empty line, rank-prefixed by the launcher)."""
+    """gloo's "[Gloo] Rank r is connected to n peer ranks..." note, or a piece
+    of it: its C++ side sometimes writes the note in pieces, each on a line of
+    its own (one was just the trailing count, "1"), and the line end can
+    arrive alone (an empty line, rank-prefixed by the launcher)."""
     content = re.sub(r"^\[\d+\] ", "", line).strip()
-    return "[Gloo]" in line or "peer ranks" in line or not content
+    if "[Gloo]" in line or "peer ranks" in line or not content:
+        return True
+    return re.sub(r"\d+", "#", content) in _GLOO_NOTE
