@@ -139,13 +139,14 @@ def test_batchnorm_trains_and_updates_state(name, data):
     assert predictions.shape == (32, CLASSES)
 
 
-def test_batchnorm_statistics_are_global(data):
+@pytest.mark.parametrize("mode", ["batch", "ema"])
+def test_batchnorm_statistics_are_global(mode, data):
     # ShardingStrategy: the "batch" axis is the whole global batch. PmapStrategy:
     # name the device axis too for global statistics. Both then equal one device.
-    one = batchnorm_fit(px.ShardingStrategy(1), "batch", data)
-    sharded = batchnorm_fit(px.ShardingStrategy(8), "batch", data)
-    pmapped = batchnorm_fit(px.PmapStrategy(8), ("batch", "data"), data)
-    local = batchnorm_fit(px.PmapStrategy(8), "batch", data)
+    one = batchnorm_fit(px.ShardingStrategy(1), "batch", data, mode=mode)
+    sharded = batchnorm_fit(px.ShardingStrategy(8), "batch", data, mode=mode)
+    pmapped = batchnorm_fit(px.PmapStrategy(8), ("batch", "data"), data, mode=mode)
+    local = batchnorm_fit(px.PmapStrategy(8), "batch", data, mode=mode)
     for trainer in (sharded, pmapped):
         assert max_abs_diff(trainer.model, one.model) <= 1e-5
         for a, b in zip(running_stats(trainer), running_stats(one), strict=True):
@@ -154,13 +155,53 @@ def test_batchnorm_statistics_are_global(data):
     assert max_abs_diff(local.model, one.model) > 1e-4
 
 
-def test_batchnorm_ema_mode(data):
-    # mode="ema" works in the global view; inside shard_map this equinox cannot
-    # run it, and the error says so and what to do.
-    trainer = batchnorm_fit(px.ShardingStrategy(8), "batch", data, mode="ema")
-    assert not running_stats(trainer)[0]  # ema_first_time flag cleared
-    with pytest.raises(ValueError, match="pass mode='batch'"):
-        batchnorm_fit(px.PmapStrategy(8), "batch", data, mode="ema")
+# BatchNorm's default mode="ema" writes a constant into its state: it must
+# train inside jax.shard_map too (PmapStrategy, AccumulatingStrategy around
+# either strategy, a deterministic reduction), not only in the global view.
+EMA_STRATEGIES = {
+    **STRATEGIES,
+    "sharding+acc": lambda: px.AccumulatingStrategy(px.ShardingStrategy(8), 2),
+    "sharding+deterministic": lambda: px.ShardingStrategy(8, deterministic=True),
+}
+
+
+@pytest.mark.parametrize("name", list(EMA_STRATEGIES))
+def test_batchnorm_ema_trains_and_updates_state(name, data):
+    trainer = batchnorm_fit(EMA_STRATEGIES[name](), "batch", data, 20, mode="ema")
+    assert trainer.history[-1]["loss"] < 0.85 * trainer.history[0]["loss"]
+    first_time, mean, var = running_stats(trainer)
+    assert not first_time and np.max(np.abs(mean)) > 0 and np.min(var) > 0
+    assert trainer.predict(data[0][0]).shape == (32, CLASSES)
+
+
+def test_batchnorm_ema_accumulation_matches_one_device(data):
+    # With k microbatches over n devices, microbatch j is rows j*m..(j+1)*m of
+    # every device's slice (m = batch / (n k)). Reordered so that these are
+    # the rows one device's microbatch j holds, and with global statistics,
+    # n devices give one device's update and running statistics: the state
+    # is threaded through the microbatches in order, on every device alike.
+    def fit(inner, axis_name, k=2):
+        n = inner.num_devices
+        batches = [
+            tuple(
+                x.reshape(k, n, -1, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+                for x in batch
+            )
+            for batch in data
+        ]
+        strategy = px.AccumulatingStrategy(inner, k)
+        return batchnorm_fit(strategy, axis_name, batches, mode="ema")
+
+    one = fit(px.ShardingStrategy(1), "batch")
+    pmapped = fit(px.PmapStrategy(8), ("batch", "data"))
+    assert max_abs_diff(pmapped.model, one.model) <= 1e-5
+    for a, b in zip(running_stats(pmapped), running_stats(one), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    # Around ShardingStrategy the step runs per device too: "batch" is each
+    # device's microbatch, as under PmapStrategy.
+    local = [fit(inner(8), "batch") for inner in (px.ShardingStrategy, px.PmapStrategy)]
+    assert max_abs_diff(local[0].model, local[1].model) <= 1e-5
+    assert max_abs_diff(local[0].model, one.model) > 1e-4
 
 
 def test_reference_models():

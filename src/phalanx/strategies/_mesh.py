@@ -1,7 +1,8 @@
 """Building a 1-D device mesh and the per-device program both strategies share."""
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +72,47 @@ def _device_mean(total: jax.Array, like: jax.Array, n: int) -> jax.Array:
     return total // jnp.asarray(n, like.dtype)
 
 
+# A mesh axis of one device that the per-device program leaves automatic.
+_SPARE_AXIS = "_phalanx_spare"
+
+
+def _shard_map(
+    fn: Callable[..., Any],
+    mesh: Mesh,
+    axis_name: str,
+    in_specs: PyTree[P],
+    out_specs: PyTree[P],
+) -> Callable[..., Any]:
+    """`jax.shard_map` of `fn`, manual over `axis_name` only: on `mesh` plus a
+    spare automatic axis of size 1.
+
+    Why the spare axis: in a shard_map manual over every axis of its mesh,
+    each traced value's type carries that all-manual mesh, and
+    `jax.eval_shape` reports it as the value's sharding (JAX 0.10,
+    ``_traced_out_info`` in jax/_src/stages.py); a constant made inside,
+    such as ``jnp.array(False)``, has none. `eqx.nn.State.set` (equinox
+    0.13.8) compares the old and new values' `jax.eval_shape`, so BatchNorm's
+    default ``mode="ema"``, which sets its "first time" flag to that
+    constant, failed: "The old value is bool[] and the new value is bool[]"
+    (they differ only in sharding). With one axis left automatic the mesh is
+    not all-manual and `jax.eval_shape` reports no sharding for either. The
+    spare axis spans one device, so the compiled program is the same.
+    """
+    spare = Mesh(
+        mesh.devices[..., None],
+        (*mesh.axis_names, _SPARE_AXIS),
+        axis_types=(*mesh.axis_types, AxisType.Auto),
+    )
+    return jax.shard_map(
+        fn,
+        mesh=spare,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        axis_names=frozenset({axis_name}),
+        check_vma=False,
+    )
+
+
 def shard_map_reduce(
     mesh: Mesh,
     axis_name: str,
@@ -108,12 +150,8 @@ def shard_map_reduce(
         carry = jax.tree.map(lambda t, c: _device_mean(t, c, mesh.size), total, carry)
         return sums, carry
 
-    return jax.shard_map(
-        per_device,
-        mesh=mesh,
-        in_specs=(P(), P(), P(axis_name)),
-        out_specs=(P(), P()),
-        check_vma=False,
+    return _shard_map(
+        per_device, mesh, axis_name, (P(), P(), P(axis_name)), (P(), P())
     )(replicated, carry, examples)
 
 
@@ -129,10 +167,6 @@ def shard_map_apply(
     mesh: Mesh, axis_name: str, fn: MapFn, replicated: PyTree, examples: PyTree
 ) -> PyTree:
     """Run `fn` on each device's slice; outputs stay split along examples."""
-    return jax.shard_map(
-        fn,
-        mesh=mesh,
-        in_specs=(P(), P(axis_name)),
-        out_specs=P(axis_name),
-        check_vma=False,
-    )(replicated, examples)
+    return _shard_map(fn, mesh, axis_name, (P(), P(axis_name)), P(axis_name))(
+        replicated, examples
+    )
