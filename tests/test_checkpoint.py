@@ -219,10 +219,10 @@ def test_training_goes_on_while_a_save_is_written(tmp_path, monkeypatch):
     written = threading.Event()
     write = px.callbacks.Checkpoint._write
 
-    def held(self, step, *args):
+    def held(self, step, *args, **kwargs):
         if step == 5:  # hold the first save until training is 4 steps further
             assert written.wait(timeout=30), "training waited for the writer"
-        write(self, step, *args)
+        write(self, step, *args, **kwargs)
 
     class Release(px.Callback):
         @override

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from helpers import is_gloo_note
-from phalanx._launch import free_port
+from phalanx._launch import GlooNotes, free_port
 
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
@@ -64,6 +64,33 @@ def test_two_processes_form_one_run_of_four_devices():
         # Exactly once; gloo's C++ notes share the pipe and can leave a stray
         # fragment of theirs on a rank's line (seen once: "[0] 3").
         assert lines_of(done.stdout, rank).count(f"{rank} 2 4 18.0") == 1, done.stdout
+    # launch keeps gloo's connection notes out of the output (--verbose keeps them).
+    assert "[Gloo]" not in done.stdout + done.stderr
+
+
+GLOO = (
+    "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected "
+    "peer ranks is : 1"
+)
+
+
+@pytest.mark.parametrize(
+    ("lines", "kept"),
+    [
+        ([GLOO + "\n", "out\n"], ["out\n"]),
+        # cut by another writer's line end: its rest starts the next lines
+        ([GLOO[:-1] + "\n", "1\n", "\n", "out\n"], ["out\n"]),
+        ([GLOO[:40] + "\n", GLOO[40:] + "\n", "\n", "\n"], ["\n"]),
+        # the program's text on the note's line is kept
+        ([GLOO[:20] + "out\n"], ["out\n"]),
+        (["x " + GLOO + " y\n"], ["x  y\n"]),
+        # not a note: kept as written
+        (["1\n", "\n", "[1] ranks\n"], ["1\n", "\n", "[1] ranks\n"]),
+    ],
+)
+def test_gloo_notes_are_taken_out_of_the_lines(lines, kept):
+    notes = GlooNotes()
+    assert [line for line in map(notes, lines) if line is not None] == kept
 
 
 def test_a_dead_rank_stops_the_others():
@@ -146,6 +173,7 @@ def test_bad_launch_arguments(args, message):
         env=ENV,
         capture_output=True,
         text=True,
+        timeout=60,
     )
     assert done.returncode == 2
     assert message in done.stderr and done.stderr.count("\n") == 1

@@ -15,9 +15,7 @@ model, optimizer, schedule, devices and data order) trained once, its full
 state recorded after every step; the straight CLI run must equal it bitwise.
 """
 
-import csv
 import io
-import json
 import os
 import pathlib
 import re
@@ -25,320 +23,45 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable
 
-import equinox as eqx
-import jax
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 import pytest
 from rich.console import Console
 from typing_extensions import override
 
 import phalanx as px
+from cli_runs import (
+    COMMON,
+    ENV,
+    EPOCHS,
+    EVERY_5,
+    LOG_EVERY,
+    NOTICE,
+    PROGRESS,
+    STALE_TMP,
+    STEPS_PER_EPOCH,
+    TIMEOUT,
+    TOTAL,
+    Phalanx,
+    assert_same_logs,
+    assert_same_run,
+    cli_trainer,
+    csv_rows,
+    finish,
+    host_state,
+    jsonl_rows,
+    listed,
+    logged_steps,
+    same_arrays,
+    state_arrays,
+)
 from helpers import make_data, make_model
-from phalanx._cli_run import make_optimizer, make_schedule, make_strategy
-from phalanx._cli_train import TrainArgs, load_dataset
-from phalanx.cli import build_parser, main
+from phalanx.cli import main
 
 
-STEPS_PER_EPOCH, EPOCHS, LOG_EVERY = 23, 3, 5  # digits: 1437 examples, batch 64
-TOTAL = STEPS_PER_EPOCH * EPOCHS
-COMMON = ["--epochs", str(EPOCHS), "--log-every", str(LOG_EVERY)]
-EVERY_5 = ["--checkpoint-every", "5"]
-NOTICE = (
-    "phalanx: no accelerator found; using 8 fake CPU devices (--devices N to change)"
-)
-# What orbax logs when a resumed run saves a step whose temporary folder a
-# killed run left behind (see test_sigkill_then_resume_is_exact).
-STALE_TMP = re.compile(
-    r"WARNING:absl:Attempted to create temporary directory .*/checkpoints/\d+"
-    r"\.orbax-checkpoint-tmp which already exists\. Removing existing directory "
-    r"since it is not finalized\."
-)
-PROGRESS = re.compile(r"  step (\d+)/\d+  ")
-FINAL = re.compile(r"test loss \d+\.\d{4}, test accuracy \d+\.\d{4}; logs in RUN$")
-# Throughput figures are wall-clock measurements: the only values allowed to
-# differ between runs.
-TIMINGS = ("examples_per_sec", "steps_per_sec")
-ENV = {
-    **os.environ,
-    "NPROC": "16",
-    "JAX_PLATFORMS": "cpu",
-    # Progress lines reach the pipe as they are printed.
-    "PYTHONUNBUFFERED": "1",
-    # Every run compiles the same programs: a persistent compilation cache
-    # (set per module below) saves each later run ~2.5 s of its ~4 s start.
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-}
-TIMEOUT = 120
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-    ENV["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("jax-cache"))
-    yield
-    del ENV["JAX_COMPILATION_CACHE_DIR"]
-
-
-# --- running the CLI ----------------------------------------------------------
-
-
-class Phalanx:
-    """`python -m phalanx train ARGS` in `cwd`, stdout read line by line."""
-
-    def __init__(self, cwd: pathlib.Path, *args: str, prefix: tuple[str, ...] = ()):
-        self.stderr_path = cwd / f"stderr-{time.monotonic_ns()}.txt"
-        command = prefix or (sys.executable, "-m", "phalanx")
-        with open(self.stderr_path, "w") as stderr:
-            self.process = subprocess.Popen(
-                [*command, "train", *args],
-                cwd=cwd,
-                env=ENV,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-            )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        with self.process.stdout as stdout:
-            for line in stdout:
-                self.lines.append(line.rstrip("\n"))
-
-    def progress(self) -> int:
-        """The step of the newest progress line (0 before the first)."""
-        for line in reversed(self.lines):
-            match = PROGRESS.search(line)
-            if match:
-                return int(match.group(1))
-        return 0
-
-    def started(self) -> bool:
-        """Whether training has begun (a progress line was printed)."""
-        return self.progress() > 0
-
-    def signal_when(
-        self,
-        condition: Callable[["Phalanx"], bool],
-        signum: int,
-        *,
-        after: float = 0.0,
-    ) -> int:
-        """Send `signum` as soon as `condition(self)` holds (then `after`
-        seconds later); returns the exit code."""
-        deadline = time.monotonic() + TIMEOUT
-        while not condition(self):
-            if self.process.poll() is not None:
-                pytest.fail(f"the run ended before the trigger:\n{self.output()}")
-            if time.monotonic() > deadline:
-                self.process.kill()
-                pytest.fail(f"no trigger within {TIMEOUT}s:\n{self.output()}")
-            time.sleep(0.002)
-        if after:
-            time.sleep(after)
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signum)
-        return self.wait()
-
-    def wait(self) -> int:
-        try:
-            code = self.process.wait(TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            raise
-        self._reader.join(TIMEOUT)
-        return code
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_path.read_text()
-
-    def output(self) -> str:
-        return "\n".join(self.lines) + "\n--- stderr ---\n" + self.stderr
-
-
-def finish(cwd: pathlib.Path, *args: str) -> Phalanx:
-    """A run that must end with exit code 0."""
-    run = Phalanx(cwd, *args)
-    assert run.wait() == 0, run.output()
-    assert "Traceback" not in run.stderr, run.output()
-    return run
-
-
-# --- reading checkpoints and logs back ----------------------------------------
-
-
-def cli_args(*args: str) -> TrainArgs:
-    return TrainArgs.from_namespace(build_parser().parse_args(["train", *args]))
-
-
-def state_arrays(trainer: px.DataParallelTrainer) -> list[np.ndarray]:
-    """Every array of the trainer's state (parameters, optimizer state, step,
-    PRNG key data) on the host."""
-    leaves = jax.tree.leaves(eqx.filter(trainer.state, eqx.is_array))
-    return [
-        np.asarray(
-            jax.random.key_data(leaf)
-            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-            else leaf
-        )
-        for leaf in leaves
-    ]
-
-
-def same_arrays(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
-    return len(a) == len(b) and all(
-        x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
-        for x, y in zip(a, b, strict=True)
-    )
-
-
-def cli_trainer(callbacks=()) -> tuple[px.DataParallelTrainer, px.data.ArrayLoader]:
-    """The trainer and loader `phalanx train COMMON` builds (_cli_run.py)."""
-    args = cli_args(*COMMON, "--run-dir", "unused")
-    (x, y), _ = load_dataset(args.dataset)
-    loader = px.data.ArrayLoader((x, y), args.batch_size, seed=args.seed)
-    schedule = make_schedule(args, args.epochs * len(loader))
-    model = px.models.MLP(
-        x.shape[1], int(y.max()) + 1, hidden=args.hidden, key=jax.random.key(args.seed)
-    )
-    trainer = px.DataParallelTrainer(
-        model,
-        make_optimizer(args, schedule),
-        strategy=make_strategy(args, jax.devices()[:8]),
-        seed=args.seed,
-        callbacks=callbacks,
-    )
-    return trainer, loader
-
-
-@pytest.fixture(scope="module")
-def reference_run() -> tuple[dict[int, list[np.ndarray]], list[dict]]:
-    """The CLI's training, in this process: step -> the full state after it,
-    and the history (no eval data, no throughput)."""
-    states: dict[int, list[np.ndarray]] = {}
-
-    class Record(px.Callback):
-        @override
-        def on_step_end(self, info):
-            states[info.step] = state_arrays(info.trainer)
-
-    trainer, loader = cli_trainer([Record()])
-    trainer.fit(loader, epochs=EPOCHS)
-    assert sorted(states) == list(range(1, TOTAL + 1))
-    return states, trainer.history.epochs
-
-
-@pytest.fixture(scope="module")
-def reference(reference_run) -> dict[int, list[np.ndarray]]:
-    return reference_run[0]
-
-
-@pytest.fixture(scope="module")
-def restore() -> Callable[[pathlib.Path, int], list[np.ndarray]]:
-    """Reads checkpoint `folder/step` into a trainer built as the CLI builds
-    it; returns its state arrays."""
-    trainer, _ = cli_trainer()
-
-    def read(folder: pathlib.Path, step: int) -> list[np.ndarray]:
-        checkpoint = px.callbacks.Checkpoint(folder, every_n_epochs=None)
-        checkpoint.restore(trainer, folder / str(step), None)
-        assert int(trainer.state.step) == step
-        return state_arrays(trainer)
-
-    return read
-
-
-def listed(folder: pathlib.Path) -> tuple[list[int], int | None]:
-    """The steps orbax takes as complete, and the one it takes as latest."""
-    options = ocp.CheckpointManagerOptions(read_only=True)
-    with ocp.CheckpointManager(folder, options=options) as manager:
-        return sorted(manager.all_steps()), manager.latest_step()
-
-
-def host_state(folder: pathlib.Path, step: int) -> dict:
-    """The JSON half of a checkpoint, timings left out of its history."""
-    options = ocp.CheckpointManagerOptions(read_only=True)
-    with ocp.CheckpointManager(folder, options=options) as manager:
-        args = ocp.args.Composite(host=ocp.args.JsonRestore())
-        host = manager.restore(step, args=args)["host"]
-    for epoch in host["history"]["epochs"]:
-        for name in TIMINGS:
-            epoch.pop(name)
-    return host
-
-
-def csv_rows(run: pathlib.Path) -> tuple[list[str], list[dict[str, str]]]:
-    with open(run / "metrics.csv", newline="") as file:
-        reader = csv.DictReader(file)
-        rows = [{k: v for k, v in row.items() if k not in TIMINGS} for row in reader]
-    assert reader.fieldnames is not None
-    return list(reader.fieldnames), rows
-
-
-def jsonl_rows(run: pathlib.Path) -> list[dict]:
-    text = (run / "metrics.jsonl").read_text()
-    assert text.endswith("\n")
-    rows = [json.loads(line) for line in text.splitlines()]
-    return [{k: v for k, v in row.items() if k not in TIMINGS} for row in rows]
-
-
-def logged_steps(rows: list[dict]) -> tuple[list[int], list[int]]:
-    """The steps of the step rows and of the epoch rows, in file order."""
-    steps = [int(r["step"]) for r in rows if r["kind"] == "step"]
-    epochs = [int(r["step"]) for r in rows if r["kind"] == "epoch"]
-    return steps, epochs
-
-
-def assert_same_logs(run: pathlib.Path, straight: pathlib.Path) -> None:
-    """Each logged step's row exactly once, equal to the straight run's: the
-    same losses, accuracies, learning rates and eval results, to the bit."""
-    header, rows = csv_rows(run)
-    expected_header, expected = csv_rows(straight)
-    lines, expected_lines = jsonl_rows(run), jsonl_rows(straight)
-    for got in (rows, lines):
-        steps, epochs = logged_steps(got)
-        assert steps == list(range(LOG_EVERY, TOTAL + 1, LOG_EVERY))
-        assert epochs == [STEPS_PER_EPOCH * (e + 1) for e in range(EPOCHS)]
-    assert header == expected_header
-    # CSV cells are repr(float): equal text is equal bits.
-    assert rows == expected
-    assert lines == expected_lines
-
-
-def assert_same_run(
-    run: pathlib.Path,
-    straight: pathlib.Path,
-    restore: Callable[[pathlib.Path, int], list[np.ndarray]],
-) -> None:
-    """Final state, checkpointed metadata and logs equal the straight run's."""
-    steps, latest = listed(run / "checkpoints")
-    assert latest == TOTAL, steps
-    final = restore(run / "checkpoints", TOTAL)
-    assert same_arrays(final, restore(straight / "checkpoints", TOTAL))
-    # History, data position, loggers' row counts, the run's plan, ...
-    assert host_state(run / "checkpoints", TOTAL) == host_state(
-        straight / "checkpoints", TOTAL
-    )
-    assert_same_logs(run, straight)
-
-
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> tuple[pathlib.Path, str]:
-    """A run that is never stopped: its folder and its last stdout line."""
-    cwd = tmp_path_factory.mktemp("straight")
-    run = finish(cwd, *COMMON, *EVERY_5, "--run-dir", "RUN")
-    assert run.stderr.splitlines() == [NOTICE]
-    assert FINAL.match(run.lines[-1]), run.output()
-    return cwd / "RUN", run.lines[-1]
+pytestmark = pytest.mark.usefixtures("cli_compilation_cache")
 
 
 # --- the straight run is the reference ----------------------------------------

@@ -17,6 +17,7 @@ from ._checks import (
     flatten_batch,
     num_examples,
     signature,
+    zero_weight_message,
 )
 from ._processes import check_same_slices
 from .strategies import Strategy
@@ -121,9 +122,12 @@ class BatchPipeline:
                 check_labels(labels, self.num_classes, where)
         return leaves, treedef, n, sample_weight
 
-    def prepare(self, batch: Any, where: str, first: int | None) -> DeviceBatch:
+    def prepare(
+        self, batch: Any, where: str, first: int | None, *, train: bool = False
+    ) -> DeviceBatch:
         """Check, pad and shard one batch (`first`: the pass's step size, None
-        at its first batch)."""
+        at its first batch). A batch to `train` on must weigh something: its
+        gradient is divided by its total weight."""
         leaves, treedef, n, sample_weight = self.check(batch, where)
         if first is None:  # a pass's first batch fixes its step's shape
             check_same_slices(leaves, treedef, where)
@@ -136,6 +140,8 @@ class BatchPipeline:
         size = self.step_size(n, first)
         if sample_weight is not None and (sample_weight == 1).all():
             sample_weight = None  # e.g. a loader's full batch: cached weights
+        if train and sample_weight is not None and not sample_weight.any():
+            raise ValueError(zero_weight_message(where))
         if sample_weight is None:
             weight = self.weights(n, size)
             placed = self.place(pad(leaves, size))

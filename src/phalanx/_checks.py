@@ -7,7 +7,6 @@ step run at trace time only, so they cost nothing in steady state.
 """
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -155,32 +154,6 @@ class BatchSpec:
                     f"batch had {dtype}; cast it, e.g. {name}.astype(np.{dtype})"
                 )
 
-    def input_fix(self, model: Any) -> str:
-        """How to make the inputs x fit a model that declares its `in_size`
-        (phalanx's and Equinox's Linear and MLP); generic for other models."""
-        in_size = getattr(model, "in_size", None)
-        expected = None
-        if isinstance(in_size, int):
-            expected = (in_size,)
-        elif in_size == "scalar":
-            expected = ()
-        shape = self.shapes[0]
-        if expected is None or _path_names(self.treedef)[0] != "batch[0]":
-            return "fix the batch or the model"
-        if shape == expected:
-            return f"x has the model's example shape {shape}: fix the targets or loss"
-        n, size = self.examples, math.prod(expected)
-        fix = (
-            f"the model takes examples of shape {expected}, but x holds "
-            f"{len(shape)}-d examples of shape {shape}; "
-        )
-        if math.prod(shape) == size:
-            return fix + f"reshape them, e.g. x.reshape{(n, *expected)}"
-        return fix + (
-            f"give each example {size} values, or flatten them with "
-            f"x.reshape({n}, -1) and build the model with in_size={math.prod(shape)}"
-        )
-
     def traced_check(self) -> Callable[[tuple[Array, ...], Array], None]:
         """A jaxtyping + beartype check of a device batch, for use under jit.
 
@@ -270,15 +243,72 @@ def check_gradients(grads: PyTree, params: PyTree) -> None:
             )
 
 
-def check_per_example(losses: Array, weight: Array, hook: str) -> None:
+class HookError(Exception):
+    """A trainer hook returned what it must not. Its message names the hook,
+    what it returned and what it must return; not the batch's fault."""
+
+
+class HookTypeError(HookError, TypeError):
+    """A hook returned a value of the wrong kind (None, a float, a list...)."""
+
+
+class HookValueError(HookError, ValueError):
+    """A hook returned a value of the wrong shape or name."""
+
+
+def returned(value: Any) -> str:
+    """What a hook returned, in a few words, e.g. ``float 0.5``."""
+    if value is None:
+        return "None"
+    if isinstance(value, jax.Array | np.ndarray):
+        return f"an array of dtype {value.dtype} and shape {tuple(value.shape)}"
+    if isinstance(value, tuple | list | dict):
+        return f"a {type(value).__name__} of {len(value)}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def check_per_example(values: Any, weight: Array, hook: str) -> None:
     """At trace time: a loss or metric must give one value per example."""
-    if losses.shape != weight.shape:
-        raise ValueError(
-            f"{hook} returned shape {tuple(losses.shape)}, expected one value per "
+    if not isinstance(values, jax.Array | np.ndarray):
+        example = (
+            "optax.softmax_cross_entropy_with_integer_labels(outputs, targets)"
+            if hook == "loss"
+            else "(jnp.argmax(outputs, -1) == targets).astype(jnp.float32)"
+        )
+        raise HookTypeError(
+            f"{hook} returned {returned(values)}; it must return one value per "
+            f"example, an array of shape {tuple(weight.shape)} (e.g. {example}, "
+            "without a final mean)"
+        )
+    if values.shape != weight.shape:
+        raise HookValueError(
+            f"{hook} returned shape {tuple(values.shape)}, expected one value per "
             f"example, shape {tuple(weight.shape)}; return per-example values "
             "(e.g. without a final jnp.mean): the trainer weights, sums and "
             "divides once by the global number of examples"
         )
+
+
+def check_metrics(metrics: Any) -> None:
+    """At trace time: `metrics()` must return a dict of names to values."""
+    if not isinstance(metrics, dict) or not all(isinstance(k, str) for k in metrics):
+        raise HookTypeError(
+            f"metrics() returned {returned(metrics)}; it must return a dict of "
+            "names to per-example values, e.g. {'mae': "
+            "jnp.mean(jnp.abs(outputs - targets), axis=-1)} ({} for none)"
+        )
+
+
+def check_split(parts: Any) -> tuple[Any, Any]:
+    """`split_batch()`'s result, if it is an (inputs, targets) pair."""
+    if not isinstance(parts, tuple | list) or len(parts) != 2:
+        raise HookTypeError(
+            f"split_batch() returned {returned(parts)}; it must return a pair "
+            "(inputs, targets) (sample weights come from the sample_weight() "
+            "hook)"
+        )
+    return parts[0], parts[1]
 
 
 def empty_data_message(name: str, epoch: int | None = None) -> str:
@@ -291,8 +321,27 @@ def empty_data_message(name: str, epoch: int | None = None) -> str:
     )
 
 
-def nonfinite_error(step: int, leaf: int, model: Any) -> FloatingPointError:
-    """The error for the first non-finite gradient under nan_policy="raise"."""
+def zero_weight_message(where: str) -> str:
+    """The error for a batch to train on whose examples all weigh 0."""
+    return (
+        f"data: {where} has total sample weight 0 (every example's sample_weight "
+        "is 0, or the batch is all padding), so it has no gradient: a step "
+        "divides by the batch's total weight. Drop such batches, or give some "
+        "examples a weight > 0"
+    )
+
+
+# The leaf a non-finite step records when its batch weighed nothing at all.
+ZERO_WEIGHT = -2
+
+
+def nonfinite_error(
+    step: int, leaf: int, model: Any
+) -> FloatingPointError | ValueError:
+    """The error for the first non-finite gradient under nan_policy="raise"
+    (a ValueError where the batch's total weight was 0: the data's fault)."""
+    if leaf == ZERO_WEIGHT:
+        return ValueError(zero_weight_message(f"the batch of step {step}"))
     paths = jax.tree_util.tree_flatten_with_path(
         eqx.filter(model, eqx.is_inexact_array)
     )[0]

@@ -97,9 +97,10 @@ def train_and_report(
             checkpoint,
         ],
     )
+    resume = None
     if args.resume:
-        try:
-            checkpoint.check(trainer)
+        try:  # the newest readable checkpoint, read once in full here
+            resume = checkpoint.check(trainer) or "latest"
         except (FileNotFoundError, ValueError) as error:
             raise UsageError(f"--resume: {error}") from None
     say = print if main else _quiet
@@ -117,7 +118,6 @@ def train_and_report(
         f"device(s), batch {args.batch_size}, {args.epochs} "
         f"epoch{'s' if args.epochs != 1 else ''}"
     )
-    resume = "latest" if args.resume else None
     trainer.fit(loader, epochs=args.epochs, eval_data=test_loader, resume=resume)
     results = trainer.evaluate(test_loader)
     say(

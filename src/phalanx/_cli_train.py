@@ -5,6 +5,7 @@ import dataclasses
 import datetime
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -178,15 +179,34 @@ def check_run_dir(run_dir: Path, overwrite: bool, resume: bool = False) -> None:
                 f"--resume: no checkpoint in {checkpoints}; pass the --run-dir of "
                 "an earlier run, or start without --resume"
             )
-        return
-    if run_dir.exists() and not run_dir.is_dir():
+    elif run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--run-dir {run_dir} exists and is not a folder")
-    if run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
+    elif run_dir.is_dir() and any(run_dir.iterdir()) and not overwrite:
         raise UsageError(
             f"--run-dir {run_dir} exists and is not empty; choose a new folder or "
             "pass --overwrite (phalanx then replaces only its own files: "
             f"{', '.join(RUN_FILES)})"
         )
+    _check_writable(run_dir)
+
+
+def _check_writable(run_dir: Path) -> None:
+    """Refuse a run folder that cannot be made or written to, leaving
+    nothing behind: a file is made and removed in it, or in the nearest
+    folder above it that exists."""
+    folder = run_dir.absolute()
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UsageError(f"--run-dir {run_dir}: {folder} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise UsageError(
+            f"--run-dir {run_dir}: cannot write in {folder} ({error.strerror}); "
+            "choose a folder you can write to"
+        ) from None
 
 
 def _children(folder: Path) -> list[Path]:

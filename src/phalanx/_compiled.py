@@ -4,8 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import BatchSpec, Leaf
-from ._step import MetricNameError, build_predict_step, build_steps
+from ._checks import BatchSpec, HookError, Leaf
+from ._hints import first_batch_hint
+from ._step import build_predict_step, build_steps
 from ._sums import NO_FLAGS, EpochSums, sum_names
 
 
@@ -74,14 +75,21 @@ class CompiledSteps:
         weight = jax.ShapeDtypeStruct((size,), jnp.float32)
         try:
             outputs, sums = jax.eval_shape(probe, state_leaves, shapes, weight)
-        except MetricNameError:
-            raise  # not the batch's fault: its own message says what to rename
-        except (TypeError, ValueError) as error:
+        except HookError:
+            raise  # not the batch's fault: its own message names the hook
+        except (TypeError, ValueError, IndexError) as error:
             kind = TypeError if isinstance(error, TypeError) else ValueError
+            state = self.trainer.state
+            fix = first_batch_hint(
+                spec,
+                state.model,
+                state.model_state,
+                pass_key=self.pass_key,
+                size=size,
+            )
             raise kind(
                 f"data: the first batch {spec.describe()} does not fit the model and "
-                f"loss; {spec.input_fix(self.trainer.model)}. The error was: {error}"
-                + _hint(error)
+                f"loss; {fix}. The error was: {error}"
             ) from error
         self.sum_names = sum_names([k for k in sums if k not in ("loss", "weight")])
         # Batches may come as NumPy arrays: the shardings place them.
@@ -126,7 +134,7 @@ class CompiledSteps:
                 raise ValueError(
                     f"x: rows of shapes {[leaf.shape[1:] for leaf in leaves]} do "
                     "not fit the model; pass rows the model accepts. "
-                    f"The error was: {error}" + _hint(error)
+                    f"The error was: {error}"
                 ) from error
             step = self._predict[treedef] = jax.jit(fn, out_shardings=strategy.split)
         return step
@@ -146,13 +154,3 @@ class CompiledSteps:
         """Zeroed on-device sums of an evaluation."""
         zeros = np.zeros(len(self.sum_names), np.float32)
         return jax.device_put(zeros, self.replicated)
-
-
-def _hint(error: Exception) -> str:
-    """Known causes of errors from inside the model, and their fixes.
-
-    None at present: BatchNorm's ``mode="ema"``, which once failed inside
-    `jax.shard_map`, now trains under every strategy (see `strategies._mesh`).
-    """
-    del error
-    return ""

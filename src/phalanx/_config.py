@@ -4,6 +4,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import equinox as eqx
+import jax
+import numpy as np
 import optax
 
 from .callbacks import Callback
@@ -33,6 +35,12 @@ def check_config(
         raise TypeError(
             f"model={model!r} is not callable; pass an Equinox module whose "
             "__call__ takes one example, e.g. px.models.MLP(64, 10, key=key)"
+        )
+    if not jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array)):
+        raise ValueError(
+            f"model={type(model).__name__} has no floating-point arrays, so "
+            "there is nothing to train; give it parameters (e.g. "
+            "eqx.nn.Linear layers), or call it directly for inference"
         )
     if not isinstance(optimizer, optax.GradientTransformation):
         raise TypeError(
@@ -89,10 +97,61 @@ def check_duration(epochs: Any, steps: Any) -> tuple[int | None, int | None]:
     return epochs, steps
 
 
-def check_iterable(data: Any, name: str) -> None:
-    """Raise TypeError unless `data` can be iterated over."""
+_BATCHES = (
+    "an iterable of batches, e.g. [(x, y)] for one batch, or "
+    "px.data.ArrayLoader((x, y), batch_size=64) to batch and shuffle"
+)
+
+
+def check_iterable(
+    data: Any, name: str, extra: tuple[Any, ...] = (), *, default_split: bool = True
+) -> None:
+    """Raise TypeError unless `data` is an iterable of batches (and nothing
+    followed it: `extra`, as in Keras' ``fit(x, y)``). Arrays given where
+    batches belong are named as what they are, where the batches are split
+    by the default `split_batch` (an overridden one may take any batch)."""
+    call = "fit" if name == "data" else "evaluate"
+    if extra:
+        raise TypeError(
+            f"{call}() got {1 + len(extra)} positional arguments, as in Keras' "
+            f"{call}(x, y); phalanx takes {_BATCHES}"
+        )
     if not isinstance(data, Iterable):
         raise TypeError(
-            f"{name}={type(data).__name__} is not iterable; pass an iterable of "
-            "batches, e.g. [(x, y)] or a loader"
+            f"{name}={type(data).__name__} is not iterable; pass {_BATCHES}"
         )
+    arrays = np.ndarray | jax.Array
+    if not default_split:
+        return
+    if isinstance(data, arrays):
+        shape: tuple[int, ...] = data.shape  # pyright: ignore[reportAttributeAccessIssue]
+        raise TypeError(
+            f"{name} is one array of shape {shape}, not batches; pass {_BATCHES}"
+        )
+    if (
+        isinstance(data, tuple | list)
+        and len(data) in (2, 3)
+        and all(isinstance(item, arrays) for item in data)
+    ):
+        raise TypeError(
+            f"{name}=({', '.join(['x', 'y', 'sample_weight'][: len(data)])}) is one "
+            f"batch, not an iterable of batches (iterating over it gives arrays); "
+            f"pass {_BATCHES}"
+        )
+
+
+def check_monitors(callbacks: Iterable[Any], eval_data: Any) -> None:
+    """Raise ValueError, before training, for a callback that monitors an
+    ``eval_`` metric in a fit without `eval_data` (it would fail at the
+    first epoch's end, after that epoch trained)."""
+    if eval_data is not None:
+        return
+    for callback in callbacks:
+        monitor = getattr(callback, "monitor", None)
+        if isinstance(monitor, str) and monitor.startswith("eval_"):
+            raise ValueError(
+                f"{type(callback).__name__}(monitor={monitor!r}) watches a metric "
+                "of eval_data, but fit was given no eval_data; pass "
+                f"eval_data=..., or monitor a training metric (e.g. "
+                f"monitor={monitor.removeprefix('eval_')!r})"
+            )

@@ -12,6 +12,7 @@ within a bounded time instead of waiting on a collective that never ends.
 import dataclasses
 import datetime
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +35,73 @@ class LaunchArgs:
     command: tuple[str, ...]
     devices_per_process: int | None = None
     port: int | None = None
+    # Keep gloo's connection notes in the output.
+    verbose: bool = False
+
+
+class LaunchError(Exception):
+    """A command `launch` cannot start: reported in one line, exit code 2."""
+
+
+# gloo's note once a process has connected to the others; "#" is a number.
+_GLOO_NOTE = (
+    "[Gloo] Rank # is connected to # peer ranks. Expected number of connected "
+    "peer ranks is : #"
+)
+
+
+def _walk_note(text: str, at: int) -> tuple[int, int]:
+    """How much of `text`'s start continues gloo's note from position `at`:
+    (characters of `text`, the position in the note reached)."""
+    used = 0
+    while at < len(_GLOO_NOTE) and used < len(text):
+        if _GLOO_NOTE[at] == "#":
+            digits = len(text[used:]) - len(text[used:].lstrip("0123456789"))
+            if not digits:
+                break
+            used += digits
+        elif text[used] != _GLOO_NOTE[at]:
+            break
+        else:
+            used += 1
+        at += 1
+    return used, at
+
+
+class GlooNotes:
+    """Takes gloo's connection notes out of one stream's lines.
+
+    gloo's C++ side writes its note in pieces, one write per part, so the
+    program's own output can land between them: a line can hold the note
+    and the program's text, and a note cut by another writer's line end
+    goes on at the start of the next line. The note's text is removed
+    wherever it is; a line left empty by that (or the stray line end after
+    it) is dropped, and everything else is the program's own.
+    """
+
+    def __init__(self) -> None:
+        self._at = 0  # where in an unfinished note the stream is (0: none)
+        self._after = False  # the previous line held (part of) a note
+
+    def __call__(self, line: str) -> str | None:
+        """`line` without gloo's text; None where nothing else was in it."""
+        text, removed = line.rstrip("\n"), False
+        if self._at:
+            used, at = _walk_note(text, self._at)
+            self._at = at if used and at < len(_GLOO_NOTE) else 0
+            text, removed = text[used:], used > 0
+        start = text.find("[Gloo]")
+        while start >= 0:
+            used, at = _walk_note(text[start:], 0)
+            if start + used == len(text) and at < len(_GLOO_NOTE):
+                self._at = at  # the note goes on in a later line
+            text, removed = text[:start] + text[start + used :], True
+            start = text.find("[Gloo]", start)
+        stray = self._after and not text.strip()
+        self._after = removed
+        if (removed or stray) and not text.strip():
+            return None
+        return text + line[len(line.rstrip("\n")) :] if removed else line
 
 
 def free_port() -> int:
@@ -67,20 +135,28 @@ class _Ranks:
     """The running processes and the threads that copy their output."""
 
     def __init__(self, args: LaunchArgs, port: int):
+        self.verbose = args.verbose
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.processes: list[subprocess.Popen[str]] = []
         self.copiers: list[threading.Thread] = []
         self._lock = threading.Lock()
         for rank in range(args.nproc):
-            process = subprocess.Popen(
-                args.command,
-                env=rank_environment(args, rank, port, stamp),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-                start_new_session=True,  # signals reach it only through us
-            )
+            try:
+                process = subprocess.Popen(
+                    args.command,
+                    env=rank_environment(args, rank, port, stamp),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    errors="replace",
+                    start_new_session=True,  # signals reach it only through us
+                )
+            except OSError as error:
+                self.stop(0.0)
+                raise LaunchError(
+                    f"command {args.command[0]!r} cannot be started "
+                    f"({error.strerror or error})"
+                ) from None
             self.processes.append(process)
             for stream, out in (
                 (process.stdout, sys.stdout),
@@ -94,8 +170,13 @@ class _Ranks:
                 self.copiers.append(copier)
 
     def _copy(self, rank: int, stream: IO[str], out: IO[str]) -> None:
+        gloo = GlooNotes()
         with stream:
             for line in stream:
+                kept = line if self.verbose else gloo(line)
+                if kept is None:
+                    continue
+                line = kept
                 with self._lock:
                     out.write(f"[{rank}] {line}")
                     out.flush()
@@ -134,6 +215,21 @@ class _Ranks:
             copier.join(5)
 
 
+def check_command(command: tuple[str, ...]) -> None:
+    """Raise LaunchError unless `command` names a program that can run."""
+    program = command[0]
+    found = shutil.which(program)
+    if found is None:
+        where = (
+            "no such file"
+            if os.sep in program
+            else "not found on PATH; give its path, or install it"
+        )
+        if os.sep in program and os.path.exists(program):
+            where = "not executable (chmod +x it, or run it with its interpreter)"
+        raise LaunchError(f"command {program!r}: {where}")
+
+
 def describe_exit(code: int) -> str:
     if code < 0:
         return f"was killed by {signal.Signals(-code).name}"
@@ -147,6 +243,7 @@ def run_launch(args: LaunchArgs, *, grace: float = GRACE_SECONDS) -> int:
         0 when every process exits 0; otherwise the first failing process's
         code (128 + signal number for a process killed by a signal).
     """
+    check_command(args.command)
     port = args.port or free_port()
     received: list[int] = []
     started: list[_Ranks] = []

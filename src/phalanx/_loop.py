@@ -40,6 +40,7 @@ def run_epoch(
         depth=trainer.prefetch,
         where=lambda i: f"batch {i} of epoch {epoch}",
         skip=skip,
+        train=True,
     )
     try:
         with trainer._feed as batches:

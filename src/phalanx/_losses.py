@@ -29,6 +29,11 @@ def mse(
     outputs: Float[Array, "batch ..."], targets: Shaped[Array, "batch ..."]
 ) -> PerExample:
     """Squared error, averaged over each example's features."""
+    if targets is None:
+        raise ValueError(
+            "loss='mse' needs targets y, but the batches' y is None; yield (x, y) "
+            "batches, or pass a loss= function that needs no targets"
+        )
     if targets.size != outputs.size:
         raise ValueError(
             f"loss='mse': targets have per-example shape {tuple(targets.shape[1:])} "

@@ -152,8 +152,10 @@ class Feed:
         depth: int,
         where: Callable[[int], str],
         skip: int = 0,
+        train: bool = False,
     ):
         self._pipeline = pipeline
+        self._train = train
         self._data = data
         self._where = where
         self._first: int | None = None
@@ -205,6 +207,8 @@ class Feed:
 
     def _prepare(self, item: tuple[int, Any, Any]) -> tuple["DeviceBatch", Any]:
         i, batch, state = item
-        placed = self._pipeline.prepare(batch, self._where(i), self._first)
+        placed = self._pipeline.prepare(
+            batch, self._where(i), self._first, train=self._train
+        )
         self._first = placed.size if self._first is None else self._first
         return placed, state

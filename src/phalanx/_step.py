@@ -16,7 +16,13 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 
-from ._checks import check_gradients, check_per_example
+from ._checks import (
+    ZERO_WEIGHT,
+    HookValueError,
+    check_gradients,
+    check_metrics,
+    check_per_example,
+)
 from ._forward import example_keys, forward
 from ._state import TrainState
 from ._sums import EpochSums
@@ -33,10 +39,6 @@ def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
     return params, arrays, static
 
 
-class MetricNameError(ValueError):
-    """`metrics()` returned a name the trainer reports itself."""
-
-
 # The names of the trainer's own entries among a step's sums and metrics.
 RESERVED_NAMES = ("loss", "weight", "skipped", "skipped_steps")
 
@@ -48,9 +50,10 @@ def weighted_sums(trainer, model, outputs, targets, weight) -> dict[str, Any]:
     check_per_example(losses, weight, "loss")
     sums = {"loss": jnp.sum(weight * losses), "weight": jnp.sum(weight)}
     metrics = trainer.metrics(outputs, targets)
+    check_metrics(metrics)
     taken = [name for name in RESERVED_NAMES if name in metrics]
     if taken:
-        raise MetricNameError(
+        raise HookValueError(
             f"metrics() returned a metric named {taken[0]!r}, a name the trainer "
             f"reports itself ({', '.join(RESERVED_NAMES)}); rename it, e.g. "
             f"{taken[0] + '_metric'!r}"
@@ -149,7 +152,7 @@ def build_steps(
             )
             return _array_leaves(new)
 
-        return _guard(trainer.nan_policy, state, update, grads, sums, acc)
+        return _guard(trainer.nan_policy, state, update, grads, sums, acc, total)
 
     def eval_step(leaves, acc, batch_leaves, weight):
         state = unflatten(leaves)
@@ -190,6 +193,7 @@ def _guard(
     grads: Any,
     sums: jax.Array,
     acc: EpochSums,
+    total: jax.Array,
 ) -> tuple[list[jax.Array], EpochSums, jax.Array]:
     """Apply the non-finite gradient policy; update the epoch accumulator.
 
@@ -198,7 +202,8 @@ def _guard(
 
     ``"raise"`` freezes the state at the first bad step and records it, so the
     host can raise at its next sync point with the state from before that
-    step; ``"skip"`` keeps the old state and counts the step; ``"off"``
+    step (and its first non-finite leaf, or `ZERO_WEIGHT` where the batch's
+    `total` weight was 0); ``"skip"`` keeps the old state and counts the step; ``"off"``
     always applies the update. `update` makes the new state's leaves; under
     a policy it runs in a `lax.cond`, so that a good step updates the state
     in place instead of selecting between two copies of it.
@@ -216,12 +221,19 @@ def _guard(
     flags = [
         skipped + (~apply).astype(jnp.int32),
         jnp.where(first_bad, old.step, bad_step),
-        jnp.where(first_bad, jnp.argmin(finite_leaves).astype(jnp.int32), bad_leaf),
+        jnp.where(first_bad, _bad_leaf(finite_leaves, total), bad_leaf),
     ]
     acc = EpochSums(acc.sums + jnp.where(apply, sums, 0), jnp.stack(flags))
     if policy == "skip":
         sums = jnp.append(sums, (~apply).astype(sums.dtype))
     return leaves, acc, sums
+
+
+def _bad_leaf(finite_leaves: jax.Array, total: jax.Array) -> jax.Array:
+    """The first non-finite leaf, or `ZERO_WEIGHT` for a batch weighing 0 (its
+    gradient is 0 / 0: the batch, not the model, is at fault)."""
+    first = jnp.argmin(finite_leaves).astype(jnp.int32)
+    return jnp.where(total > 0, first, jnp.int32(ZERO_WEIGHT))
 
 
 def _finite_leaves(grads: Any) -> jax.Array:

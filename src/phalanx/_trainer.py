@@ -15,12 +15,13 @@ from ._batching import BatchPipeline, pad
 from ._checks import (
     BatchSpec,
     Leaf,
+    check_split,
     empty_data_message,
     flatten_batch,
     num_examples,
 )
 from ._compiled import CompiledSteps
-from ._config import check_config, check_duration, check_iterable
+from ._config import check_config, check_duration, check_iterable, check_monitors
 from ._forward import takes_key
 from ._history import History
 from ._loop import plan, run_epoch
@@ -199,7 +200,10 @@ class DataParallelTrainer(Generic[_Model]):
         )
         self._batches = BatchPipeline(
             self.strategy,
-            split=lambda batch: (*self.split_batch(batch), self.sample_weight(batch)),
+            split=lambda batch: (
+                *check_split(self.split_batch(batch)),
+                self.sample_weight(batch),
+            ),
             value_checks=checks == "on",
             class_labels=self._loss_name == "cross_entropy",
             on_spec=self._on_spec,
@@ -297,7 +301,7 @@ class DataParallelTrainer(Generic[_Model]):
     def fit(
         self,
         data: Iterable[Any],
-        *,
+        *unexpected: Any,
         epochs: int | None = None,
         steps: int | None = None,
         eval_data: Iterable[Any] | None = None,
@@ -329,9 +333,11 @@ class DataParallelTrainer(Generic[_Model]):
             FloatingPointError: a non-finite gradient under nan_policy="raise".
         """
         epochs, steps = check_duration(epochs, steps)
-        check_iterable(data, "data")
+        default_split = type(self).split_batch is DataParallelTrainer.split_batch
+        check_iterable(data, "data", unexpected, default_split=default_split)
         if eval_data is not None:
-            check_iterable(eval_data, "eval_data")
+            check_iterable(eval_data, "eval_data", default_split=default_split)
+        check_monitors(self.callbacks, eval_data)
         self._leaves = self._copy(self._leaves)
         self._run = RunPlan(self._step, self._epoch, epochs, steps)
         self._data = data
@@ -373,13 +379,14 @@ class DataParallelTrainer(Generic[_Model]):
         return self.state
 
     @validates_own_arguments
-    def evaluate(self, data: Iterable[Any]) -> HostMetrics:
+    def evaluate(self, data: Iterable[Any], *unexpected: Any) -> HostMetrics:
         """Loss and metrics over every example of `data`, weighted exactly.
 
         Returns:
             ``{"loss": ..., **metrics}`` as floats.
         """
-        check_iterable(data, "data")
+        default_split = type(self).split_batch is DataParallelTrainer.split_batch
+        check_iterable(data, "data", unexpected, default_split=default_split)
         self._notify("on_eval_start", self._info())
         acc: Any = None
         feed = Feed(
@@ -396,7 +403,14 @@ class DataParallelTrainer(Generic[_Model]):
                     jax.block_until_ready(acc)
         if acc is None:
             raise ValueError(empty_data_message("data"))
-        results = means(jax.device_get(acc), self._steps.sum_names)
+        sums = jax.device_get(acc)
+        if sums[self._steps.sum_names.index("weight")] == 0:
+            raise ValueError(
+                "data: every example has sample_weight 0 (total weight 0: "
+                "all weights 0, or only padding), so there is nothing to "
+                "average; give some examples a weight > 0"
+            )
+        results = means(sums, self._steps.sum_names)
         self._notify("on_eval_end", self._info(results))
         return results
 
@@ -412,6 +426,15 @@ class DataParallelTrainer(Generic[_Model]):
         process passes its own rows (any number) and every process gets the
         outputs for all of them, in process order.
         """
+        if isinstance(x, Iterable) and not isinstance(
+            x, np.ndarray | jax.Array | tuple | list | dict
+        ):
+            raise TypeError(
+                f"x={type(x).__name__} is a loader or an iterable of batches; "
+                "predict takes the inputs themselves: an array (or pytree of "
+                "arrays) with one row per example, e.g. trainer.predict(x_test); "
+                "for a loader, predict each batch's x and concatenate"
+            )
         leaves, treedef = flatten_batch(x, "x")
         n = num_examples(leaves, treedef, "x")
         chunk = n if batch_size is None else batch_size

@@ -13,8 +13,16 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from ._cli_train import TrainArgs, UsageError, run_train
-from ._launch import LaunchArgs, run_launch
+from ._launch import LaunchArgs, LaunchError, run_launch
 from ._run import Preempted
+from .checkpoint import CheckpointWriteError
+
+
+# Exit codes besides 0 (done), 1 (a bug in phalanx: a traceback), 2 (a bad
+# command, refused before training) and 128 + N (stopped by signal N, after
+# saving a checkpoint).
+EXIT_DIVERGED = 3  # a non-finite gradient (nan_policy="raise")
+EXIT_IO = 74  # a file could not be written (sysexits' EX_IOERR)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -217,6 +225,12 @@ def _add_launch(commands: "argparse._SubParsersAction[_Parser]") -> None:
         "--port", type=_positive_int, help="coordinator port (default: a free one)"
     )
     launch.add_argument(
+        "--verbose",
+        action="store_true",
+        help="keep gloo's connection notes ('[Gloo] Rank r is connected to n "
+        "peer ranks...') in the output",
+    )
+    launch.add_argument(
         "program", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS ...]"
     )
 
@@ -227,14 +241,19 @@ def _launch(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> i
         program = program[1:]
     if not program:
         parser.error("launch needs a command after --, e.g. -- phalanx train")
-    return run_launch(
-        LaunchArgs(
-            namespace.nproc,
-            tuple(program),
-            devices_per_process=namespace.devices_per_process,
-            port=namespace.port,
+    try:
+        return run_launch(
+            LaunchArgs(
+                namespace.nproc,
+                tuple(program),
+                devices_per_process=namespace.devices_per_process,
+                port=namespace.port,
+                verbose=namespace.verbose,
+            )
         )
-    )
+    except LaunchError as error:
+        print(f"phalanx launch: error: {error}", file=sys.stderr)
+        return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -249,6 +268,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"phalanx {namespace.command}: error: {error}", file=sys.stderr)
         return 2
+    except FloatingPointError as error:
+        print(
+            f"phalanx train: error: {error} (here: a lower --lr, or --clip-norm)",
+            file=sys.stderr,
+        )
+        return EXIT_DIVERGED
+    except CheckpointWriteError as error:
+        message = str(error).replace("resume='latest'", "--resume")
+        print(f"phalanx train: error: {message}", file=sys.stderr)
+        return EXIT_IO
+    except OSError as error:  # a log file: no space, or a folder gone read-only
+        print(
+            f"phalanx train: error: cannot write the run's files ({error}); free "
+            "space or make the folder writable, then continue with --resume",
+            file=sys.stderr,
+        )
+        return EXIT_IO
     except Preempted as stop:
         print(f"phalanx: {stop}; continue with --resume", file=sys.stderr)
         return stop.exit_code

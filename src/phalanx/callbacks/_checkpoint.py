@@ -1,8 +1,6 @@
-import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, final
@@ -11,14 +9,16 @@ import jax
 import orbax.checkpoint as ocp
 from typing_extensions import override
 
+from .._log import logger
 from .._typing import validates_own_arguments
-from ..checkpoint._snapshot import (
-    check_compatible,
-    item_handlers,
-    read_host,
-    restore,
-    snapshot,
+from ..checkpoint._errors import (
+    CheckpointWriteError,
+    quiet_orbax_errors,
+    release_failed_io,
+    write_error,
 )
+from ..checkpoint._resume import Restored, read_checkpoint
+from ..checkpoint._snapshot import apply, item_handlers, snapshot
 from ._background import lower_priority, thread_ids
 from ._callback import Callback, StepInfo
 
@@ -108,14 +108,23 @@ class Checkpoint(Callback):
         # while it waits for the device and hands the arrays to orbax.
         self._writer: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
+        # A save failed and was raised: closing must not raise it again.
+        self._failed = False
+        self._failure: BaseException | None = None
+        self._last_step = 0  # the step of the newest save handed to orbax
+        # Steps whose checkpoints a resume found unreadable: saved anew.
+        self._damaged: set[int] = set()
 
     @override
     def on_fit_start(self, info: StepInfo) -> None:
         del info
+        self._failed = False
         self._writable()
 
     @override
     def on_step_end(self, info: StepInfo) -> None:
+        if self._pending is not None and self._pending.done():
+            self._wait_for_writer()  # a failed save stops training now
         if self.every_n_steps and info.step % self.every_n_steps == 0:
             self.save(info.trainer)
 
@@ -172,74 +181,133 @@ class Checkpoint(Callback):
         if jax.process_count() > 1:
             # Orbax synchronises processes with collectives of its own, which
             # must run in the same order as training's on every process.
-            self._write(step, args, metrics)
+            self._write(step, args, metrics, commit=False)
         else:
             if self._writer is None:
                 self._writer = ThreadPoolExecutor(1, "phalanx-checkpoint")
-            self._pending = self._writer.submit(self._write, step, args, metrics)
+            self._pending = self._writer.submit(
+                self._write, step, args, metrics, commit=True
+            )
         if wait:
             self._wait()
         return self.directory / str(step)
 
     def _write(
-        self, step: int, args: ocp.args.Composite, metrics: dict[str, float] | None
+        self,
+        step: int,
+        args: ocp.args.Composite,
+        metrics: dict[str, float] | None,
+        *,
+        commit: bool,
     ) -> None:
         """Hand one snapshot to orbax (on the writer thread; on the training
-        thread in a multi-process run)."""
-        manager = self._open()
-        # orbax waits for the previous save before starting one anyway; wait
-        # first so that a save of this same step in flight is seen as done.
-        manager.wait_until_finished()
-        self._empty_trash()
-        if step in manager.all_steps():
-            # Saved after this very step already (an every_n_steps save at an
-            # epoch's last step): resuming from it replays the epoch's end
-            # exactly. Only a ranking by `monitor` needs this epoch's metrics
-            # on it: then it is saved again. The old folder leaves by an
-            # atomic rename first: a kill in between leaves the previous
-            # checkpoint as the latest, never a half-written one.
-            if self.monitor is None or metrics is None:
-                return
-            manager.delete(step)
+        thread in a multi-process run); with `commit`, wait until it is
+        written, so that a failed write fails this call."""
+        try:
+            manager = self._open()
+            # orbax waits for the previous save before starting one anyway;
+            # wait first so that a save of this same step in flight is seen
+            # as done.
+            manager.wait_until_finished()
             self._empty_trash()
-        manager.save(step, args=args, metrics=metrics, force=True)
-        # Orbax's writer threads (those started since the manager was made)
-        # yield the cores to training; threads they start inherit it.
-        threads = thread_ids()
-        lower_priority(threads - self._threads)
-        self._threads = threads
+            if step in manager.all_steps():
+                # Saved after this very step already (an every_n_steps save at
+                # an epoch's last step): resuming from it replays the epoch's
+                # end exactly. Only a ranking by `monitor` needs this epoch's
+                # metrics on it, and a damaged one (which resume skipped) must
+                # be replaced: then it is saved again. The old folder leaves
+                # by an atomic rename first: a kill in between leaves the
+                # previous checkpoint as the latest, never a half-written one.
+                damaged = step in self._damaged
+                if not damaged and (self.monitor is None or metrics is None):
+                    return
+                manager.delete(step)
+                self._damaged.discard(step)
+                self._empty_trash()
+            self._last_step = step
+            manager.save(step, args=args, metrics=metrics, force=True)
+            # Orbax's writer threads (those started since the manager was
+            # made) yield the cores to training; threads they start inherit it.
+            threads = thread_ids()
+            lower_priority(threads - self._threads)
+            self._threads = threads
+            if commit:
+                manager.wait_until_finished()
+        except Exception as error:
+            raise self._write_failed(step, error) from error
+
+    def _write_failed(self, step: int, error: Exception) -> CheckpointWriteError:
+        """The one error a failed save raises: what failed, and what is kept."""
+        kept = sorted(int(p.name) for p in _children(self.directory) if _is_step(p))
+        failure = write_error(
+            error, self.directory, step, [s for s in kept if s != step]
+        )
+        failure.__cause__ = error
+        return failure
+
+    def _raise_once(self, error: BaseException | None) -> None:
+        """Raise a failed save's error, once: the failures that follow from it
+        (orbax re-raises it on every wait) are not news."""
+        if error is not None and not self._failed:
+            self._failed, self._failure = True, error
+            raise error
 
     def _wait_for_writer(self) -> None:
-        """Wait until the writer thread has handed every snapshot to orbax;
-        raise the error of one that failed."""
+        """Wait until the writer thread has handed every snapshot to orbax
+        (and, in a single process, orbax has written it); raise the error of
+        one that failed."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            pending.result()
+            self._raise_once(pending.exception())
 
     def _wait(self) -> None:
         """Wait until every save so far is committed; raise if one failed."""
         self._wait_for_writer()
         if self._manager is not None:
-            self._manager.wait_until_finished()
+            try:
+                self._manager.wait_until_finished()
+            except Exception as error:
+                self._raise_once(self._write_failed(self._last_step, error))
 
-    def check(self, trainer: "DataParallelTrainer", resume: Any = "latest") -> None:
-        """Raise as `restore` would, without changing anything (for tools that
-        want to refuse a bad resume before starting)."""
-        self._restore(trainer, resume, apply=False)
+    def check(
+        self, trainer: "DataParallelTrainer", resume: Any = "latest"
+    ) -> Path | None:
+        """Read the checkpoint `restore` would load, without changing anything
+        (for tools that refuse a bad resume before starting).
+
+        Returns:
+            Its step folder, to pass to `fit`'s ``resume=``; None where
+            ``resume="latest"`` finds no checkpoint yet.
+
+        Raises:
+            As `restore`.
+        """
+        restored = self._read(trainer, resume)
+        return None if restored is None else restored.path
 
     def restore(self, trainer: "DataParallelTrainer", resume: Any, data: Any) -> None:
         """Load a checkpoint into `trainer`, `data` and the trainer's callbacks.
 
         Args:
-            resume: ``"latest"`` (this callback's newest complete checkpoint),
-                or the path of a checkpoint folder or of one step in it.
+            resume: ``"latest"`` (this callback's newest readable checkpoint;
+                with none yet, the trainer starts fresh and says so), or the
+                path of a checkpoint folder or of one step in it.
 
         Raises:
-            FileNotFoundError: no such folder, or no complete checkpoint in it.
+            FileNotFoundError: a path with no complete checkpoint in it.
             ValueError: the checkpoint is from another model or optimizer, or
-                cannot be read (the message names the path).
+                cannot be read (the message names the path and why).
         """
-        host = self._restore(trainer, resume, apply=True)
+        restored = self._read(trainer, resume)
+        if restored is None:
+            if jax.process_index() == 0:
+                logger.info(
+                    f"resume='latest': no checkpoint in {self.directory} yet; "
+                    "starting fresh"
+                )
+            return
+        apply(trainer, restored.host, restored.arrays)
+        host = restored.host
         if host["data"] is not None and hasattr(data, "load_state_dict"):
             data.load_state_dict(host["data"])
         for i, callback in enumerate(trainer.callbacks):
@@ -248,26 +316,11 @@ class Checkpoint(Callback):
             if state is not None and callable(load):
                 load(state)
 
-    def _restore(
-        self, trainer: "DataParallelTrainer", resume: Any, *, apply: bool
-    ) -> dict[str, Any]:
-        folder, step = self._locate(resume)
-        with ocp.CheckpointManager(folder) as manager:
-            if step is None:
-                step = manager.latest_step()
-            if step is None or step not in manager.all_steps():
-                raise FileNotFoundError(
-                    f"resume={str(resume)!r}: no complete checkpoint in {folder}; "
-                    "start without resume, or point at a folder a Checkpoint wrote"
-                )
-            where = folder / str(step)
-            with _unreadable(resume, where):
-                host = read_host(manager, step)
-            check_compatible(trainer, host, str(where))
-            if apply:
-                with _unreadable(resume, where):
-                    restore(trainer, manager, step, host)
-        return host
+    def _read(self, trainer: "DataParallelTrainer", resume: Any) -> Restored | None:
+        restored = read_checkpoint(trainer, resume, self.directory)
+        if restored is not None and restored.path.parent == self.directory:
+            self._damaged.update(restored.skipped)
+        return restored
 
     def close(self) -> None:
         """Wait for pending saves to be committed, then release the manager."""
@@ -278,15 +331,27 @@ class Checkpoint(Callback):
                 self._writer.shutdown()
                 self._writer = None
             if self._manager is not None:
-                self._manager.close()
-                self._manager = None
+                manager, self._manager = self._manager, None
+                try:
+                    manager.close()
+                except Exception as error:
+                    self._raise_once(self._write_failed(self._last_step, error))
+                finally:
+                    if self._failed:
+                        release_failed_io(self._failure)
                 self._empty_trash()
 
     def _open(self) -> ocp.CheckpointManager:
         if self._manager is None:
             self._threads = thread_ids()  # training's, before orbax starts any
+            quiet_orbax_errors()
             options = ocp.CheckpointManagerOptions(
                 enable_async_checkpointing=True,
+                # Folders are made by the save call itself, so that a folder
+                # that cannot be made fails that call. Made in the background,
+                # the failure left orbax's other threads waiting for it, and
+                # the process could never exit (they are not daemons).
+                async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
                 preservation_policy=self._preservation(),
                 # With a best_fn orbax writes each save's metrics, so that a
                 # resumed run still ranks the earlier checkpoints.
@@ -342,36 +407,18 @@ class Checkpoint(Callback):
                 f"({error.strerror}); choose a folder you can write to"
             ) from None
 
-    def _locate(self, resume: Any) -> tuple[Path, int | None]:
-        if resume == "latest":
-            folder, step = self.directory, None
-        else:
-            path = Path(resume).absolute()
-            if path.name.isdigit() and (path / "_CHECKPOINT_METADATA").exists():
-                folder, step = path.parent, int(path.name)
-            else:
-                folder, step = path, None
-        if not folder.is_dir():
-            raise FileNotFoundError(
-                f"resume={str(resume)!r}: checkpoint folder {folder} does not exist; "
-                "start without resume, or pass the folder a Checkpoint wrote"
-            )
-        return folder, step
-
-
-@contextlib.contextmanager
-def _unreadable(resume: Any, where: Path) -> Iterator[None]:
-    """Report any error reading checkpoint `where` as one clear ValueError
-    (orbax reports missing or damaged files with several types, including a
-    bare Exception)."""
-    try:
-        yield
-    except Exception as error:
-        raise ValueError(
-            f"resume={str(resume)!r}: checkpoint {where} cannot be read ({error}); "
-            "it may be corrupt: resume from an older step folder, or start again"
-        ) from error
-
 
 def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _is_step(path: Path) -> bool:
+    """Whether `path` is a complete checkpoint's step folder."""
+    return path.name.isdigit() and (path / "_CHECKPOINT_METADATA").exists()
+
+
+def _children(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []

@@ -50,14 +50,14 @@ class CSVLogger(RowLogger[dict[str, Any]]):
     @validates_own_arguments
     def __init__(self, path: str | os.PathLike[str], *, log_every: int = 10):
         """Args:
-        path: the CSV file; its folder must exist.
+        path: the CSV file; its folder is created if needed.
         log_every: write a step row after every this many steps.
 
         Raises:
             ValueError: `log_every` is not a positive int.
             TypeError: `path` is not a str or path.
-            FileNotFoundError, NotADirectoryError, IsADirectoryError,
-                PermissionError: `path` cannot be written.
+            NotADirectoryError, IsADirectoryError, PermissionError: `path`
+                cannot be written.
         """
         super().__init__(path, log_every, example="metrics.csv")
         self._columns: list[str] = list(_KEYS)

@@ -29,8 +29,9 @@ def check_log_every(log_every: object) -> int:
 def check_file_path(
     path: object, name: str, *, directory: bool = False, example: str = ""
 ) -> pathlib.Path:
-    """`path` as a Path, if its folder exists and is writable (and it is a file,
-    or with `directory`, a folder or not there yet)."""
+    """`path` as a Path, if it can be written: a file (or with `directory`, a
+    folder) or not there yet, in a folder that is writable or can be made
+    (it is made when the first file is written, as `Checkpoint` does)."""
     if not isinstance(path, str | os.PathLike):
         raise TypeError(
             f"{name}={path!r} must be a str or os.PathLike path, "
@@ -47,15 +48,17 @@ def check_file_path(
             f"{name}={str(path)!r} is a folder; pass a file path, "
             f"e.g. {str(file / example)!r}"
         )
-    parent = file.parent
+    parent = file.absolute().parent
+    while not parent.exists():  # the folder that would hold the new ones
+        parent = parent.parent
     if not parent.is_dir():
-        raise FileNotFoundError(
-            f"{name}={str(path)!r}: its folder {str(parent)!r} does not exist; "
-            f"create it first (os.makedirs({str(parent)!r}, exist_ok=True))"
+        raise NotADirectoryError(
+            f"{name}={str(path)!r}: {str(parent)!r} is a file, so no folder can "
+            "be made there; pass a path under a folder"
         )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise PermissionError(
-            f"{name}={str(path)!r}: its folder {str(parent)!r} is not writable; "
+            f"{name}={str(path)!r}: folder {str(parent)!r} is not writable; "
             "pass a path in a folder you can write to"
         )
     return file
@@ -66,6 +69,7 @@ def replace_atomically(
 ) -> None:
     """Replace `path` with what `write` writes, all or nothing: a temporary
     file in the same folder, flushed and synced, then `os.replace`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
         with open(temporary, "xb") as file:

@@ -43,14 +43,14 @@ class JSONLogger(RowLogger[str]):
     @validates_own_arguments
     def __init__(self, path: str | os.PathLike[str], *, log_every: int = 10):
         """Args:
-        path: the JSON Lines file; its folder must exist.
+        path: the JSON Lines file; its folder is created if needed.
         log_every: write a step line after every this many steps.
 
         Raises:
             ValueError: `log_every` is not a positive int.
             TypeError: `path` is not a str or path.
-            FileNotFoundError, NotADirectoryError, IsADirectoryError,
-                PermissionError: `path` cannot be written.
+            NotADirectoryError, IsADirectoryError, PermissionError: `path`
+                cannot be written.
         """
         super().__init__(path, log_every, example="metrics.jsonl")
 

@@ -44,15 +44,15 @@ class PlotHistory(Callback):
         metrics: Sequence[str] | None = None,
     ):
         """Args:
-        path: the image file; its folder must exist.
+        path: the image file; its folder is created if needed.
         metrics: train metric names to draw, a panel each (their ``eval_``
             curves come along); default every metric in the history.
 
         Raises:
             ImportError: matplotlib is not installed.
             TypeError, ValueError: an argument is invalid.
-            FileNotFoundError, NotADirectoryError, IsADirectoryError,
-                PermissionError: `path` cannot be written.
+            NotADirectoryError, IsADirectoryError, PermissionError: `path`
+                cannot be written.
         """
         try:
             from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -44,16 +44,15 @@ class TensorBoardLogger(Callback):
     @validates_own_arguments
     def __init__(self, logdir: str | os.PathLike[str], *, log_every: int = 10):
         """Args:
-        logdir: the folder for event files; created at the first fit if
-            missing, but its own folder must exist.
+        logdir: the folder for event files; created (with the folders
+            above it) at the first fit if missing.
         log_every: log the step's metrics after every this many steps.
 
         Raises:
             ImportError: tensorboardX is not installed.
             ValueError: `log_every` is not a positive int.
             TypeError: `logdir` is not a str or path.
-            FileNotFoundError, NotADirectoryError, PermissionError: `logdir`
-                cannot be written.
+            NotADirectoryError, PermissionError: `logdir` cannot be written.
         """
         try:
             import tensorboardX  # noqa: F401

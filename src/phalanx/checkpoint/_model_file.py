@@ -31,14 +31,15 @@ def save_model(path: str | os.PathLike[str], model: eqx.Module) -> None:
     """Save a model's arrays (no optimizer state) for inference.
 
     Args:
-        path: the file to write (conventionally ``*.npz``); its folder must
-            exist. An existing file is replaced atomically. In a
+        path: the file to write (conventionally ``*.npz``); its folder is
+            created if needed. An existing file is replaced atomically. In a
             multi-process run only process 0 writes it.
-        model: any Equinox model, e.g. ``trainer.model``.
+        model: any Equinox model (a pytree holding arrays), e.g.
+            ``trainer.model``.
 
     Raises:
-        FileNotFoundError: the folder of `path` does not exist.
-        TypeError: a leaf cannot be stored (e.g. a PRNG key array).
+        TypeError: `model` holds no arrays (e.g. the trainer itself was
+            passed), or a leaf cannot be stored (e.g. a PRNG key array).
 
     Example:
         ```python
@@ -47,12 +48,14 @@ def save_model(path: str | os.PathLike[str], model: eqx.Module) -> None:
         ```
     """
     path = Path(path)
-    if not path.parent.is_dir():
-        raise FileNotFoundError(
-            f"path={str(path)!r}: folder {str(path.parent)!r} does not exist; "
-            "create it first (os.makedirs)"
-        )
     leaves, spec = leaf_specs(model)
+    if not leaves:
+        name = type(model).__name__
+        raise TypeError(
+            f"model={name if hasattr(model, 'fit') else repr(model)[:80]} holds no "
+            "arrays, so there are no weights to save; pass the model itself, e.g. "
+            "px.save_model(path, trainer.model)"
+        )
     arrays = {}
     for index, (leaf, entry) in enumerate(zip(leaves, spec, strict=True)):
         if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
@@ -67,6 +70,7 @@ def save_model(path: str | os.PathLike[str], model: eqx.Module) -> None:
         {"format": _FORMAT, "model": type(model).__name__, "leaves": spec}
     )
     arrays["spec"] = np.frombuffer(header.encode(), dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as file:

@@ -121,17 +121,20 @@ def check_compatible(trainer: "DataParallelTrainer", host: dict, where: str) -> 
     )
 
 
-def restore(
+def read_arrays(
     trainer: "DataParallelTrainer",
     manager: ocp.CheckpointManager,
     step: int,
     host: dict[str, Any],
-) -> None:
-    """Load checkpoint `step` into `trainer`, on its own strategy's devices."""
+) -> list[jax.Array]:
+    """The arrays of checkpoint `step` (the state's leaves, then a part-done
+    epoch's sums and flags), on the trainer's own strategy's devices."""
     replicated = trainer.strategy.replicated
-    current = trainer._leaves
     layout: Layout = (
-        *(_layout(jax.random.key_data(x) if _is_key(x) else x) for x in current),
+        *(
+            _layout(jax.random.key_data(x) if _is_key(x) else x)
+            for x in trainer._leaves
+        ),
         *(
             [
                 ((len(host["acc"]["names"]),), host["acc"]["dtype"]),
@@ -153,7 +156,14 @@ def restore(
             )
         ),
     )["arrays"]
-    leaves = unpack(packed, layout, replicated)
+    return unpack(packed, layout, replicated)
+
+
+def apply(
+    trainer: "DataParallelTrainer", host: dict[str, Any], leaves: list[jax.Array]
+) -> None:
+    """Load a checkpoint read by `read_host` and `read_arrays` into `trainer`."""
+    current = trainer._leaves
     trainer._leaves = [
         jax.random.wrap_key_data(new, impl=jax.random.key_impl(old))
         if _is_key(old)

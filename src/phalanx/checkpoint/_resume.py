@@ -1,0 +1,118 @@
+"""Finding and reading the checkpoint a fit resumes from.
+
+``resume="latest"`` (or a checkpoint folder) takes the newest checkpoint that
+reads back whole: a damaged newest one (a truncated file, unreadable JSON) is
+skipped with a warning naming it and why, and the next older one is tried.
+With nothing to resume from yet, ``"latest"`` starts fresh (a first run of a
+script that resumes whenever it can); a path that names no checkpoint is an
+error, as is a folder whose every checkpoint is damaged.
+"""
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from .._log import logger
+from ._errors import quiet_orbax_errors, release_failed_io, summary
+from ._snapshot import check_compatible, read_arrays, read_host
+
+
+if TYPE_CHECKING:
+    from .._trainer import DataParallelTrainer
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """A checkpoint read back: where it was, its JSON half and its arrays,
+    and the newer steps skipped as unreadable."""
+
+    path: Path
+    host: dict[str, Any]
+    arrays: list[jax.Array]
+    skipped: tuple[int, ...] = ()
+
+
+def locate(resume: Any, directory: Path) -> tuple[Path, int | None]:
+    """The checkpoint folder `resume` means, and its step if it names one."""
+    if resume == "latest":
+        return directory, None
+    path = Path(resume).absolute()
+    if path.name.isdigit() and (path / "_CHECKPOINT_METADATA").exists():
+        return path.parent, int(path.name)
+    return path, None
+
+
+def read_checkpoint(
+    trainer: "DataParallelTrainer", resume: Any, directory: Path
+) -> Restored | None:
+    """The newest readable checkpoint `resume` points at, read onto `trainer`'s
+    devices (nothing of the trainer changes); None where ``resume="latest"``
+    finds no checkpoint at all.
+
+    Raises:
+        FileNotFoundError: a `resume` path with no checkpoint in it.
+        ValueError: every checkpoint there is damaged (each is named, with
+            why), or the checkpoint is of another model, optimizer or format.
+    """
+    folder, step = locate(resume, directory)
+    shown = f"resume={str(resume)!r}"
+    if not folder.is_dir():  # (a manager would create it)
+        if resume == "latest":
+            return None
+        raise FileNotFoundError(
+            f"{shown}: checkpoint folder {folder} does not exist; start without "
+            "resume, or pass the folder a Checkpoint wrote"
+        )
+    damaged: list[tuple[Path, str]] = []
+    quiet_orbax_errors()
+    with ocp.CheckpointManager(folder) as manager:
+        complete = sorted(manager.all_steps())[::-1]
+        steps = complete if step is None else [step] if step in complete else []
+        if not steps:
+            if resume == "latest":
+                return None
+            raise FileNotFoundError(
+                f"{shown}: no complete checkpoint in {folder}; start without "
+                "resume, or point at a folder a Checkpoint wrote"
+            )
+        for candidate in steps:
+            path = folder / str(candidate)
+            try:
+                host = read_host(manager, candidate)
+            except Exception as error:
+                damaged.append((path, _why(error)))
+                continue
+            # Not a damaged file: this checkpoint is of another run.
+            check_compatible(trainer, host, str(path))
+            try:
+                arrays = read_arrays(trainer, manager, candidate, host)
+            except Exception as error:
+                damaged.append((path, _why(error)))
+                continue
+            for skipped, why in damaged:
+                logger.warning(
+                    f"{shown}: skipped checkpoint {skipped}, which cannot be read "
+                    f"({why}); resuming from {path}"
+                )
+            return Restored(path, host, arrays, tuple(int(p.name) for p, _ in damaged))
+    if step is not None:
+        raise ValueError(
+            f"{shown}: checkpoint {folder / str(step)} cannot be read "
+            f"({damaged[0][1]}); it may be corrupt: resume from an older step "
+            "folder, or start again"
+        )
+    reasons = "; ".join(f"step {path.name}: {why}" for path, why in damaged)
+    raise ValueError(
+        f"{shown}: no checkpoint in {folder} can be read ({reasons}); they may "
+        "be corrupt: start again without resume"
+    )
+
+
+def _why(error: Exception) -> str:
+    """Why a checkpoint cannot be read, in a few words; the failed read's
+    unfinished work is let go of first."""
+    release_failed_io(error)
+    return summary(error)
