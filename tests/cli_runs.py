@@ -137,15 +137,20 @@ class Phalanx:
             if self.process.poll() is not None:
                 pytest.fail(f"the run ended before the {what}:\n{self.output()}")
             if time.monotonic() > deadline:
-                self.process.kill()
+                self.kill()
                 pytest.fail(f"no {what} within {TIMEOUT}s:\n{self.output()}")
             time.sleep(0.002)
+
+    def kill(self) -> None:
+        """SIGKILL the run, and reap it."""
+        self.process.kill()
+        self.process.wait(TIMEOUT)
 
     def wait(self) -> int:
         try:
             code = self.process.wait(TIMEOUT)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            self.kill()
             raise
         self._reader.join(TIMEOUT)
         return code
@@ -164,6 +169,24 @@ def finish(cwd: pathlib.Path, *args: str) -> Phalanx:
     assert run.wait() == 0, run.output()
     assert "Traceback" not in run.stderr, run.output()
     return run
+
+
+def refused(cwd: pathlib.Path, *args: str) -> str:
+    """`python -m phalanx ARGS` must exit 2 with one line on stderr and
+    nothing on stdout; returns that line."""
+    result = subprocess.run(
+        [sys.executable, "-m", "phalanx", *args],
+        cwd=cwd,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
 
 
 # --- reading checkpoints and logs back ----------------------------------------

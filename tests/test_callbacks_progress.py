@@ -311,7 +311,7 @@ def test_early_stopping_keeps_the_last_weights_by_default():
 
 def test_early_stopping_names_the_available_metrics():
     trainer = px.DataParallelTrainer(
-        make_model(), optax.adam(1e-2), callbacks=[EarlyStopping("eval_loss")]
+        make_model(), optax.adam(1e-2), callbacks=[EarlyStopping("acc")]
     )
     with pytest.raises(KeyError, match=r"\['accuracy', 'loss'\].*eval_data"):
         trainer.fit(batches(2))

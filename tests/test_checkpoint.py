@@ -1,8 +1,11 @@
 """Checkpoints: exact resume (mid-epoch and at epoch ends), restore onto
 another strategy and device count, atomic saves, clear errors."""
 
+import errno
 import json
+import logging
 import os
+import pathlib
 import signal
 import threading
 
@@ -15,6 +18,7 @@ from typing_extensions import override
 
 import phalanx as px
 from helpers import make_data, make_model, max_abs_diff
+from phalanx.checkpoint._errors import OrbaxErrorFilter, write_error
 
 
 class Crash(px.Callback):
@@ -162,6 +166,40 @@ def test_bad_resume_inputs(tmp_path):
         ).fit(data)
 
 
+@pytest.mark.parametrize("folder", ["missing", "empty"])
+def test_resume_latest_on_a_first_run_starts_fresh(tmp_path, capsys, folder):
+    # One script for a fresh and a preempted run: nothing to resume yet.
+    directory = tmp_path / "ckpt"
+    if folder == "empty":
+        directory.mkdir()
+    trainer, _ = run(directory, resume="latest", epochs=1, every=7)
+    assert int(trainer.state.step) == 7
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"phalanx: resume='latest': no checkpoint in {directory} yet; starting fresh"
+    ]
+    assert (directory / "7").is_dir()
+
+
+def test_resume_latest_skips_an_unreadable_newest_checkpoint(
+    tmp_path, capsys, straight
+):
+    run(tmp_path, epochs=2)  # steps 5, 7, 10, 14 (keep 3: 7, 10, 14)
+    (tmp_path / "14" / "host" / "metadata").write_text("{")
+    capsys.readouterr()
+    run(tmp_path, resume="latest", epochs=2)  # from 10, to 14 again
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"phalanx: resume='latest': skipped checkpoint {tmp_path}/14, which "
+        "cannot be read (JSONDecodeError: "
+    ), err
+    assert err[0].endswith(f"resuming from {tmp_path}/10")
+    # Step 14 was saved anew: the rest of the run resumes from it, exactly.
+    resumed, _ = run(tmp_path, resume="latest")
+    assert capsys.readouterr().err == ""
+    assert max_abs_diff(resumed.model, straight[0].model) == 0
+
+
 def test_sigterm_saves_at_the_step_boundary(tmp_path, straight):
     class Term(px.Callback):
         @override
@@ -253,3 +291,69 @@ def test_training_goes_on_while_a_save_is_written(tmp_path, monkeypatch):
     restored = trained(0)
     checkpoint.restore(restored, tmp_path / "5", None)
     assert max_abs_diff(restored.model, trained(5).model) == 0
+
+
+def _tensorstore_error(code: int) -> Exception:
+    """An error as orbax raises one from TensorStore: the OS error's code in
+    the text, a spec dump, a chain of wrappers."""
+    inner = ValueError(
+        'OUT_OF_RANGE: Error writing "float32/0" in OCDBT database at local file '
+        f'"/x/ckpt/10.orbax-checkpoint-tmp/": Failed to write 6207 bytes to file '
+        f"4: {os.strerror(code)} [os_error_code='{code}']"
+    )
+    try:
+        try:
+            raise inner
+        except ValueError as error:
+            raise Exception(
+                "See full TensorStore details: <spec of TensorStore({\n 'a': 1\n})>"
+            ) from error
+    except Exception as outer:
+        return outer
+
+
+@pytest.mark.parametrize(
+    ("code", "what", "fix"),
+    [
+        (errno.ENOSPC, "no space left on the device", "free space on that disk"),
+        (errno.EFBIG, "file size limit (ulimit -f)", "ulimit -f unlimited"),
+        (errno.EACCES, "not writable (permission denied)", "chmod u+w"),
+        (errno.EROFS, "read-only", "remount it read-write"),
+    ],
+)
+@pytest.mark.parametrize("how", ["os", "tensorstore"])
+def test_write_errors_say_what_failed_where_and_what_to_do(code, what, fix, how):
+    error = (
+        OSError(code, os.strerror(code), "/x/ckpt/10")
+        if how == "os"
+        else _tensorstore_error(code)
+    )
+    failure = write_error(error, pathlib.Path("/x/ckpt"), 10, [5])
+    message = str(failure)
+    assert isinstance(failure, OSError) and failure.errno == code
+    assert message.startswith("Checkpoint: saving step 10 into /x/ckpt failed: ")
+    for phrase in (what, fix, "newest: step 5", "resume='latest'"):
+        assert phrase in message, message
+    assert "TensorStore" not in message and "\n" not in message
+
+
+def test_orbax_error_logs_are_filtered_and_nothing_else():
+    def raised_in(filename: str) -> BaseException:
+        try:
+            exec(compile("raise ValueError('write failed')", filename, "exec"))
+        except ValueError as error:
+            return error
+        raise AssertionError("not raised")
+
+    def record(name: str, level: int, error: BaseException | None, path="x.py"):
+        exc_info = None if error is None else (type(error), error, error.__traceback__)
+        return logging.LogRecord(name, level, path, 1, "msg", None, exc_info)
+
+    orbax = raised_in("/site-packages/orbax/checkpoint/_src/serialization.py")
+    mine = raised_in("/home/me/train.py")
+    keep = OrbaxErrorFilter().filter
+    assert not keep(record("asyncio", logging.ERROR, orbax))  # never retrieved
+    assert not keep(record("absl", logging.ERROR, None, "/s/orbax/checkpoint/a.py"))
+    assert keep(record("asyncio", logging.ERROR, mine))
+    assert keep(record("absl", logging.WARNING, None, "/s/orbax/checkpoint/a.py"))
+    assert keep(record("asyncio", logging.WARNING, orbax))

@@ -275,9 +275,10 @@ def test_targets_that_do_not_fit_blame_the_targets():
 def test_keras_style_fit_x_y_says_how_to_pass_batches():
     x, y = make_data(16)
     trainer = trainer_of()
-    for call in (lambda: trainer.fit(x, y), lambda: trainer.evaluate(x, y)):
-        with pytest.raises(TypeError, match=r"as in Keras' (fit|evaluate)\(x, y\)"):
-            call()
+    with pytest.raises(TypeError, match=r"fit\(\) got 2 .* as in Keras' fit\(x, y\)"):
+        trainer.fit(x, y)
+    with pytest.raises(TypeError, match=r"evaluate\(\) got 2 .* Keras' evaluate\(x, y"):
+        trainer.evaluate(x, y)
     assert_refused(trainer, (x, y), TypeError, ["data=(x, y) is one batch", "[(x, y)]"])
     assert_refused(trainer, x, TypeError, ["one array of shape (16, 5)", "ArrayLoader"])
     with pytest.raises(TypeError, match=r"data=\(x, y, sample_weight\) is one batch"):
@@ -323,6 +324,18 @@ def test_monitoring_eval_metrics_without_eval_data_fails_before_training(
         ["monitor='eval_", "no eval_data", "eval_data=..."],
     )
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_an_eval_metric_from_a_callback_of_ones_own_is_let_be():
+    class Scores(px.Callback):  # adds the monitored metric at each epoch's end
+        @override
+        def on_epoch_end(self, info):
+            info.metrics["eval_score"] = 1.0 / (info.epoch + 1)
+
+    stopper = px.callbacks.EarlyStopping(monitor="eval_score", patience=1)
+    trainer = trainer_of(callbacks=[Scores(), stopper])
+    trainer.fit([make_data(16)], epochs=2)
+    assert stopper.best == 0.5
 
 
 def test_loggers_make_their_missing_folders(tmp_path):

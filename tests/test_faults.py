@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -28,12 +29,12 @@ from cli_runs import (
     ENV,
     EVERY_5,
     NOTICE,
-    TIMEOUT,
     TOTAL,
     Phalanx,
     assert_same_run,
     finish,
     listed,
+    refused,
     same_arrays,
 )
 
@@ -82,7 +83,7 @@ def ended(run: Phalanx) -> int:
     try:
         return run.process.wait(FAULT_SECONDS)
     except subprocess.TimeoutExpired:
-        run.process.kill()
+        run.kill()
         pytest.fail(f"still running {FAULT_SECONDS}s after the fault:\n{run.output()}")
 
 
@@ -208,22 +209,12 @@ def test_resume_with_every_checkpoint_corrupt_is_refused(tmp_path, straight):
     steps, _ = listed(folder)
     for step in steps:
         truncate_arrays(folder / str(step))
-    result = subprocess.run(
-        [sys.executable, "-m", "phalanx", "train", *ARGS, "--resume"],
-        cwd=tmp_path,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("phalanx train: error: --resume: "), lines[0]
-    assert "no checkpoint in" in lines[0] and "can be read" in lines[0]
+    line = refused(tmp_path, "train", *ARGS, "--resume")
+    assert line.startswith("phalanx train: error: --resume: "), line
+    assert "no checkpoint in" in line and "can be read" in line
     for step in steps:
-        assert f"step {step}: a file in it is shorter than its index" in lines[0]
-    assert not any(raw in result.stderr for raw in RAW)
+        assert f"step {step}: a file in it is shorter than its index" in line
+    assert not any(raw in line for raw in RAW)
 
 
 # --- SIGINT: saves at the step boundary, exits 130, resumes exactly ----------
@@ -246,6 +237,74 @@ def test_sigint_saves_then_resume_is_exact(tmp_path, straight, reference, restor
     assert_same_run(tmp_path / "RUN", straight[0], restore)
 
 
+# --- an error on one process of a multi-process run -----------------------------
+
+RANK_FAILS = """
+import jax, numpy as np, optax
+import phalanx as px
+
+px.distributed.initialize()
+
+
+class Boom(px.Callback):
+    def on_step_end(self, info):
+        if info.step == 3 and jax.process_index() == 1:
+            raise RuntimeError("boom on process 1")
+
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(256, 5)).astype(np.float32)
+y = rng.integers(0, 3, size=256).astype(np.int32)
+model = px.models.MLP(5, 3, hidden=(8,), key=jax.random.key(0))
+trainer = px.DataParallelTrainer(model, optax.adam(1e-3), callbacks=[Boom()])
+trainer.fit(px.data.ArrayLoader((x, y), 32), epochs=50)
+"""
+
+
+@pytest.mark.slow
+def test_an_error_on_one_process_ends_the_whole_run(tmp_path):
+    # JAX's exit waits up to 5 minutes for every process to exit; the others
+    # wait in a collective for the failed one: the run hung that long.
+    script = tmp_path / "rank_fails.py"
+    script.write_text(RANK_FAILS)
+    env = {k: v for k, v in ENV.items() if k not in ("NPROC", "XLA_FLAGS")}
+    command = [sys.executable, "-m", "phalanx", "launch", "--nproc", "2"]
+    command += ["--devices-per-process", "2", "--", sys.executable, str(script)]
+    start = time.monotonic()
+    result = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert time.monotonic() - start < 2 * FAULT_SECONDS, result.stderr
+    assert result.returncode == 1, result.stderr
+    assert "[1] RuntimeError: boom on process 1" in result.stderr
+    assert result.stderr.rstrip().endswith(
+        "phalanx launch: rank 1 exited with code 1; the other processes were stopped"
+    )
+
+
+# --- the other exit codes: a diverging run, a log file that cannot be written --
+
+
+@pytest.mark.slow
+def test_a_diverging_run_exits_3_in_one_line(tmp_path):
+    run = Phalanx(tmp_path, "--epochs", "1", "--lr", "1e30", "--run-dir", "RUN")
+    assert run.wait() == 3, run.output()
+    error = assert_one_error_line(run, "non-finite gradient (NaN or inf)")
+    assert error.endswith("(here: a lower --lr, or --clip-norm)")
+
+
+@pytest.mark.slow
+def test_a_run_folder_that_turns_unwritable_exits_74_in_one_line(tmp_path):
+    # The logs' folder refuses new files: the history plot, written whole and
+    # renamed into place at the first epoch's end, cannot be.
+    run = Phalanx(tmp_path, *ARGS)
+    run.wait_for(run.started, "progress line")
+    with unwritable(tmp_path / "RUN"):
+        code = ended(run)
+    assert code == 74, run.output()
+    assert_one_error_line(run, "cannot write the run's files", "--resume")
+
+
 # --- commands that cannot run: exit 2, one line, nothing written --------------
 
 
@@ -253,17 +312,7 @@ def test_run_dir_in_an_unwritable_folder_is_refused(tmp_path):
     parent = tmp_path / "locked"
     parent.mkdir()
     with unwritable(parent):
-        result = subprocess.run(
-            [sys.executable, "-m", "phalanx", "train", "--run-dir", "locked/a/RUN"],
-            cwd=tmp_path,
-            env=ENV,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
-    assert result.returncode == 2, result.stderr
-    assert result.stdout == ""
-    (line,) = result.stderr.splitlines()
+        line = refused(tmp_path, "train", "--run-dir", "locked/a/RUN")
     assert line.startswith("phalanx train: error: --run-dir locked/a/RUN: ")
     assert "cannot write in" in line and "choose a folder you can write to" in line
     assert list(parent.iterdir()) == []
@@ -277,16 +326,6 @@ def test_run_dir_in_an_unwritable_folder_is_refused(tmp_path):
     ],
 )
 def test_launch_of_a_command_that_cannot_run_is_refused(tmp_path, command, phrase):
-    result = subprocess.run(
-        [sys.executable, "-m", "phalanx", "launch", "--nproc", "2", "--", command],
-        cwd=tmp_path,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert result.returncode == 2, result.stderr
-    assert result.stdout == ""
-    (line,) = result.stderr.splitlines()
+    line = refused(tmp_path, "launch", "--nproc", "2", "--", command)
     assert line.startswith(f"phalanx launch: error: command {command!r}: ")
     assert phrase in line

@@ -21,7 +21,6 @@ import pathlib
 import re
 import shutil
 import signal
-import subprocess
 import sys
 from collections.abc import Callable
 
@@ -34,7 +33,6 @@ from typing_extensions import override
 import phalanx as px
 from cli_runs import (
     COMMON,
-    ENV,
     EPOCHS,
     EVERY_5,
     LOG_EVERY,
@@ -42,7 +40,6 @@ from cli_runs import (
     PROGRESS,
     STALE_TMP,
     STEPS_PER_EPOCH,
-    TIMEOUT,
     TOTAL,
     Phalanx,
     assert_same_logs,
@@ -54,6 +51,7 @@ from cli_runs import (
     jsonl_rows,
     listed,
     logged_steps,
+    refused,
     same_arrays,
     state_arrays,
 )
@@ -395,19 +393,8 @@ def test_resume_errors_from_the_command_line(tmp_path):
         (["--resume"], "--resume: no checkpoint in RUN/checkpoints"),
         (["--resume", "--overwrite"], "cannot be combined with --overwrite"),
     ):
-        result = subprocess.run(
-            [sys.executable, "-m", "phalanx", "train", "--run-dir", "RUN", *args],
-            cwd=tmp_path,
-            env=ENV,
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
-        assert result.returncode == 2, result.stderr
-        assert result.stdout == ""
-        lines = result.stderr.splitlines()
-        assert len(lines) == 1 and lines[0].startswith("phalanx train: error: ")
-        assert needle in lines[0]
+        line = refused(tmp_path, "train", "--run-dir", "RUN", *args)
+        assert line.startswith("phalanx train: error: ") and needle in line
     assert snapshot(tmp_path) == before
 
 

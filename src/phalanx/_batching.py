@@ -140,7 +140,12 @@ class BatchPipeline:
         size = self.step_size(n, first)
         if sample_weight is not None and (sample_weight == 1).all():
             sample_weight = None  # e.g. a loader's full batch: cached weights
-        if train and sample_weight is not None and not sample_weight.any():
+        if (
+            train
+            and sample_weight is not None
+            and not sample_weight.any()
+            and jax.process_count() == 1  # else a slice; the devices see it all
+        ):
             raise ValueError(zero_weight_message(where))
         if sample_weight is None:
             weight = self.weights(n, size)

@@ -1,6 +1,6 @@
 """Validation of the trainer's arguments, before any device work."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -9,6 +9,7 @@ import numpy as np
 import optax
 
 from .callbacks import Callback
+from .callbacks._callback import overrides
 from .strategies import Strategy
 
 
@@ -104,13 +105,17 @@ _BATCHES = (
 
 
 def check_iterable(
-    data: Any, name: str, extra: tuple[Any, ...] = (), *, default_split: bool = True
+    data: Any,
+    name: str,
+    extra: tuple[Any, ...] = (),
+    *,
+    call: str = "fit",
+    default_split: bool = True,
 ) -> None:
-    """Raise TypeError unless `data` is an iterable of batches (and nothing
-    followed it: `extra`, as in Keras' ``fit(x, y)``). Arrays given where
-    batches belong are named as what they are, where the batches are split
-    by the default `split_batch` (an overridden one may take any batch)."""
-    call = "fit" if name == "data" else "evaluate"
+    """Raise TypeError unless `data` is an iterable of batches, and nothing
+    followed it in `call` (`extra`, as in Keras' ``fit(x, y)``). Arrays given
+    where batches belong are named as what they are, where the batches are
+    split by the default `split_batch` (an overridden one may take any)."""
     if extra:
         raise TypeError(
             f"{call}() got {1 + len(extra)} positional arguments, as in Keras' "
@@ -120,9 +125,9 @@ def check_iterable(
         raise TypeError(
             f"{name}={type(data).__name__} is not iterable; pass {_BATCHES}"
         )
-    arrays = np.ndarray | jax.Array
     if not default_split:
         return
+    arrays = np.ndarray | jax.Array
     if isinstance(data, arrays):
         shape: tuple[int, ...] = data.shape  # pyright: ignore[reportAttributeAccessIssue]
         raise TypeError(
@@ -140,18 +145,27 @@ def check_iterable(
         )
 
 
-def check_monitors(callbacks: Iterable[Any], eval_data: Any) -> None:
+def check_monitors(callbacks: Sequence[Any], eval_data: Any) -> None:
     """Raise ValueError, before training, for a callback that monitors an
     ``eval_`` metric in a fit without `eval_data` (it would fail at the
-    first epoch's end, after that epoch trained)."""
+    first epoch's end, after that epoch trained) - unless a callback of the
+    user's own comes before it and may add that metric at each epoch's end
+    (phalanx's own callbacks add no ``eval_`` metric)."""
     if eval_data is not None:
         return
-    for callback in callbacks:
+    for i, callback in enumerate(callbacks):
         monitor = getattr(callback, "monitor", None)
-        if isinstance(monitor, str) and monitor.startswith("eval_"):
-            raise ValueError(
-                f"{type(callback).__name__}(monitor={monitor!r}) watches a metric "
-                "of eval_data, but fit was given no eval_data; pass "
-                f"eval_data=..., or monitor a training metric (e.g. "
-                f"monitor={monitor.removeprefix('eval_')!r})"
-            )
+        if not (isinstance(monitor, str) and monitor.startswith("eval_")):
+            continue
+        if any(
+            overrides(earlier, "on_epoch_end")
+            and not type(earlier).__module__.startswith("phalanx.")
+            for earlier in callbacks[:i]
+        ):
+            continue
+        raise ValueError(
+            f"{type(callback).__name__}(monitor={monitor!r}) watches a metric "
+            "of eval_data, but fit was given no eval_data; pass "
+            f"eval_data=..., or monitor a training metric (e.g. "
+            f"monitor={monitor.removeprefix('eval_')!r})"
+        )

@@ -200,13 +200,14 @@ def _guard(
     Returns the new state's leaves, the epoch's sums, and the step's packed
     sums (with a trailing 1 if the step was skipped, under ``"skip"``).
 
-    ``"raise"`` freezes the state at the first bad step and records it, so the
-    host can raise at its next sync point with the state from before that
-    step (and its first non-finite leaf, or `ZERO_WEIGHT` where the batch's
-    `total` weight was 0); ``"skip"`` keeps the old state and counts the step; ``"off"``
-    always applies the update. `update` makes the new state's leaves; under
-    a policy it runs in a `lax.cond`, so that a good step updates the state
-    in place instead of selecting between two copies of it.
+    ``"raise"`` freezes the state at the first bad step and records it (with
+    its first non-finite leaf, or `ZERO_WEIGHT` where the batch's `total`
+    weight was 0), so the host can raise at its next sync point with the
+    state from before that step; ``"skip"`` keeps the old state and counts
+    the step; ``"off"`` always applies the update. `update` makes the new
+    state's leaves; under a policy it runs in a `lax.cond`, so that a good
+    step updates the state in place instead of selecting between two copies
+    of it.
     """
     finite_leaves = _finite_leaves(grads)
     finite = jnp.all(finite_leaves)

@@ -312,17 +312,22 @@ class DataParallelTrainer(Generic[_Model]):
         Args:
             data: batches, each a pytree of arrays with a shared leading
                 examples axis, e.g. ``(x, y)``. The last may be shorter.
+            unexpected: nothing: a second positional argument, as in Keras'
+                ``fit(x, y)``, is refused with a TypeError saying how to pass
+                batches.
             epochs: passes over `data` (default 1 when `steps` is not given).
             steps: optimizer updates to make, re-iterating `data` as needed.
                 With both, training stops at whichever comes first.
             eval_data: batches to `evaluate` after every epoch (metrics
                 reported with an ``eval_`` prefix).
-            resume: ``"latest"`` to continue from the newest complete
-                checkpoint of the `callbacks.Checkpoint` in `callbacks`, or
-                the path of a checkpoint folder (or of one step in it). The
-                state, step, epoch, history, data order and callbacks' state
-                are restored, and `epochs`/`steps` count from the start of the
-                checkpointed run, so the run continues as if never stopped.
+            resume: ``"latest"`` to continue from the newest readable
+                checkpoint of the `callbacks.Checkpoint` in `callbacks` (with
+                none yet, the fit starts fresh and says so; an unreadable one
+                is skipped with a warning), or the path of a checkpoint folder
+                (or of one step in it). The state, step, epoch, history, data
+                order and callbacks' state are restored, and `epochs`/`steps`
+                count from the start of the checkpointed run, so the run
+                continues as if never stopped.
 
         Returns:
             The final `TrainState`.
@@ -333,7 +338,7 @@ class DataParallelTrainer(Generic[_Model]):
             FloatingPointError: a non-finite gradient under nan_policy="raise".
         """
         epochs, steps = check_duration(epochs, steps)
-        default_split = type(self).split_batch is DataParallelTrainer.split_batch
+        default_split = self._splits_by_default
         check_iterable(data, "data", unexpected, default_split=default_split)
         if eval_data is not None:
             check_iterable(eval_data, "eval_data", default_split=default_split)
@@ -385,8 +390,13 @@ class DataParallelTrainer(Generic[_Model]):
         Returns:
             ``{"loss": ..., **metrics}`` as floats.
         """
-        default_split = type(self).split_batch is DataParallelTrainer.split_batch
-        check_iterable(data, "data", unexpected, default_split=default_split)
+        check_iterable(
+            data,
+            "data",
+            unexpected,
+            call="evaluate",
+            default_split=self._splits_by_default,
+        )
         self._notify("on_eval_start", self._info())
         acc: Any = None
         feed = Feed(
@@ -515,6 +525,11 @@ class DataParallelTrainer(Generic[_Model]):
             start_epoch=self._run.start_epoch,
             start_step=self._run.start_step,
         )
+
+    @property
+    def _splits_by_default(self) -> bool:
+        """Whether batches are split by the default `split_batch`."""
+        return type(self).split_batch is DataParallelTrainer.split_batch
 
     @property
     def _callbacks_here(self) -> tuple[Callback, ...]:

@@ -1,3 +1,4 @@
+import logging
 import numbers
 import os
 from typing import TYPE_CHECKING, Any
@@ -113,6 +114,10 @@ class TensorBoardLogger(Callback):
     def _open(self, step: int) -> None:
         if self._writer is not None:
             return
+        # tensorboardX warns on every NaN or inf scalar; a diverging run logs
+        # them as they are (its plot shows it), and fails with one clear
+        # error of its own at the next sync.
+        logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
         from tensorboardX import SummaryWriter
 
         # TensorBoard hides earlier events with step >= purge_step: those the

@@ -37,7 +37,7 @@ _WRITE_FAILURES = {
     ),
     errno.EACCES: (
         "the folder is not writable (permission denied)",
-        "make it writable",
+        "make it writable (chmod u+w)",
     ),
     errno.EPERM: (
         "the folder is not writable (operation not permitted)",
@@ -128,12 +128,26 @@ def release_failed_io(failure: BaseException | None) -> None:
 
 
 class OrbaxErrorFilter(logging.Filter):
-    """Drops orbax's own error logs (a traceback per background thread, often
-    hundreds of lines for one full disk): phalanx raises each such failure
+    """Drops the error logs of a failed orbax save or read: orbax's own (a
+    traceback per background thread, often hundreds of lines for one full
+    disk), and asyncio's note of an orbax write whose error nobody took
+    ("exception was never retrieved"). phalanx raises each such failure
     itself, in one line, with orbax's error as its cause."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno < logging.ERROR or "/orbax/" not in record.pathname
+        if record.levelno < logging.ERROR:
+            return True
+        if "/orbax/" in record.pathname:
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        return not (
+            isinstance(error, BaseException)
+            and any(
+                "/orbax/" in frame.filename
+                for cause in causes(error)
+                for frame in traceback.extract_tb(cause.__traceback__)
+            )
+        )
 
 
 _FILTER = OrbaxErrorFilter()
@@ -162,9 +176,10 @@ def quiet_orbax_errors() -> None:
     raises the failure itself, in one line): its error logs, and the errors
     of its clean-up (`_orbax_cleanup`). Installed once; everything else
     passes through."""
-    logger = logging.getLogger("absl")
-    if _FILTER not in logger.filters:
-        logger.addFilter(_FILTER)
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
     previous = sys.unraisablehook
     if getattr(previous, "__name__", "") == "_unraisable_hook":
         return

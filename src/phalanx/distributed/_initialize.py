@@ -1,6 +1,8 @@
 import os
 import socket
+import sys
 import time
+from typing import Any
 
 import jax
 
@@ -76,6 +78,8 @@ def initialize(
         jax.distributed.initialize(
             coordinator, count, rank, initialization_timeout=timeout
         )
+        if jax.process_count() > 1:
+            _exit_at_once_on_errors()
     except ValueError as error:
         if not described and "coordinator_address" in str(error):
             return  # no cluster detected: a single-process run
@@ -92,6 +96,28 @@ def initialize(
             f"within {timeout} s ({error}); check that every process was started "
             "with the same coordinator address and that process 0 is running"
         ) from error
+
+
+def _exit_at_once_on_errors() -> None:
+    """Make an uncaught exception end this process as soon as it is printed.
+
+    At exit, JAX waits (up to 5 minutes) for every other process to exit
+    too; those wait in a collective for this one, so one process failing
+    held the whole run until that timeout. Leaving at once (`os._exit`,
+    after the traceback and flushing the output) ends the others' collective
+    (or lets the launcher or the cluster stop them): the run ends promptly
+    with this process's error.
+    """
+    previous = sys.excepthook
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        previous(kind, value, tb)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        interrupted = issubclass(kind, KeyboardInterrupt)
+        os._exit(getattr(value, "exit_code", 130) if interrupted else 1)
+
+    sys.excepthook = excepthook
 
 
 def _wait_for(address: str, timeout: int, who: str) -> None:
