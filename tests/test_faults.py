@@ -178,16 +178,12 @@ def truncate_arrays(step_folder: pathlib.Path) -> None:
             path.write_bytes(path.read_bytes()[:100])
 
 
-def garble_json(step_folder: pathlib.Path) -> None:
-    (step_folder / "host" / "metadata").write_text('{"format": 3, "step"')
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("damage", [truncate_arrays, garble_json])
-def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path, straight, restore, damage):
+def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path, straight, restore):
+    # (A damaged JSON half takes the same path: test_checkpoint.py, in process.)
     shutil.copytree(straight[0], tmp_path / "RUN")
     folder = tmp_path / "RUN" / "checkpoints"
-    damage(folder / str(TOTAL))
+    truncate_arrays(folder / str(TOTAL))
     resumed = Phalanx(tmp_path, *ARGS, "--resume")
     assert resumed.wait() == 0, resumed.output()
     lines = resumed.stderr.splitlines()

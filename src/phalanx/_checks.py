@@ -15,7 +15,7 @@ import jax
 import jaxtyping
 import numpy as np
 from beartype import beartype
-from jaxtyping import Array, Float, PyTree, jaxtyped
+from jaxtyping import Array, Float, jaxtyped
 
 
 # A batch leaf: on the host, or already on devices.
@@ -216,99 +216,6 @@ def check_labels(labels: np.ndarray, num_classes: int, where: str) -> None:
             f"{num_classes}) for a model with {num_classes} outputs; labels must be "
             f"class indices 0..{num_classes - 1} (or give the model more outputs)"
         )
-
-
-def check_gradients(grads: PyTree, params: PyTree) -> None:
-    """Raise at trace time if gradients do not match the parameters leaf by leaf."""
-    grad_leaves, grad_def = jax.tree.flatten(grads)
-    param_leaves, param_def = jax.tree_util.tree_flatten_with_path(params)
-    if grad_def != param_def:
-        raise TypeError(
-            f"gradients: the hook returned a tree of structure {grad_def} but the "
-            f"parameters have {param_def}; return one gradient per parameter, in "
-            "the parameters' tree (e.g. jax.tree.map(fn, grads))"
-        )
-    for g, (path, p) in zip(grad_leaves, param_leaves, strict=True):
-        if g.shape != p.shape or g.dtype != p.dtype:
-            name = "model" + jax.tree_util.keystr(path)
-            fix = (
-                f"cast it back, e.g. g.astype(jnp.{p.dtype})"
-                if g.shape == p.shape
-                else f"keep the shape {tuple(p.shape)}, e.g. transform elementwise"
-            )
-            raise TypeError(
-                f"gradients: the gradient of {name} is {g.dtype}{list(g.shape)} but "
-                f"the parameter is {p.dtype}{list(p.shape)}; gradients must keep "
-                f"each parameter's shape and dtype: {fix}"
-            )
-
-
-class HookError(Exception):
-    """A trainer hook returned what it must not. Its message names the hook,
-    what it returned and what it must return; not the batch's fault."""
-
-
-class HookTypeError(HookError, TypeError):
-    """A hook returned a value of the wrong kind (None, a float, a list...)."""
-
-
-class HookValueError(HookError, ValueError):
-    """A hook returned a value of the wrong shape or name."""
-
-
-def returned(value: Any) -> str:
-    """What a hook returned, in a few words, e.g. ``float 0.5``."""
-    if value is None:
-        return "None"
-    if isinstance(value, jax.Array | np.ndarray):
-        return f"an array of dtype {value.dtype} and shape {tuple(value.shape)}"
-    if isinstance(value, tuple | list | dict):
-        return f"a {type(value).__name__} of {len(value)}"
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
-
-
-def check_per_example(values: Any, weight: Array, hook: str) -> None:
-    """At trace time: a loss or metric must give one value per example."""
-    if not isinstance(values, jax.Array | np.ndarray):
-        example = (
-            "optax.softmax_cross_entropy_with_integer_labels(outputs, targets)"
-            if hook == "loss"
-            else "(jnp.argmax(outputs, -1) == targets).astype(jnp.float32)"
-        )
-        raise HookTypeError(
-            f"{hook} returned {returned(values)}; it must return one value per "
-            f"example, an array of shape {tuple(weight.shape)} (e.g. {example}, "
-            "without a final mean)"
-        )
-    if values.shape != weight.shape:
-        raise HookValueError(
-            f"{hook} returned shape {tuple(values.shape)}, expected one value per "
-            f"example, shape {tuple(weight.shape)}; return per-example values "
-            "(e.g. without a final jnp.mean): the trainer weights, sums and "
-            "divides once by the global number of examples"
-        )
-
-
-def check_metrics(metrics: Any) -> None:
-    """At trace time: `metrics()` must return a dict of names to values."""
-    if not isinstance(metrics, dict) or not all(isinstance(k, str) for k in metrics):
-        raise HookTypeError(
-            f"metrics() returned {returned(metrics)}; it must return a dict of "
-            "names to per-example values, e.g. {'mae': "
-            "jnp.mean(jnp.abs(outputs - targets), axis=-1)} ({} for none)"
-        )
-
-
-def check_split(parts: Any) -> tuple[Any, Any]:
-    """`split_batch()`'s result, if it is an (inputs, targets) pair."""
-    if not isinstance(parts, tuple | list) or len(parts) != 2:
-        raise HookTypeError(
-            f"split_batch() returned {returned(parts)}; it must return a pair "
-            "(inputs, targets) (sample weights come from the sample_weight() "
-            "hook)"
-        )
-    return parts[0], parts[1]
 
 
 def empty_data_message(name: str, epoch: int | None = None) -> str:

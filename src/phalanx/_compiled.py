@@ -4,8 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import BatchSpec, HookError, Leaf
+from ._checks import BatchSpec, Leaf
 from ._hints import first_batch_hint
+from ._hook_checks import HookError
 from ._step import build_predict_step, build_steps
 from ._sums import NO_FLAGS, EpochSums, sum_names
 

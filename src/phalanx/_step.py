@@ -16,14 +16,14 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 
-from ._checks import (
-    ZERO_WEIGHT,
+from ._checks import ZERO_WEIGHT
+from ._forward import example_keys, forward
+from ._hook_checks import (
     HookValueError,
     check_gradients,
     check_metrics,
     check_per_example,
 )
-from ._forward import example_keys, forward
 from ._state import TrainState
 from ._sums import EpochSums
 

@@ -15,7 +15,6 @@ from ._batching import BatchPipeline, pad
 from ._checks import (
     BatchSpec,
     Leaf,
-    check_split,
     empty_data_message,
     flatten_batch,
     num_examples,
@@ -24,6 +23,7 @@ from ._compiled import CompiledSteps
 from ._config import check_config, check_duration, check_iterable, check_monitors
 from ._forward import takes_key
 from ._history import History
+from ._hook_checks import check_split
 from ._loop import plan, run_epoch
 from ._prefetch import Feed, default_depth
 from ._processes import predict_across_processes
