@@ -9,6 +9,7 @@ and what to do; the original error stays attached as ``__cause__``.
 import errno
 import gc
 import logging
+import os
 import re
 import sys
 import traceback
@@ -78,8 +79,8 @@ def summary(error: BaseException, limit: int = 200) -> str:
     """The innermost readable message behind `error`: one line, at most
     `limit` characters, without TensorStore's spec dumps."""
     code = os_error_code(error)
-    if code is not None and code in _WRITE_FAILURES:
-        return _WRITE_FAILURES[code][0]
+    if code is not None:
+        return f"{os.strerror(code)} (errno {code})"
     chain = causes(error)
     if any(_TRUNCATED.search(str(cause)) for cause in chain):
         return "a file in it is shorter than its index says (truncated)"
@@ -96,7 +97,9 @@ def write_error(
 ) -> CheckpointWriteError:
     """One clear error for a failed save of `step` into `directory`."""
     code = os_error_code(error)
-    what, fix = _WRITE_FAILURES.get(code or -1, (summary(error), "fix the disk"))
+    what, fix = _WRITE_FAILURES.get(
+        code or -1, (summary(error), "check the disk and the folder")
+    )
     intact = (
         f"the complete checkpoints are intact (newest: step {max(kept)})"
         if kept
