@@ -251,6 +251,20 @@ def test_a_stateful_model_without_its_state_is_named():
     assert "takes a state after x" in message and "model_state=state" in message
 
 
+def test_a_positional_key_is_not_taken_for_a_state():
+    class Keyed(eqx.Module):
+        linear: eqx.nn.Linear
+
+        def __call__(self, x, key=None):
+            del key
+            return self.linear(x)
+
+    x, _ = make_data(16)
+    model = Keyed(eqx.nn.Linear(IN + 2, CLASSES, key=jax.random.key(0)))
+    message = first_batch_error(model, x)
+    assert "the model fails on x" in message and "takes a state" not in message
+
+
 def test_a_model_written_for_whole_batches_is_told_vmap_is_inside():
     x, _ = make_data(16)
     model = BatchModel(jnp.ones((IN, CLASSES)))

@@ -65,14 +65,14 @@ def _model_hint(
     pass_key: bool,
 ) -> str:
     """Why the model fails on the inputs: state, dtype, batch axis or shape."""
-    positional = _positional_parameters(model)
-    if model_state is not None and positional is not None and positional < 2:
+    accepted, required = _positional_parameters(model)
+    if model_state is not None and accepted < 2:
         return (
             "model_state= was given, so the model is called as model(x, state), "
             "but its __call__ takes no state: drop model_state= (it is for "
             "models with stateful layers, from eqx.nn.make_with_state)"
         )
-    if model_state is None and positional is not None and positional >= 2:
+    if model_state is None and required >= 2:
         return (
             "the model's __call__ takes a state after x (stateful layers such "
             "as BatchNorm): build it with model, state = "
@@ -99,21 +99,24 @@ def _model_hint(
     return _shape_fix(spec, model)
 
 
-def _positional_parameters(model: Any) -> int | None:
-    """How many positional arguments the model's __call__ takes (None:
-    unknown, or any number)."""
+def _positional_parameters(model: Any) -> tuple[int | float, int]:
+    """How many positional arguments the model's __call__ accepts (inf for
+    ``*args``, or where its signature cannot be read) and how many it
+    requires, a ``key`` not counted."""
     try:
         parameters = inspect.signature(model).parameters.values()
     except (TypeError, ValueError):
-        return None
-    kinds = [p.kind for p in parameters]
-    if inspect.Parameter.VAR_POSITIONAL in kinds:
-        return None
-    return sum(
-        kind
-        in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        for kind in kinds
-    )
+        return math.inf, 0
+    positional = [
+        p
+        for p in parameters
+        if p.name != "key"
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    if any(p.kind == p.VAR_POSITIONAL for p in positional):
+        return math.inf, 0
+    required = sum(p.default is p.empty for p in positional)
+    return len(positional), required
 
 
 def _runs_on_whole_batch(model: Any, inputs: Any) -> bool:
