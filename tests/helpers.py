@@ -10,6 +10,7 @@ import numpy as np
 import optax
 
 import phalanx as px
+from phalanx._launch import _GLOO_NOTE
 
 
 IN, CLASSES, HIDDEN = 5, 3, (8,)
@@ -100,13 +101,6 @@ def read_event_scalars(logdir) -> dict[str, list[tuple[int, float]]]:
                 )
         assert offset == len(data), f"{path} ends inside a record"
     return scalars
-
-
-# gloo's note once a process has connected, its numbers as "#".
-_GLOO_NOTE = (
-    "[Gloo] Rank # is connected to # peer ranks. Expected number of connected "
-    "peer ranks is : #"
-)
 
 
 def is_gloo_note(line: str) -> bool:

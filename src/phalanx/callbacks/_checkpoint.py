@@ -17,7 +17,7 @@ from ..checkpoint._errors import (
     release_failed_io,
     write_error,
 )
-from ..checkpoint._resume import Restored, read_checkpoint
+from ..checkpoint._resume import Restored, is_step_folder, read_checkpoint
 from ..checkpoint._snapshot import apply, item_handlers, snapshot
 from ._background import lower_priority, thread_ids
 from ._callback import Callback, StepInfo
@@ -108,8 +108,7 @@ class Checkpoint(Callback):
         # while it waits for the device and hands the arrays to orbax.
         self._writer: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
-        # A save failed and was raised: closing must not raise it again.
-        self._failed = False
+        # The failed save's error, once raised: closing must not raise it again.
         self._failure: BaseException | None = None
         self._last_step = 0  # the step of the newest save handed to orbax
         # Steps whose checkpoints a resume found unreadable: saved anew.
@@ -118,7 +117,7 @@ class Checkpoint(Callback):
     @override
     def on_fit_start(self, info: StepInfo) -> None:
         del info
-        self._failed = False
+        self._failure = None
         self._writable()
 
     @override
@@ -238,18 +237,20 @@ class Checkpoint(Callback):
 
     def _write_failed(self, step: int, error: Exception) -> CheckpointWriteError:
         """The one error a failed save raises: what failed, and what is kept."""
-        kept = sorted(int(p.name) for p in _children(self.directory) if _is_step(p))
-        failure = write_error(
-            error, self.directory, step, [s for s in kept if s != step]
-        )
+        kept = [
+            int(p.name)
+            for p in _children(self.directory)
+            if is_step_folder(p) and p.name != str(step)
+        ]
+        failure = write_error(error, self.directory, step, kept)
         failure.__cause__ = error
         return failure
 
     def _raise_once(self, error: BaseException | None) -> None:
         """Raise a failed save's error, once: the failures that follow from it
         (orbax re-raises it on every wait) are not news."""
-        if error is not None and not self._failed:
-            self._failed, self._failure = True, error
+        if error is not None and self._failure is None:
+            self._failure = error
             raise error
 
     def _wait_for_writer(self) -> None:
@@ -337,8 +338,7 @@ class Checkpoint(Callback):
                 except Exception as error:
                     self._raise_once(self._write_failed(self._last_step, error))
                 finally:
-                    if self._failed:
-                        release_failed_io(self._failure)
+                    release_failed_io(self._failure)
                 self._empty_trash()
 
     def _open(self) -> ocp.CheckpointManager:
@@ -410,11 +410,6 @@ class Checkpoint(Callback):
 
 def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _is_step(path: Path) -> bool:
-    """Whether `path` is a complete checkpoint's step folder."""
-    return path.name.isdigit() and (path / "_CHECKPOINT_METADATA").exists()
 
 
 def _children(folder: Path) -> list[Path]:

@@ -40,9 +40,14 @@ def locate(resume: Any, directory: Path) -> tuple[Path, int | None]:
     if resume == "latest":
         return directory, None
     path = Path(resume).absolute()
-    if path.name.isdigit() and (path / "_CHECKPOINT_METADATA").exists():
+    if is_step_folder(path):
         return path.parent, int(path.name)
     return path, None
+
+
+def is_step_folder(path: Path) -> bool:
+    """Whether `path` is the folder of one complete checkpoint (a step)."""
+    return path.name.isdigit() and (path / "_CHECKPOINT_METADATA").exists()
 
 
 def read_checkpoint(
