@@ -25,6 +25,7 @@ Usage:
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -186,10 +187,14 @@ def lone_save(trainer, directory: pathlib.Path, n: int = 5) -> dict[str, float]:
     checkpoint = px.callbacks.Checkpoint(directory, every_n_epochs=None, keep=2)
     blocking, total, cpu = [], [], []
     jax.block_until_ready(trainer.state)
-    for _ in range(n):
-        trainer._step += 1  # a new step folder each time (state unchanged)
+    snapshot = trainer.snapshot()
+    for i in range(n):
+        # A new step folder each time (state unchanged).
+        progress = dataclasses.replace(
+            snapshot.progress, step=snapshot.progress.step + i + 1
+        )
         cpu_start, start = cpu_seconds(), time.perf_counter()
-        checkpoint.save(trainer)
+        checkpoint.save_snapshot(dataclasses.replace(snapshot, progress=progress))
         blocking.append(time.perf_counter() - start)
         checkpoint.close()  # waits until the write is committed
         total.append(time.perf_counter() - start)

@@ -365,7 +365,7 @@ class PhalanxSide(Side):
         self.run(1, "device")
 
     def place(self, batches: list[tuple[np.ndarray, np.ndarray]]) -> list[Any]:
-        return jax.device_put(batches, self.trainer.strategy.split)
+        return jax.device_put(batches, self.trainer.strategy.batch_sharding)
 
     def run(self, steps: int, feed: str) -> Timing:
         if feed == "host":

@@ -42,7 +42,7 @@ px.fake_cpu_devices(8)
 def show_collectives(strategy: px.PmapStrategy) -> None:
     axis = strategy.axis_name
     n = strategy.num_devices
-    x = jax.device_put(np.arange(1, n + 1, dtype=np.float32), strategy.split)
+    x = jax.device_put(np.arange(1, n + 1, dtype=np.float32), strategy.batch_sharding)
 
     def per_device(x: Float[Array, "1"]):
         # x is this device's slice: one number.

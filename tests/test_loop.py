@@ -2,6 +2,7 @@
 finish) and the order in which callback hooks fire."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -73,7 +74,7 @@ def test_batches_already_on_devices(name):
         trainer = px.DataParallelTrainer(
             make_model(), optax.adam(1e-2), strategy=STRATEGIES[name]()
         )
-        split = trainer.strategy.split
+        split = trainer.strategy.batch_sharding
         data = [jax.device_put(b, split) for b in host[:2]] + [host[2]]
         data[2] = jax.device_put(host[2], split.mesh.devices.flat[0])  # 36 rows
         with jax.transfer_guard_device_to_host("disallow"):
@@ -198,7 +199,7 @@ def test_host_batches_travel_with_the_step_call(monkeypatch):
     )
     trainer.fit([(x, y), (x, y, weights)], epochs=1)  # compiles, caches weights
     transfers, calls = [], []
-    device_put, train = jax.device_put, trainer._steps.train
+    device_put, train = jax.device_put, trainer.steps.train
 
     def counted(*args, **kwargs):
         transfers.append(args)
@@ -209,11 +210,11 @@ def test_host_batches_travel_with_the_step_call(monkeypatch):
         return train(leaves, acc, batch, weight, total)
 
     monkeypatch.setattr(jax, "device_put", counted)
-    monkeypatch.setattr(trainer._steps, "train", spied)
+    monkeypatch.setattr(trainer.steps, "train", spied)
     ones = np.ones(64, np.float32)
     trainer.fit([(x, y), (x, y, weights), (x, y, ones)], epochs=1)
     # The only transfer: the epoch's zeroed sums (the totals are cached).
     assert len(transfers) == 1 and isinstance(transfers[0][0], tuple)
-    cached = type(trainer._batches.weights(64, 64))
+    cached = type(jnp.zeros(64))  # the cached device weights: a jax.Array
     host = [np.ndarray, np.ndarray]
     assert calls == [host + [cached], host + [np.ndarray], host + [cached]]

@@ -68,7 +68,7 @@ def test_a_step_hook_sees_the_batches_trained_not_those_read_ahead():
     class Where(px.Callback):
         @override
         def on_step_end(self, info):
-            positions.append(info.trainer._feed.state)
+            positions.append(info.snapshot().data)
 
     data = loader()
     trainer(callbacks=[Where()]).fit(data, steps=4)
@@ -84,7 +84,7 @@ def test_a_bad_batch_read_ahead_raises_at_its_turn():
     run = trainer()
     with pytest.raises(ValueError, match="batch 2 of epoch 0"):
         run.fit(batches)
-    assert run._step == 2  # the two batches before it were trained on
+    assert run.progress.step == 2  # the two batches before it were trained on
 
 
 def test_an_error_in_a_hook_reaches_the_caller():
@@ -100,7 +100,7 @@ def test_an_error_in_a_hook_reaches_the_caller():
     run = Broken(make_model(), optax.adam(1e-2), strategy=px.ShardingStrategy(4))
     with pytest.raises(KeyError, match="no such field"):
         run.fit([(x[i : i + 16], y[i : i + 16]) for i in range(0, 48, 16)])
-    assert run._step == 2
+    assert run.progress.step == 2
 
 
 def test_a_generator_is_not_read_ahead():
@@ -132,7 +132,7 @@ def test_batches_already_on_devices_are_not_read_ahead():
     x, y = make_data(64)
     placed = jax.device_put(
         [(x[i : i + 16], y[i : i + 16]) for i in range(0, 64, 16)],
-        run.strategy.split,
+        run.strategy.batch_sharding,
     )
     run.fit(placed, epochs=2)
     assert threads == [threading.main_thread()] * 8

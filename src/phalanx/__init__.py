@@ -12,6 +12,7 @@ from ._devices import fake_cpu_devices as fake_cpu_devices
 from ._history import History as History
 from ._state import TrainState as TrainState
 from ._trainer import DataParallelTrainer as DataParallelTrainer
+from ._version import __version__ as __version__
 from .callbacks import Callback as Callback, StepInfo as StepInfo
 from .checkpoint import load_model as load_model, save_model as save_model
 from .strategies import (
@@ -20,6 +21,3 @@ from .strategies import (
     ShardingStrategy as ShardingStrategy,
     Strategy as Strategy,
 )
-
-
-__version__ = "0.1.0"

@@ -19,6 +19,7 @@ from ._checks import (
     signature,
     zero_weight_message,
 )
+from ._placement import local_share, put_batch, replicated, single_process
 from ._processes import check_same_slices
 from .strategies import Strategy
 
@@ -51,7 +52,9 @@ class BatchPipeline:
     the host; the device batch is ``(inputs, targets)`` and the sample weights
     are folded into the step's per-example weights. Structure and shape
     checks run once per new shape/dtype signature; the first batch ever seen
-    fixes the `BatchSpec` (and `on_spec` validates it against the model).
+    fixes the `BatchSpec`, and `validate(spec, size)` checks it against the
+    model and loss at a step of `size` examples (returning the outputs'
+    shape: with `class_labels`, its last axis is the number of classes).
     Value checks (finite floats, class labels in range, weights) run on
     every NumPy batch when `value_checks` is on. A batch shorter than the step's
     size is padded with zero-weight examples, so the update is exact. The
@@ -66,23 +69,26 @@ class BatchPipeline:
         split: Callable[[Any], tuple[Any, Any, Any]],
         value_checks: bool,
         class_labels: bool,
-        on_spec: Callable[[BatchSpec, list[Leaf]], None],
+        validate: Callable[[BatchSpec, int], jax.ShapeDtypeStruct],
     ):
         self.strategy = strategy
-        # This process's slice of a step is padded to a multiple of this.
-        self._multiple = strategy.process_batch_multiple
+        # This process's slice of a step is padded to a multiple of this: its
+        # devices in the mesh × the examples each device takes per multiple.
+        per_device = strategy.batch_multiple // strategy.num_devices
+        self._multiple = local_share(strategy.mesh) * per_device
+        # The global step is this many times this process's slice.
+        self._processes = strategy.batch_multiple // self._multiple
         self.split = split
         self.value_checks = value_checks
         self.class_labels = class_labels
-        self.on_spec = on_spec
+        self.validate = validate
         self.spec: BatchSpec | None = None
         self.num_classes: int | None = None
         self._sizes: dict[Any, int] = {}
         self._weights: dict[tuple[int, int], jax.Array] = {}
         self._totals: dict[float, jax.Array] = {}
-        # Read once: equinox builds a new bound method on every access.
-        self._shard = strategy.shard
-        self._replicated = strategy.replicated
+        self._split = strategy.batch_sharding
+        self._replicated = replicated(strategy.mesh)
         self._device_total = jax.jit(jnp.sum, out_shardings=self._replicated)
 
     def step_size(self, n: int, first: int | None) -> int:
@@ -107,7 +113,7 @@ class BatchPipeline:
             n = num_examples(leaves, treedef, where)
             if self.spec is None:
                 spec = BatchSpec.of(leaves, treedef)
-                self.on_spec(spec, leaves)
+                self._first_spec(spec, leaves)
                 self.spec = spec
             else:
                 self.spec.check(leaves, treedef, where)
@@ -122,6 +128,23 @@ class BatchPipeline:
                 check_labels(labels, self.num_classes, where)
         return leaves, treedef, n, sample_weight
 
+    def _first_spec(self, spec: BatchSpec, leaves: list[Leaf]) -> None:
+        """Validate the first batch against the model and loss."""
+        if self.class_labels:
+            labels = jax.tree.unflatten(spec.treedef, leaves)[1]
+            if not isinstance(labels, Leaf) or labels.dtype.kind not in "iu":
+                raise TypeError(
+                    "data: labels y have dtype "
+                    f"{getattr(labels, 'dtype', type(labels))}; loss='cross_entropy' "
+                    "needs integer class labels, e.g. "
+                    "y.astype(np.int32) (or use loss='mse' for regression)"
+                )
+        # The step sees the global batch: every process's slice.
+        size = self.step_size(leaves[0].shape[0], None) * self._processes
+        outputs = self.validate(spec, size)
+        if self.class_labels:
+            self.num_classes = int(outputs.shape[-1])
+
     def prepare(
         self, batch: Any, where: str, first: int | None, *, train: bool = False
     ) -> DeviceBatch:
@@ -131,7 +154,7 @@ class BatchPipeline:
         leaves, treedef, n, sample_weight = self.check(batch, where)
         if first is None:  # a pass's first batch fixes its step's shape
             check_same_slices(leaves, treedef, where)
-        elif n > first and jax.process_count() > 1:
+        elif n > first and not single_process():
             raise ValueError(
                 f"data: {where} has {n} examples on process {jax.process_index()}, "
                 f"more than the pass's first batch ({first}); in a multi-process "
@@ -144,7 +167,7 @@ class BatchPipeline:
             train
             and sample_weight is not None
             and not sample_weight.any()
-            and jax.process_count() == 1  # else a slice; the devices see it all
+            and single_process()  # else a slice; the devices see it all
         ):
             raise ValueError(zero_weight_message(where))
         if sample_weight is None:
@@ -161,9 +184,9 @@ class BatchPipeline:
         (the compiled step's input shardings split them across the devices
         as it is called, in C++: cheaper than a `jax.device_put` first),
         anything else placed by the strategy."""
-        if jax.process_count() == 1 and all(isinstance(x, np.ndarray) for x in leaves):
+        if single_process() and all(isinstance(x, np.ndarray) for x in leaves):
             return [*leaves]
-        return [*self._shard(leaves)]
+        return [*put_batch(leaves, self._split)]
 
     def weights(self, n: int, size: int) -> jax.Array:
         """Device weights for n real examples padded to size (cached)."""
@@ -171,7 +194,7 @@ class BatchPipeline:
         if weight is None:
             host = np.zeros(size, np.float32)
             host[:n] = 1.0
-            weight = self._weights[(n, size)] = self._shard([host])[0]
+            weight = self._weights[(n, size)] = put_batch([host], self._split)[0]
         return weight
 
     def total(
@@ -179,7 +202,7 @@ class BatchPipeline:
     ) -> jax.Array:
         """Σ of the global batch's weights, replicated (`host`: this
         process's weights, or their sum)."""
-        if jax.process_count() > 1:
+        if not single_process():
             # Only the devices see every process's weights. Every process
             # runs this reduction for every batch (never cached: the
             # processes must run the same collectives in the same order).

@@ -282,18 +282,3 @@ def check_batch_size(batch_size: int, devices: int, microbatches: int) -> None:
             f"--batch-size {batch_size} is not a multiple of --devices {devices} x "
             f"--microbatches {microbatches} = {multiple}; use e.g. {options}"
         )
-
-
-def run_train(args: TrainArgs) -> int:
-    """Validate, then train; returns the exit code."""
-    train, test = load_dataset(args.dataset)
-    if args.resume and args.overwrite:
-        raise UsageError(
-            "--resume continues a run; it cannot be combined with --overwrite"
-        )
-    check_run_dir(args.run_dir, args.overwrite, args.resume)
-    devices, defaulted = select_devices(args.devices, args.distributed)
-    check_batch_size(args.batch_size, len(devices), args.microbatches)
-    from ._cli_run import train_and_report
-
-    return train_and_report(args, devices, train, test, defaulted=defaulted)

@@ -1,5 +1,6 @@
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,53 +8,53 @@ import numpy as np
 from ._checks import BatchSpec, Leaf
 from ._hints import first_batch_hint
 from ._hook_checks import HookError
-from ._step import build_predict_step, build_steps
+from ._layout import StateLayout
+from ._placement import replicated
+from ._step import StepParts, build_predict_step, build_steps
 from ._sums import NO_FLAGS, EpochSums, sum_names
 
 
-if TYPE_CHECKING:
-    from ._trainer import DataParallelTrainer
-
-
 class CompiledSteps:
-    """A trainer's jitted train, eval and predict steps.
+    """The jitted train, eval and predict steps, built from `StepParts`.
 
-    They are built when the first batch fixes the `BatchSpec`. The model and
-    loss are first traced abstractly on that batch (`jax.eval_shape` through
-    the strategy), so a batch that does not fit fails with a clear message
-    before anything compiles or runs.
+    The train and eval steps are built when the first batch fixes the
+    `BatchSpec` (`validate`). The model and loss are first traced abstractly
+    on that batch (`jax.eval_shape` through the strategy), so a batch that
+    does not fit fails with a clear message before anything compiles or
+    runs. Every step keeps the state where the layout's shardings put it.
     """
 
     def __init__(
         self,
-        trainer: "DataParallelTrainer",
-        state_treedef: Any,
-        state_static: Any,
+        parts: StepParts,
+        layout: StateLayout,
         *,
-        pass_key: bool,
+        model: eqx.Module,
+        model_state: eqx.nn.State | None,
         traced_checks: bool,
     ):
-        self.trainer = trainer
-        self.state_treedef = state_treedef
-        self.state_static = state_static
-        self.pass_key = pass_key
+        """Args:
+        parts: what the steps are made of.
+        layout: how the state travels (structure, static part, shardings).
+        model, model_state: the model (and its state) the run started from,
+            to explain a first batch that does not fit.
+        traced_checks: check each batch's shapes inside the step too.
+        """
+        self.parts = parts
+        self.layout = layout
+        self._model = model
+        self._model_state = model_state
         self.traced_checks = traced_checks
         self.train: Any = None
         self.evaluate: Any = None
-        # The order of the packed sums: "loss", "weight", then the metrics
-        # (set by `build`, or by a restored checkpoint of a part-done epoch).
+        # The order of the packed sums: "loss", "weight", then the metrics.
         self.sum_names: tuple[str, ...] = ()
         self._predict: dict[Any, Any] = {}
+        self._replicated = replicated(parts.strategy.mesh)
 
-    @property
-    def replicated(self) -> jax.sharding.NamedSharding:
-        return self.trainer.strategy.replicated
-
-    def build(
-        self, spec: BatchSpec, state_leaves: list[jax.Array], size: int
-    ) -> jax.ShapeDtypeStruct:
-        """Validate `spec` (at a step of `size` examples) against the model and
-        loss; build the train and eval steps.
+    def validate(self, spec: BatchSpec, size: int) -> jax.ShapeDtypeStruct:
+        """Validate `spec` (at a global step of `size` examples) against the
+        model and loss; build the train and eval steps for it.
 
         Returns:
             The shape of the model's outputs for a batch of this spec.
@@ -61,13 +62,12 @@ class CompiledSteps:
         Raises:
             TypeError, ValueError: the batch does not fit the model or loss.
         """
+        parts, layout = self.parts, self.layout
         train, evaluate, probe = build_steps(
-            self.trainer,
-            self.state_treedef,
-            self.state_static,
+            parts,
+            layout,
             spec.treedef,
             spec.traced_check() if self.traced_checks else None,
-            self.pass_key,
         )
         shapes = [
             jax.ShapeDtypeStruct((size, *shape), dtype)
@@ -75,17 +75,16 @@ class CompiledSteps:
         ]
         weight = jax.ShapeDtypeStruct((size,), jnp.float32)
         try:
-            outputs, sums = jax.eval_shape(probe, state_leaves, shapes, weight)
+            outputs, sums = jax.eval_shape(probe, layout.structs, shapes, weight)
         except HookError:
             raise  # not the batch's fault: its own message names the hook
         except (TypeError, ValueError, IndexError) as error:
             kind = TypeError if isinstance(error, TypeError) else ValueError
-            state = self.trainer.state
             fix = first_batch_hint(
                 spec,
-                state.model,
-                state.model_state,
-                pass_key=self.pass_key,
+                self._model,
+                self._model_state,
+                pass_key=parts.pass_key,
                 size=size,
             )
             raise kind(
@@ -94,35 +93,28 @@ class CompiledSteps:
             ) from error
         self.sum_names = sum_names([k for k in sums if k not in ("loss", "weight")])
         # Batches may come as NumPy arrays: the shardings place them.
-        replicated, split = self.replicated, self.trainer.strategy.split
+        state, split = layout.shardings, parts.strategy.batch_sharding
+        rep = self._replicated
         self.train = jax.jit(
             train,
             donate_argnums=(0, 1),
-            in_shardings=(replicated, replicated, split, split, replicated),
-            out_shardings=replicated,
+            in_shardings=(state, rep, split, split, rep),
+            out_shardings=(state, rep, rep),
         )
         self.evaluate = jax.jit(
             evaluate,
             donate_argnums=(1,),
-            in_shardings=(replicated, replicated, split, split),
-            out_shardings=replicated,
+            in_shardings=(state, rep, split, split),
+            out_shardings=rep,
         )
         return outputs
 
-    def predict(
-        self, treedef: Any, leaves: list[Leaf], state_leaves: list[jax.Array]
-    ) -> Any:
+    def predict(self, treedef: Any, leaves: list[Leaf]) -> Any:
         """The jitted predict step for inputs of this structure (validated once)."""
         step = self._predict.get(treedef)
         if step is None:
-            strategy = self.trainer.strategy
-            fn = build_predict_step(
-                self.trainer,
-                self.state_treedef,
-                self.state_static,
-                treedef,
-                self.pass_key,
-            )
+            strategy = self.parts.strategy
+            fn = build_predict_step(self.parts, self.layout, treedef)
             shapes = [
                 jax.ShapeDtypeStruct(
                     (strategy.num_devices, *leaf.shape[1:]), leaf.dtype
@@ -130,28 +122,32 @@ class CompiledSteps:
                 for leaf in leaves
             ]
             try:
-                jax.eval_shape(fn, state_leaves, shapes)
+                jax.eval_shape(fn, self.layout.structs, shapes)
             except (TypeError, ValueError) as error:
                 raise ValueError(
                     f"x: rows of shapes {[leaf.shape[1:] for leaf in leaves]} do "
                     "not fit the model; pass rows the model accepts. "
                     f"The error was: {error}"
                 ) from error
-            step = self._predict[treedef] = jax.jit(fn, out_shardings=strategy.split)
+            step = self._predict[treedef] = jax.jit(
+                fn,
+                in_shardings=(self.layout.shardings, strategy.batch_sharding),
+                out_shardings=strategy.batch_sharding,
+            )
         return step
 
     @property
     def step_names(self) -> tuple[str, ...]:
         """The names of a train step's packed sums."""
-        skip = self.trainer.nan_policy == "skip"
+        skip = self.parts.nan_policy == "skip"
         return (*self.sum_names, "skipped") if skip else self.sum_names
 
     def train_acc(self) -> EpochSums:
         """Zeroed on-device sums of an epoch, and the non-finite step record."""
         zeros = np.zeros(len(self.sum_names), np.float32)
-        return EpochSums(*jax.device_put((zeros, NO_FLAGS), self.replicated))
+        return EpochSums(*jax.device_put((zeros, NO_FLAGS), self._replicated))
 
     def eval_acc(self) -> jax.Array:
         """Zeroed on-device sums of an evaluation."""
         zeros = np.zeros(len(self.sum_names), np.float32)
-        return jax.device_put(zeros, self.replicated)
+        return jax.device_put(zeros, self._replicated)

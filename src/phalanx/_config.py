@@ -8,13 +8,15 @@ import jax
 import numpy as np
 import optax
 
-from .callbacks import Callback
-from .callbacks._callback import overrides
+from ._callback import Callback, overrides
+from ._validate import (
+    integer,
+    one_of,
+    optional_int_at_least,
+    optional_positive_int,
+    positive_int,
+)
 from .strategies import Strategy
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_config(
@@ -59,6 +61,28 @@ def check_config(
             f"loss={loss!r} is not supported; pass 'cross_entropy', 'mse' or a "
             "function (outputs, targets) -> per-example losses"
         )
+    check_callbacks(callbacks)
+    integer("seed", seed, example="seed=0")
+    if model_state is not None and not isinstance(model_state, eqx.nn.State):
+        raise TypeError(
+            f"model_state={type(model_state).__name__} is not an eqx.nn.State; pass "
+            "the state from eqx.nn.make_with_state, or None"
+        )
+    one_of("checks", checks, ("on", "off"))
+    one_of("nan_policy", nan_policy, ("raise", "skip", "off"))
+    positive_int("sync_every", sync_every, example="16")
+    optional_int_at_least(
+        "prefetch",
+        prefetch,
+        0,
+        example="2",
+        hint="batches prepared ahead: 0 prepares each batch when its step runs, "
+        "None chooses by the devices",
+    )
+
+
+def check_callbacks(callbacks: Any) -> None:
+    """Raise TypeError unless `callbacks` is a sequence of `Callback`s."""
     if isinstance(callbacks, Callback) or not isinstance(callbacks, Iterable):
         raise TypeError(f"callbacks={callbacks!r} must be a sequence of px.Callback")
     for callback in callbacks:
@@ -67,32 +91,12 @@ def check_config(
                 f"callbacks contains {callback!r}, which is not a px.Callback; "
                 "subclass px.Callback and override its hooks"
             )
-    if not _is_int(seed):
-        raise TypeError(f"seed={seed!r} must be an int, e.g. seed=0")
-    if model_state is not None and not isinstance(model_state, eqx.nn.State):
-        raise TypeError(
-            f"model_state={type(model_state).__name__} is not an eqx.nn.State; pass "
-            "the state from eqx.nn.make_with_state, or None"
-        )
-    if checks not in ("on", "off"):
-        raise ValueError(f"checks={checks!r} must be 'on' or 'off'")
-    if nan_policy not in ("raise", "skip", "off"):
-        raise ValueError(f"nan_policy={nan_policy!r} must be 'raise', 'skip' or 'off'")
-    if not _is_int(sync_every) or sync_every < 1:
-        raise ValueError(f"sync_every={sync_every!r} must be an int >= 1, e.g. 16")
-    if prefetch is not None and (not _is_int(prefetch) or prefetch < 0):
-        raise ValueError(
-            f"prefetch={prefetch!r} must be an int >= 0: batches prepared ahead, "
-            "e.g. 2 (0 prepares each batch when its step runs), or None to "
-            "choose by the devices"
-        )
 
 
 def check_duration(epochs: Any, steps: Any) -> tuple[int | None, int | None]:
     """Validate fit's `epochs` and `steps`; default to one epoch."""
-    for name, value in (("epochs", epochs), ("steps", steps)):
-        if value is not None and (not _is_int(value) or value < 1):
-            raise ValueError(f"{name}={value!r} must be a positive int or None")
+    epochs = optional_positive_int("epochs", epochs)
+    steps = optional_positive_int("steps", steps)
     if epochs is None and steps is None:
         epochs = 1
     return epochs, steps

@@ -3,6 +3,7 @@ import os
 import jax
 
 from ._typing import validates_own_arguments
+from ._validate import positive_int
 
 
 @validates_own_arguments
@@ -18,8 +19,7 @@ def fake_cpu_devices(n: int = 8) -> None:
         ValueError: n is not a positive int.
         RuntimeError: JAX has already started its CPU backend.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n={n!r} must be a positive int, e.g. 8")
+    positive_int("n", n, example="8")
     os.environ.setdefault("NPROC", str(2 * n))
     try:
         jax.config.update("jax_num_cpu_devices", n)

@@ -1,130 +1,218 @@
-"""The training loop: a pass over the data, the bounded in-flight window, and
-the epoch's logs. `DataParallelTrainer.fit` drives it; it reads and updates
-the trainer's loop state (step, epoch, the epoch's on-device sums)."""
+"""The training loop: passes over the data, the bounded in-flight window,
+and the epochs' logs. It takes the state's arrays and a `RunProgress`, and
+leaves the new ones in `leaves` and `progress`."""
 
-from collections.abc import Iterable, Sized
-from typing import TYPE_CHECKING, Any
+import dataclasses
+from collections.abc import Callable, Iterable, Sized
+from typing import Any
 
 import jax
 
-from ._batching import DeviceBatch
+from ._batching import BatchPipeline, DeviceBatch
+from ._callback import StepInfo, TrainerLike
 from ._checks import empty_data_message, nonfinite_error
+from ._compiled import CompiledSteps
+from ._dispatch import Callbacks
+from ._history import History
 from ._prefetch import Feed
-from ._run import RunPlan
+from ._progress import RunPlan, RunProgress
 from ._sums import FLAGS, EpochSums, StepSums, means
-from ._typing import HostMetrics
-from .callbacks._callback import Callback, overrides
+from ._typing import HostMetrics, NanPolicy
+from .data import Resumable
 
 
-if TYPE_CHECKING:
-    from ._trainer import DataParallelTrainer
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    """How a fit's loop runs (the trainer's settings).
+
+    Attributes:
+        prefetch: batches prepared ahead (see the trainer).
+        sync_every: the host waits for the device at least this often.
+        nan_policy: what a non-finite gradient does.
+    """
+
+    prefetch: int
+    sync_every: int
+    nan_policy: NanPolicy
 
 
-def run_epoch(
-    trainer: "DataParallelTrainer", data: Iterable[Any], eval_data: Any
-) -> None:
-    """Train on one pass over `data` (or its rest, after a resume), then
-    evaluate, log the epoch and call `on_epoch_end`; return early when the
-    fit's plan is done, a callback stops training, or a signal came."""
-    epoch = trainer._epoch
-    trainer._notify("on_epoch_start", trainer._info())
-    step_hooks = [c for c in trainer._callbacks_here if overrides(c, "on_step_end")]
-    # Resumed from a snapshot of the epoch's last step: only its end is left.
-    done = isinstance(data, Sized) and 0 < len(data) <= trainer._epoch_steps
-    # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
-    # was trained on (a stateful loader resumes by itself).
-    skip = 0 if hasattr(data, "load_state_dict") else trainer._epoch_steps
-    trainer._feed = Feed(
-        trainer._batches,
-        () if done else data,
-        depth=trainer.prefetch,
-        where=lambda i: f"batch {i} of epoch {epoch}",
-        skip=skip,
-        train=True,
-    )
-    try:
-        with trainer._feed as batches:
-            train_pass(trainer, batches, step_hooks)
-    finally:
-        trainer._feed = None
-    if trainer._preempted is not None:
-        return  # mid-epoch: the checkpoint keeps the epoch's sums
-    if trainer._acc is None:
-        raise ValueError(empty_data_message("data", epoch))
-    logs = epoch_logs(trainer, jax.device_get(trainer._acc))
-    trainer._acc, trainer._epoch_steps = None, 0
-    if eval_data is not None:
-        logs.update({f"eval_{k}": v for k, v in trainer.evaluate(eval_data).items()})
-    trainer.history.append(logs)
-    info = trainer._info(logs)
-    trainer._epoch += 1
-    trainer._notify("on_epoch_end", info)
+class FitLoop:
+    """One `fit`'s loop. While it runs it owns the state's arrays (`leaves`,
+    donated to each step and replaced by its result) and the `progress`;
+    the trainer reads both from it, and takes them back when it ends.
 
+    Attributes:
+        leaves: the current state's arrays (as the strategy lays them out).
+        progress: the current `RunProgress`.
+        feed: the pass being trained on (where its loader stands is what a
+            snapshot records while batches are read ahead), or None.
+    """
 
-def train_pass(
-    trainer: "DataParallelTrainer",
-    batches: Iterable[DeviceBatch],
-    step_hooks: list[Callback],
-) -> None:
-    """A step per batch until the pass ends, the fit's plan is done, a
-    callback stops training, or a signal came."""
-    for placed in batches:
-        acc = trainer._steps.train_acc() if trainer._acc is None else trainer._acc
-        trainer._leaves, acc, sums = trainer._steps.train(
-            trainer._leaves, acc, placed.leaves, placed.weight, placed.total
+    def __init__(
+        self,
+        trainer: TrainerLike,
+        *,
+        steps: CompiledSteps,
+        pipeline: BatchPipeline,
+        callbacks: Callbacks,
+        history: History,
+        evaluate: Callable[[Iterable[Any]], HostMetrics],
+        settings: LoopSettings,
+        leaves: list[jax.Array],
+        progress: RunProgress,
+        data: Iterable[Any],
+    ):
+        self.trainer = trainer
+        self.steps = steps
+        self.pipeline = pipeline
+        self.callbacks = callbacks
+        self.history = history
+        self.evaluate = evaluate
+        self.settings = settings
+        self.leaves = leaves
+        self.progress = progress
+        self.data = data
+        self.feed: Feed | None = None
+        # The signal that asked the run to stop (set by the handler; noted
+        # in `progress` at the next step boundary).
+        self.signal: int | None = None
+        self.max_epochs, self.total_steps = plan(data, progress)
+
+    def info(self, metrics: StepSums | HostMetrics | None = None, examples: int = 0):
+        """What a callback is told now."""
+        progress = self.progress
+        return StepInfo(
+            self.trainer,
+            progress.step,
+            progress.epoch,
+            metrics or {},
+            examples=examples,
+            max_epochs=self.max_epochs,
+            total_steps=self.total_steps,
+            start_epoch=progress.plan.start_epoch,
+            start_step=progress.plan.start_step,
         )
-        trainer._acc = acc
-        trainer._step += 1
-        trainer._epoch_steps += 1
-        if trainer._step % trainer.sync_every == 0:
-            sync(trainer, acc)
-        if step_hooks:
-            # Every process's examples (the slices are equal but for the
-            # last batch of a pass, at most one example apart).
-            info = trainer._info(
-                StepSums(sums, trainer._steps.step_names),
-                examples=placed.n * jax.process_count(),
+
+    def data_state(self) -> Any:
+        """Where the training data stands after the last batch trained on:
+        the pass's note of it while batches are read ahead, else the
+        loader's own state (None for data that is not `Resumable`)."""
+        feed = self.feed
+        if feed is not None and feed.tracking:
+            return feed.state
+        return self.data.state_dict() if isinstance(self.data, Resumable) else None
+
+    def preempt(self, signum: int) -> None:
+        """Stop at the next step boundary (from a signal handler)."""
+        self.signal = signum
+        self.trainer.stop_training = True
+
+    def run(self, eval_data: Iterable[Any] | None) -> None:
+        """Epochs until the plan is done, a callback stops training, or a
+        signal came."""
+        while not (self.trainer.stop_training or self.progress.done()):
+            self.run_epoch(eval_data)
+        if self.signal is not None:
+            self.progress = dataclasses.replace(self.progress, preempted=self.signal)
+
+    def run_epoch(self, eval_data: Iterable[Any] | None) -> None:
+        """Train on one pass over the data (or its rest, after a resume),
+        then evaluate, log the epoch and call `on_epoch_end`; return early
+        when the plan is done, a callback stops training, or a signal came."""
+        data, progress = self.data, self.progress
+        epoch = progress.epoch
+        self.callbacks.epoch_start(self.info())
+        # Resumed from a snapshot of the epoch's last step: only its end is left.
+        done = isinstance(data, Sized) and 0 < len(data) <= progress.epoch_steps
+        # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
+        # was trained on (a Resumable loader resumes by itself).
+        skip = 0 if isinstance(data, Resumable) else progress.epoch_steps
+        self.feed = Feed(
+            self.pipeline,
+            () if done else data,
+            depth=self.settings.prefetch,
+            where=lambda i: f"batch {i} of epoch {epoch}",
+            skip=skip,
+            train=True,
+        )
+        try:
+            with self.feed as batches:
+                self.train_pass(batches)
+        finally:
+            self.feed = None
+        if self.signal is not None:
+            return  # mid-epoch: the checkpoint keeps the epoch's sums
+        sums = self.progress.sums
+        if sums is None:
+            raise ValueError(empty_data_message("data", epoch))
+        logs = self.epoch_logs(jax.device_get(sums))
+        if eval_data is not None:
+            logs.update({f"eval_{k}": v for k, v in self.evaluate(eval_data).items()})
+        self.history.append(logs)
+        info = self.info(logs)
+        self.progress = self.progress.next_epoch()
+        self.callbacks.epoch_end(info)
+
+    def train_pass(self, batches: Iterable[DeviceBatch]) -> None:
+        """A step per batch until the pass ends, the plan is done, a
+        callback stops training, or a signal came."""
+        steps, trainer, callbacks = self.steps, self.trainer, self.callbacks
+        sync_every = self.settings.sync_every
+        examples = jax.process_count()  # every process's slice of a batch
+        for placed in batches:
+            progress = self.progress
+            acc = progress.sums
+            if acc is None:
+                acc = steps.train_acc()
+                progress = dataclasses.replace(progress, sum_names=steps.sum_names)
+            self.leaves, acc, sums = steps.train(
+                self.leaves, acc, placed.leaves, placed.weight, placed.total
             )
-            for callback in step_hooks:
-                callback.on_step_end(info)
-        if trainer._preempted is not None:
-            return
-        if trainer.stop_training or trainer._run.done(trainer._step, None):
-            return
+            self.progress = progress = progress.stepped(acc)
+            if progress.step % sync_every == 0:
+                self.sync(acc)
+            if callbacks.step_hooks:
+                # The slices are equal but for the last batch of a pass, at
+                # most one example apart.
+                info = self.info(
+                    StepSums(sums, steps.step_names), examples=placed.n * examples
+                )
+                callbacks.step_end(info)
+            if self.signal is not None:
+                return
+            if trainer.stop_training or progress.plan.done(progress.step, None):
+                return
+
+    def sync(self, acc: EpochSums) -> None:
+        """Wait for the device (bounded in-flight window); surface a bad step."""
+        if self.settings.nan_policy == "raise":
+            self.raise_if_nonfinite(jax.device_get(acc.flags))
+        else:
+            jax.block_until_ready(acc.flags)
+
+    def epoch_logs(self, acc: Any) -> HostMetrics:
+        """The epoch's means from its sums, fetched (each divided once by the
+        epoch's total weight)."""
+        self.raise_if_nonfinite(acc.flags)
+        average = means(acc.sums, self.progress.sum_names)
+        logs = {k: average[k] for k in ["loss", *sorted(set(average) - {"loss"})]}
+        if self.settings.nan_policy == "skip":
+            logs["skipped_steps"] = float(acc.flags[FLAGS.index("skipped")])
+        return logs
+
+    def raise_if_nonfinite(self, flags: Any) -> None:
+        """Raise FloatingPointError if a step had a non-finite gradient; the
+        progress goes back to that step (the state was frozen there)."""
+        _, step, leaf = (int(flag) for flag in flags)
+        if step >= 0:
+            self.progress = dataclasses.replace(self.progress, step=step)
+            model = self.steps.layout.unflatten(self.leaves).model
+            raise nonfinite_error(step, leaf, model)
 
 
-def sync(trainer: "DataParallelTrainer", acc: EpochSums) -> None:
-    """Wait for the device (bounded in-flight window); surface a bad step."""
-    if trainer.nan_policy == "raise":
-        raise_if_nonfinite(trainer, jax.device_get(acc.flags))
-    else:
-        jax.block_until_ready(acc.flags)
-
-
-def epoch_logs(trainer: "DataParallelTrainer", acc: Any) -> HostMetrics:
-    """The epoch's means from its sums, fetched (each divided once by the
-    epoch's total weight)."""
-    raise_if_nonfinite(trainer, acc.flags)
-    # After a resume at an epoch's last step, the epoch ends before any batch
-    # has built the steps: the names are then the checkpoint's.
-    average = means(acc.sums, trainer._steps.sum_names)
-    logs = {k: average[k] for k in ["loss", *sorted(set(average) - {"loss"})]}
-    if trainer.nan_policy == "skip":
-        logs["skipped_steps"] = float(acc.flags[FLAGS.index("skipped")])
-    return logs
-
-
-def raise_if_nonfinite(trainer: "DataParallelTrainer", flags: Any) -> None:
-    """Raise FloatingPointError if a step had a non-finite gradient; the
-    trainer's step goes back to it (its state was frozen there)."""
-    _, step, leaf = (int(flag) for flag in flags)
-    if step >= 0:
-        trainer._step = step
-        raise nonfinite_error(step, leaf, trainer.state.model)
-
-
-def plan(data: Iterable[Any], run: RunPlan, step: int) -> tuple[int | None, int | None]:
+def plan(data: Iterable[Any], progress: RunProgress) -> tuple[int | None, int | None]:
     """A run's epochs, and its steps from its start, where known up front."""
+    run: RunPlan = progress.plan
     per_epoch = len(data) if isinstance(data, Sized) else None
     total = None
     if run.epochs is not None and per_epoch is not None:
@@ -132,4 +220,5 @@ def plan(data: Iterable[Any], run: RunPlan, step: int) -> tuple[int | None, int 
     if run.steps is not None:
         end = run.start_step + run.steps
         total = end if total is None else min(total, end)
+    step = progress.step
     return run.epochs, None if total is None else max(total, step) - run.start_step

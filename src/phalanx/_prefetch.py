@@ -8,8 +8,10 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
-import jax
 import numpy as np
+
+from ._placement import single_process
+from .data import Resumable
 
 
 if TYPE_CHECKING:
@@ -128,14 +130,13 @@ class Feed:
     ahead on a `Prefetcher` where reading ahead loses nothing: in one process
     (several must issue their collectives in the same order, and a batch's
     total weight is a collective there), from data that can be iterated
-    again or rewound (`state_dict` / `load_state_dict`), not a one-shot
-    iterator whose items read ahead would be gone. A context manager;
-    entering it gives the batches.
+    again or rewound (`Resumable`), not a one-shot iterator whose items read
+    ahead would be gone. A context manager; entering it gives the batches.
 
-    `state` is where a stateful loader (`state_dict` / `load_state_dict`)
-    stands after the last batch taken, while batches are read ahead of it
-    (`tracking`); on exit the loader is rewound there. Without read-ahead the
-    loader's own state is exact and `tracking` is False.
+    `state` is where a `Resumable` loader stands after the last batch taken,
+    while batches are read ahead of it (`tracking`); on exit the loader is
+    rewound there. Without read-ahead the loader's own state is exact and
+    `tracking` is False.
 
     The pass's first batch is prepared on the calling thread: it fixes the
     pass's step shape (and, the first of all, validates the data against the
@@ -156,21 +157,19 @@ class Feed:
     ):
         self._pipeline = pipeline
         self._train = train
-        self._data = data
         self._where = where
         self._first: int | None = None
-        rewinds = hasattr(data, "state_dict") and hasattr(data, "load_state_dict")
+        self._loader = data if isinstance(data, Resumable) else None
+        rewinds = self._loader is not None
         # Where to rewind to if no batch is taken.
-        self.state: Any = self._loader_state() if rewinds else None
+        self.state: Any = self._loader.state_dict() if self._loader else None
         iterator = iter(data)
-        ahead = (
-            depth > 0 and jax.process_count() == 1 and (rewinds or iterator is not data)
-        )
+        ahead = depth > 0 and single_process() and (rewinds or iterator is not data)
         # Provisional: the first batch's state is recorded in case the pass
         # turns out to be read ahead (settled once that batch is seen).
         self.tracking = ahead and rewinds
         numbered = (
-            (i, batch, self._loader_state() if self.tracking else None)
+            (i, batch, self._loader_state())
             for i, batch in enumerate(iterator)
             if i >= skip
         )
@@ -193,8 +192,8 @@ class Feed:
     def __exit__(self, *exc: object) -> None:
         if self._prefetcher is not None:
             self._prefetcher.close()
-        if self.tracking:
-            getattr(self._data, "load_state_dict")(self.state)  # noqa: B009
+        if self.tracking and self._loader is not None:
+            self._loader.load_state_dict(self.state)
 
     def _taken(self) -> Iterator["DeviceBatch"]:
         for placed, state in self._batches:
@@ -203,7 +202,10 @@ class Feed:
             yield placed
 
     def _loader_state(self) -> Any:
-        return getattr(self._data, "state_dict")()  # noqa: B009
+        """Where a tracked loader stands (None when not tracking)."""
+        if self.tracking and self._loader is not None:
+            return self._loader.state_dict()
+        return None
 
     def _prepare(self, item: tuple[int, Any, Any]) -> tuple["DeviceBatch", Any]:
         i, batch, state = item

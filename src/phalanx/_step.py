@@ -9,12 +9,14 @@ cotangent, instead of on every gradient leaf after the reduction.
 """
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.random as jr
+import optax
+from jaxtyping import PyTree
 
 from ._checks import ZERO_WEIGHT
 from ._forward import example_keys, forward
@@ -24,12 +26,33 @@ from ._hook_checks import (
     check_metrics,
     check_per_example,
 )
+from ._layout import StateLayout
 from ._state import TrainState
 from ._sums import EpochSums
+from ._typing import NanPolicy, PerExample
+from .strategies import Strategy
 
 
-if TYPE_CHECKING:
-    from ._trainer import DataParallelTrainer
+class StepParts(NamedTuple):
+    """What the compiled steps are built from.
+
+    Attributes:
+        loss: ``loss(model, outputs, targets) -> per-example losses``.
+        metrics: ``metrics(outputs, targets) -> {name: per-example values}``.
+        gradients: ``gradients(grads, state) -> grads``, before the optimizer.
+        optimizer: the optax transformation.
+        strategy: how the step runs across devices.
+        nan_policy: what a non-finite gradient does (see the trainer).
+        pass_key: whether the model takes a ``key``.
+    """
+
+    loss: Callable[[Any, Any, Any], PerExample]
+    metrics: Callable[[Any, Any], dict[str, PerExample]]
+    gradients: Callable[[PyTree, TrainState], PyTree]
+    optimizer: optax.GradientTransformation
+    strategy: Strategy
+    nan_policy: NanPolicy
+    pass_key: bool
 
 
 def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
@@ -43,13 +66,15 @@ def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
 RESERVED_NAMES = ("loss", "weight", "skipped", "skipped_steps")
 
 
-def weighted_sums(trainer, model, outputs, targets, weight) -> dict[str, Any]:
+def weighted_sums(
+    parts: StepParts, model: Any, outputs: Any, targets: Any, weight: jax.Array
+) -> dict[str, Any]:
     """Σ weight · loss, Σ weight, and Σ weight · metric over this slice (in
     the order of `sum_names`)."""
-    losses = trainer.loss(model, outputs, targets)
+    losses = parts.loss(model, outputs, targets)
     check_per_example(losses, weight, "loss")
     sums = {"loss": jnp.sum(weight * losses), "weight": jnp.sum(weight)}
-    metrics = trainer.metrics(outputs, targets)
+    metrics = parts.metrics(outputs, targets)
     check_metrics(metrics)
     taken = [name for name in RESERVED_NAMES if name in metrics]
     if taken:
@@ -75,12 +100,10 @@ def _packed(sums: dict[str, Any]) -> jax.Array:
 
 
 def build_steps(
-    trainer: "DataParallelTrainer",
-    state_treedef: Any,
-    state_static: Any,
+    parts: StepParts,
+    layout: StateLayout,
     batch_treedef: Any,
     batch_check: Callable[[tuple[jax.Array, ...], jax.Array], None] | None,
-    pass_key: bool,
 ) -> tuple[Callable, Callable, Callable]:
     """The train step, the eval step and a probe for one batch structure.
 
@@ -88,10 +111,7 @@ def build_steps(
     returns per-example outputs and per-device sums: `jax.eval_shape` of it
     validates a batch against the model before anything is compiled.
     """
-    strategy = trainer.strategy
-
-    def unflatten(leaves) -> TrainState:
-        return eqx.combine(jax.tree.unflatten(state_treedef, leaves), state_static)
+    strategy, pass_key, unflatten = parts.strategy, parts.pass_key, layout.unflatten
 
     def examples(batch_leaves, weight):
         if batch_check is not None:
@@ -109,7 +129,7 @@ def build_steps(
         outputs, model_state = forward(
             model, inputs, state=model_state, keys=keys, pass_key=pass_key
         )
-        sums = weighted_sums(trainer, model, outputs, targets, weight)
+        sums = weighted_sums(parts, model, outputs, targets, weight)
         return sums, outputs, model_state
 
     def train_step(leaves, acc, batch_leaves, weight, total):
@@ -136,13 +156,11 @@ def build_steps(
             state.model_state,
             examples(batch_leaves, weight),
         )
-        grads = trainer.gradients(grads, state)
+        grads = parts.gradients(grads, state)
         check_gradients(grads, params)
 
         def update() -> list[jax.Array]:
-            updates, opt_state = trainer.optimizer.update(
-                grads, state.opt_state, params
-            )
+            updates, opt_state = parts.optimizer.update(grads, state.opt_state, params)
             new = TrainState(
                 state.step + 1,
                 eqx.apply_updates(state.model, updates),
@@ -152,7 +170,7 @@ def build_steps(
             )
             return _array_leaves(new)
 
-        return _guard(trainer.nan_policy, state, update, grads, sums, acc, total)
+        return _guard(parts.nan_policy, state, update, grads, sums, acc, total)
 
     def eval_step(leaves, acc, batch_leaves, weight):
         state = unflatten(leaves)
@@ -263,16 +281,13 @@ def _finite_leaves(grads: Any) -> jax.Array:
 
 
 def build_predict_step(
-    trainer: "DataParallelTrainer",
-    state_treedef: Any,
-    state_static: Any,
-    inputs_treedef: Any,
-    pass_key: bool,
+    parts: StepParts, layout: StateLayout, inputs_treedef: Any
 ) -> Callable:
     """A predict step: per-example outputs of the model in inference mode."""
+    pass_key = parts.pass_key
 
     def predict_step(leaves, input_leaves):
-        state = eqx.combine(jax.tree.unflatten(state_treedef, leaves), state_static)
+        state = layout.unflatten(leaves)
         model = eqx.nn.inference_mode(state.model)
         arrays, static = eqx.partition(model, eqx.is_array)
         inputs = jax.tree.unflatten(inputs_treedef, input_leaves)
@@ -288,6 +303,6 @@ def build_predict_step(
             )[0]
 
         replicated = (arrays, state.key, state.model_state)
-        return trainer.strategy.map(local, replicated, (inputs, index))
+        return parts.strategy.map(local, replicated, (inputs, index))
 
     return predict_step

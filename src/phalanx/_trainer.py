@@ -1,5 +1,7 @@
+import dataclasses
 import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import equinox as eqx
@@ -11,25 +13,32 @@ import optax
 from jaxtyping import Array, Float, PyTree, Shaped
 
 from . import _losses
-from ._batching import BatchPipeline, pad
-from ._checks import (
-    BatchSpec,
-    Leaf,
-    empty_data_message,
-    flatten_batch,
-    num_examples,
-)
+from ._batching import BatchPipeline
+from ._callback import Callback, StepInfo
+from ._checks import Leaf, empty_data_message, flatten_batch, num_examples
 from ._compiled import CompiledSteps
-from ._config import check_config, check_duration, check_iterable, check_monitors
+from ._config import (
+    check_callbacks,
+    check_config,
+    check_duration,
+    check_iterable,
+    check_monitors,
+)
+from ._dispatch import Callbacks
 from ._forward import takes_key
 from ._history import History
 from ._hook_checks import check_split
-from ._loop import plan, run_epoch
+from ._layout import state_layout
+from ._loop import FitLoop, LoopSettings
+from ._placement import put_state
+from ._predict import predict_rows
+from ._preemption import Preempted, preemption
 from ._prefetch import Feed, default_depth
-from ._processes import predict_across_processes
-from ._run import Preempted, RunPlan, find_checkpoint, preemption
+from ._progress import RunPlan, RunProgress
+from ._snapshot import Snapshot
 from ._state import TrainState
-from ._sums import EpochSums, StepSums, means
+from ._step import StepParts
+from ._sums import StepSums, means
 from ._typing import (
     ChecksMode,
     HostMetrics,
@@ -38,8 +47,9 @@ from ._typing import (
     NanPolicy,
     validates_own_arguments,
 )
-from .callbacks import Callback, Checkpoint, StepInfo
-from .callbacks._callback import runs_here
+from ._validate import optional_positive_int
+from .checkpoint._resume import read_checkpoint
+from .data import Resumable
 from .strategies import ShardingStrategy, Strategy
 
 
@@ -148,13 +158,9 @@ class DataParallelTrainer(Generic[_Model]):
         )
         self.strategy: Strategy = ShardingStrategy() if strategy is None else strategy
         self.optimizer = optimizer
-        # Checkpoints run last (as in Lightning): a snapshot then holds what
-        # every other callback did for its step.
-        self.callbacks: tuple[Callback, ...] = tuple(
-            sorted(callbacks, key=lambda c: isinstance(c, Checkpoint))
-        )
+        self._callbacks = Callbacks(callbacks)
         self.checks = checks
-        self.nan_policy = nan_policy
+        self.nan_policy: NanPolicy = nan_policy
         self.sync_every = sync_every
         self.prefetch = default_depth(self.strategy) if prefetch is None else prefetch
         self.history = History()
@@ -170,32 +176,36 @@ class DataParallelTrainer(Generic[_Model]):
             jr.key(seed),
             model_state,
         )
-        dynamic, self._state_static = eqx.partition(state, eqx.is_array)
-        leaves, self._state_treedef = jax.tree.flatten(dynamic)
-        replicated = self.strategy.replicated
-        self._leaves: list[jax.Array] = self.strategy.replicate(leaves)
+        self._layout = state_layout(self.strategy, state)
+        shardings = self._layout.shardings
+        self._leaves: list[jax.Array] = put_state(
+            jax.tree.leaves(eqx.filter(state, eqx.is_array)), shardings
+        )
         # Copies the state before a loop donates it, so states handed out stay valid
         # (NOTES trap 5: device_put may share the user's own buffers).
         self._copy = jax.jit(
-            lambda xs: [jnp.copy(x) for x in xs], out_shardings=replicated
+            lambda xs: [jnp.copy(x) for x in xs], out_shardings=shardings
         )
-        self._step = 0
-        self._epoch = 0
-        self._plan: tuple[int | None, int | None] = (None, None)
-        # Where a fit is: its plan, data, the epoch's on-device sums and steps.
-        self._run = RunPlan(0, 0, None, None)
-        self._data: Any = None
-        # The pass being trained on (its loader's state is what a
-        # checkpoint saves while batches are read ahead).
-        self._feed: Feed | None = None
-        self._acc: EpochSums | None = None
-        self._epoch_steps = 0
-        self._preempted: int | None = None
-        self._steps = CompiledSteps(
-            self,
-            self._state_treedef,
-            self._state_static,
+        self._progress = RunProgress()
+        # The fit running now (it holds the state and progress meanwhile).
+        self._fit: FitLoop | None = None
+        # The last fit's epochs and steps, for callbacks outside a fit.
+        self._totals: tuple[int | None, int | None] = (None, None)
+        parts = StepParts(
+            loss=self.loss,
+            metrics=self.metrics,
+            gradients=self.gradients,
+            optimizer=optimizer,
+            strategy=self.strategy,
+            nan_policy=nan_policy,
             pass_key=takes_key(model),
+        )
+        # The compiled train, eval and predict steps (as Keras' train_function).
+        self.steps = CompiledSteps(
+            parts,
+            self._layout,
+            model=model,
+            model_state=model_state,
             traced_checks=checks == "on",
         )
         self._batches = BatchPipeline(
@@ -206,7 +216,7 @@ class DataParallelTrainer(Generic[_Model]):
             ),
             value_checks=checks == "on",
             class_labels=self._loss_name == "cross_entropy",
-            on_spec=self._on_spec,
+            validate=self.steps.validate,
         )
 
     # ----------------------------------------------------------------- hooks
@@ -265,32 +275,67 @@ class DataParallelTrainer(Generic[_Model]):
 
     @property
     def state(self) -> TrainState[_Model]:
-        """The current `TrainState` (replicated device arrays)."""
-        return eqx.combine(
-            jax.tree.unflatten(self._state_treedef, self._leaves), self._state_static
-        )
+        """The current `TrainState` (device arrays, laid out by the strategy)."""
+        return self._layout.unflatten(self._current_leaves())
 
     @state.setter
     def state(self, state: TrainState[_Model]) -> None:
         """Replace the state, e.g. with restored weights (same structure)."""
-        dynamic = eqx.filter(state, eqx.is_array)
-        leaves, treedef = jax.tree.flatten(dynamic)
-        if treedef != self._state_treedef:
-            raise ValueError(
-                f"state has structure {treedef}, which differs from the trainer's "
-                f"{self._state_treedef}; pass a TrainState of this trainer's model "
-                "and optimizer (e.g. one returned by fit)"
-            )
-        for new, old in zip(leaves, self._leaves, strict=True):
-            if new.shape != old.shape or new.dtype != old.dtype:
-                raise ValueError(
-                    f"state has a leaf {new.dtype}{list(new.shape)} where the trainer "
-                    f"has {old.dtype}{list(old.shape)}; pass a TrainState of this "
-                    "trainer's model and optimizer"
-                )
-        placed = self.strategy.replicate(leaves)
-        self._leaves = self._copy(placed)
-        self._step = int(jax.device_get(state.step))
+        leaves = self._checked_leaves(state)
+        self._set_leaves(self._copy(put_state(leaves, self._layout.shardings)))
+        step = int(jax.device_get(state.step))
+        self._set_progress(dataclasses.replace(self.progress, step=step))
+
+    @property
+    def callbacks(self) -> tuple[Callback, ...]:
+        """The callbacks, in the order they run: snapshot stores (checkpoints)
+        after all others."""
+        return self._callbacks.all
+
+    @callbacks.setter
+    def callbacks(self, callbacks: Sequence[Callback]) -> None:
+        """Replace the callbacks (between fits)."""
+        check_callbacks(callbacks)
+        self._callbacks = Callbacks(callbacks)
+
+    @property
+    def progress(self) -> RunProgress:
+        """Where training is: step, epoch, the fit's plan (a `RunProgress`)."""
+        return self._progress if self._fit is None else self._fit.progress
+
+    def snapshot(self) -> Snapshot:
+        """Everything needed to continue training exactly, as it is now: the
+        state, the progress, the history, where the training data stands
+        (during `fit`) and the callbacks' state. Checkpoints save these.
+
+        During `fit` the state's arrays are the run's own buffers, valid
+        until its next step: copy them (e.g. ``jax.tree.map(jnp.copy,
+        snapshot.state)``) to keep them longer.
+        """
+        fit = self._fit
+        return Snapshot(
+            state=self.state,
+            progress=self.progress,
+            history=self.history.state_dict(),
+            data=None if fit is None else fit.data_state(),
+            callbacks=self._callbacks.state_dicts(),
+            strategy=type(self.strategy).__name__,
+            devices=self.strategy.num_devices,
+        )
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Continue from `snapshot`: its state (laid out as this trainer's
+        strategy says), progress, history and callbacks' state. (`fit`'s
+        ``resume=`` also puts the data loader back.)
+
+        Raises:
+            ValueError: the snapshot's state is of another model or optimizer.
+        """
+        leaves = self._checked_leaves(snapshot.state)
+        self._set_leaves(put_state(leaves, self._layout.shardings))
+        self._set_progress(snapshot.progress)
+        self.history.load_state_dict(snapshot.history)
+        self._callbacks.load_state_dicts(snapshot.callbacks)
 
     @property
     def model(self) -> _Model:
@@ -344,43 +389,51 @@ class DataParallelTrainer(Generic[_Model]):
             check_iterable(eval_data, "eval_data", default_split=default_split)
         check_monitors(self.callbacks, eval_data)
         self._leaves = self._copy(self._leaves)
-        self._run = RunPlan(self._step, self._epoch, epochs, steps)
-        self._data = data
         # A fit that ended in an error may have left a part-done epoch behind;
         # a new fit starts a new epoch (a resumed one restores its own).
-        self._acc, self._epoch_steps = None, 0
+        step, epoch = self._progress.step, self._progress.epoch
+        self._progress = RunProgress(step, epoch, plan=RunPlan(step, epoch))
         if resume is not None:
-            find_checkpoint(self.callbacks, resume).restore(self, resume, data)
-        self._plan = plan(data, self._run, self._step)
+            snapshot = self._find_snapshot(resume)
+            if snapshot is not None:
+                self.restore(snapshot)
+                if snapshot.data is not None and isinstance(data, Resumable):
+                    data.load_state_dict(snapshot.data)
+        # The run's start is the checkpoint's; how far it goes is this call's.
+        plan = dataclasses.replace(self._progress.plan, epochs=epochs, steps=steps)
+        self._progress = dataclasses.replace(self._progress, plan=plan)
         self.stop_training = False
-        self._preempted: int | None = None
-        self._notify("on_fit_start", self._info())
+        fit = FitLoop(
+            self,
+            steps=self.steps,
+            pipeline=self._batches,
+            callbacks=self._callbacks,
+            history=self.history,
+            evaluate=self.evaluate,
+            settings=LoopSettings(self.prefetch, self.sync_every, self.nan_policy),
+            leaves=self._leaves,
+            progress=self._progress,
+            data=data,
+        )
+        self._fit, self._totals = fit, (fit.max_epochs, fit.total_steps)
         try:
-            with preemption(self):
-                while not (
-                    self.stop_training or self._run.done(self._step, self._epoch)
-                ):
-                    run_epoch(self, data, eval_data)
-                if self._preempted is not None:
+            self._callbacks.fit_start(fit.info())
+            try:
+                with preemption(fit.preempt):
+                    fit.run(eval_data)
+                signum = fit.progress.preempted
+                if signum is not None:
                     saved = [
-                        c.save(self, wait=True)
-                        for c in self.callbacks
-                        if isinstance(c, Checkpoint)
+                        store.save_snapshot(self.snapshot(), wait=True)
+                        for store in self._callbacks.stores
                     ]
-                    raise Preempted(self._preempted, str(saved[0]) if saved else None)
-        except BaseException as error:
-            # Every callback gets to clean up (close files, stop displays), even
-            # if another one's on_exception fails.
-            for callback in self._callbacks_here:
-                try:
-                    callback.on_exception(self._info(), error)
-                except Exception as hook_error:
-                    error.add_note(
-                        f"{type(callback).__name__}.on_exception also failed: "
-                        f"{hook_error!r}"
-                    )
-            raise
-        self._notify("on_fit_end", self._info())
+                    raise Preempted(signum, str(saved[0]) if saved else None)
+            except BaseException as error:
+                self._callbacks.exception(fit.info(), error)
+                raise
+        finally:
+            self._leaves, self._progress, self._fit = fit.leaves, fit.progress, None
+        self._callbacks.fit_end(self._info())
         return self.state
 
     @validates_own_arguments
@@ -397,31 +450,30 @@ class DataParallelTrainer(Generic[_Model]):
             call="evaluate",
             default_split=self._splits_by_default,
         )
-        self._notify("on_eval_start", self._info())
+        self._callbacks.eval_start(self._info())
         acc: Any = None
+        leaves = self._current_leaves()
         feed = Feed(
             self._batches, data, depth=self.prefetch, where=lambda i: f"batch {i}"
         )
         with feed as batches:
             for i, placed in enumerate(batches):
                 if acc is None:
-                    acc = self._steps.eval_acc()
-                acc = self._steps.evaluate(
-                    self._leaves, acc, placed.leaves, placed.weight
-                )
+                    acc = self.steps.eval_acc()
+                acc = self.steps.evaluate(leaves, acc, placed.leaves, placed.weight)
                 if (i + 1) % self.sync_every == 0:
                     jax.block_until_ready(acc)
         if acc is None:
             raise ValueError(empty_data_message("data"))
         sums = jax.device_get(acc)
-        if sums[self._steps.sum_names.index("weight")] == 0:
+        if sums[self.steps.sum_names.index("weight")] == 0:
             raise ValueError(
                 "data: every example has sample_weight 0 (total weight 0: "
                 "all weights 0, or only padding), so there is nothing to "
                 "average; give some examples a weight > 0"
             )
-        results = means(sums, self._steps.sum_names)
-        self._notify("on_eval_end", self._info(results))
+        results = means(sums, self.steps.sum_names)
+        self._callbacks.eval_end(self._info(results))
         return results
 
     @validates_own_arguments
@@ -446,31 +498,16 @@ class DataParallelTrainer(Generic[_Model]):
                 "for a loader, predict each batch's x and concatenate"
             )
         leaves, treedef = flatten_batch(x, "x")
-        n = num_examples(leaves, treedef, "x")
-        chunk = n if batch_size is None else batch_size
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise ValueError(
-                f"batch_size={batch_size!r} must be a positive int or None"
-            )
-        step = self._steps.predict(treedef, leaves, self._leaves)
-        if jax.process_count() > 1:  # each process's rows; the global result
-            return predict_across_processes(
-                lambda part, size: step(
-                    self._leaves, self.strategy.shard(pad(part, size))
-                ),
-                leaves,
-                batch_size,
-                lambda rows: self._batches.step_size(rows, None),
-            )
-        size = self._batches.step_size(min(chunk, n), None)
-        outputs = []
-        for start in range(0, n, chunk):
-            part = [leaf[start : start + chunk] for leaf in leaves]
-            out = step(self._leaves, self.strategy.shard(pad(part, size)))
-            outputs.append(jax.tree.map(lambda o, k=part[0].shape[0]: o[:k], out))
-        if len(outputs) == 1:
-            return outputs[0]
-        return jax.tree.map(lambda *os: jnp.concatenate(os), *outputs)
+        num_examples(leaves, treedef, "x")
+        batch_size = optional_positive_int("batch_size", batch_size)
+        return predict_rows(
+            self.steps.predict(treedef, leaves),
+            self._current_leaves(),
+            leaves,
+            batch_size,
+            lambda rows: self._batches.step_size(rows, None),
+            self.strategy.batch_sharding,
+        )
 
     def lower(self, batch: PyTree) -> jax.stages.Lowered:
         """The train step lowered for `batch`, to inspect what it compiles to.
@@ -481,62 +518,83 @@ class DataParallelTrainer(Generic[_Model]):
             ```
         """
         placed = self._batches.prepare(batch, "batch", None)
-        return self._steps.train.lower(
-            self._leaves,
-            self._steps.train_acc(),
+        return self.steps.train.lower(
+            self._current_leaves(),
+            self.steps.train_acc(),
             placed.leaves,
             placed.weight,
             placed.total,
         )
 
-    # ------------------------------------------------------------ set-up
+    # --------------------------------------------------------------- private
 
-    def _on_spec(self, spec: BatchSpec, leaves: list[Leaf]) -> None:
-        """Validate the first batch against the model and loss; build the steps."""
-        if self._loss_name == "cross_entropy":
-            labels = jax.tree.unflatten(spec.treedef, leaves)[1]
-            if not isinstance(labels, Leaf) or labels.dtype.kind not in "iu":
-                raise TypeError(
-                    "data: labels y have dtype "
-                    f"{getattr(labels, 'dtype', type(labels))}; loss='cross_entropy' "
-                    "needs integer class labels, e.g. "
-                    "y.astype(np.int32) (or use loss='mse' for regression)"
+    def _current_leaves(self) -> list[jax.Array]:
+        return self._leaves if self._fit is None else self._fit.leaves
+
+    def _set_leaves(self, leaves: list[jax.Array]) -> None:
+        if self._fit is None:
+            self._leaves = leaves
+        else:
+            self._fit.leaves = leaves
+
+    def _set_progress(self, progress: RunProgress) -> None:
+        if self._fit is None:
+            self._progress = progress
+        else:
+            self._fit.progress = progress
+
+    def _checked_leaves(self, state: TrainState) -> list[Any]:
+        """The arrays of `state`, which must be of this trainer's structure."""
+        leaves, treedef = jax.tree.flatten(eqx.filter(state, eqx.is_array))
+        if treedef != self._layout.treedef:
+            raise ValueError(
+                f"state has structure {treedef}, which differs from the trainer's "
+                f"{self._layout.treedef}; pass a TrainState of this trainer's model "
+                "and optimizer (e.g. one returned by fit)"
+            )
+        for new, old in zip(leaves, self._layout.structs, strict=True):
+            if new.shape != old.shape or new.dtype != old.dtype:
+                raise ValueError(
+                    f"state has a leaf {new.dtype}{list(new.shape)} where the trainer "
+                    f"has {old.dtype}{list(old.shape)}; pass a TrainState of this "
+                    "trainer's model and optimizer"
                 )
+        return leaves
 
-        size = self._batches.step_size(leaves[0].shape[0], None)
-        # The step sees the global batch: every process's slice.
-        size *= self.strategy.batch_multiple // self.strategy.process_batch_multiple
-        outputs = self._steps.build(spec, self._leaves, size)
-        if self._loss_name == "cross_entropy":
-            self._batches.num_classes = int(outputs.shape[-1])
+    def _find_snapshot(self, resume: str | os.PathLike[str]) -> Snapshot | None:
+        """The snapshot `resume` names, from the first snapshot store among the
+        callbacks (or read from the path given); None where ``"latest"``
+        finds none yet."""
+        stores = self._callbacks.stores
+        if resume == "latest" and not stores:
+            raise ValueError(
+                "resume='latest' needs a px.callbacks.Checkpoint in callbacks to "
+                "know where checkpoints are; add one, or pass resume=PATH"
+            )
+        like = self.snapshot()
+        if stores:
+            return stores[0].load_snapshot(resume, like)
+        restored = read_checkpoint(like, resume, Path(resume).absolute())
+        return None if restored is None else restored.snapshot
 
-    def _info(
-        self, metrics: StepSums | HostMetrics | None = None, examples: int = 0
-    ) -> StepInfo:
-        max_epochs, total_steps = self._plan
+    def _info(self, metrics: StepSums | HostMetrics | None = None) -> StepInfo:
+        """What a callback is told outside the loop's steps."""
+        if self._fit is not None:
+            return self._fit.info(metrics)
+        progress = self._progress
+        max_epochs, total_steps = self._totals
         return StepInfo(
             self,
-            self._step,
-            self._epoch,
+            progress.step,
+            progress.epoch,
             metrics or {},
-            examples=examples,
             max_epochs=max_epochs,
             total_steps=total_steps,
-            start_epoch=self._run.start_epoch,
-            start_step=self._run.start_step,
+            start_epoch=progress.plan.start_epoch,
+            start_step=progress.plan.start_step,
         )
 
     @property
     def _splits_by_default(self) -> bool:
         """Whether batches are split by the default `split_batch`."""
         return type(self).split_batch is DataParallelTrainer.split_batch
-
-    @property
-    def _callbacks_here(self) -> tuple[Callback, ...]:
-        """The callbacks this process runs (in a multi-process run, loggers
-        and displays run on process 0 only)."""
-        return tuple(c for c in self.callbacks if runs_here(c))
-
-    def _notify(self, hook: str, info: StepInfo) -> None:
-        for callback in self._callbacks_here:
-            getattr(callback, hook)(info)

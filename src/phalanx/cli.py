@@ -12,9 +12,16 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ._cli_train import TrainArgs, UsageError, run_train
+from ._cli_train import (
+    TrainArgs,
+    UsageError,
+    check_batch_size,
+    check_run_dir,
+    load_dataset,
+    select_devices,
+)
 from ._launch import LaunchArgs, LaunchError, run_launch
-from ._run import Preempted
+from ._preemption import Preempted
 from .checkpoint import CheckpointWriteError
 
 
@@ -254,6 +261,22 @@ def _launch(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> i
     except LaunchError as error:
         print(f"phalanx launch: error: {error}", file=sys.stderr)
         return 2
+
+
+def run_train(args: TrainArgs) -> int:
+    """Validate, then train; returns the exit code."""
+    train, test = load_dataset(args.dataset)
+    if args.resume and args.overwrite:
+        raise UsageError(
+            "--resume continues a run; it cannot be combined with --overwrite"
+        )
+    check_run_dir(args.run_dir, args.overwrite, args.resume)
+    devices, defaulted = select_devices(args.devices, args.distributed)
+    check_batch_size(args.batch_size, len(devices), args.microbatches)
+    # Only now: importing it starts JAX, which must see the devices chosen.
+    from ._cli_run import train_and_report
+
+    return train_and_report(args, devices, train, test, defaulted=defaulted)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,8 @@
-from ._callback import Callback as Callback, StepInfo as StepInfo
+from .._callback import (
+    Callback as Callback,
+    StepInfo as StepInfo,
+    TrainerLike as TrainerLike,
+)
 from ._checkpoint import Checkpoint as Checkpoint
 from ._csv_logger import CSVLogger as CSVLogger
 from ._early_stopping import EarlyStopping as EarlyStopping

@@ -3,14 +3,18 @@ import shutil
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, final
+from typing import Any, Literal, final
 
 import jax
 import orbax.checkpoint as ocp
 from typing_extensions import override
 
+from .._callback import Callback, StepInfo, TrainerLike
 from .._log import logger
-from .._typing import validates_own_arguments
+from .._placement import single_process
+from .._snapshot import Snapshot
+from .._typing import HostMetrics, validates_own_arguments
+from .._validate import one_of, optional_positive_int, positive_int
 from ..checkpoint._errors import (
     CheckpointWriteError,
     quiet_orbax_errors,
@@ -18,13 +22,9 @@ from ..checkpoint._errors import (
     write_error,
 )
 from ..checkpoint._resume import Restored, is_step_folder, read_checkpoint
-from ..checkpoint._snapshot import apply, item_handlers, snapshot
+from ..checkpoint._snapshot import item_handlers, save_args
+from ..data import Resumable
 from ._background import lower_priority, thread_ids
-from ._callback import Callback, StepInfo
-
-
-if TYPE_CHECKING:
-    from .._trainer import DataParallelTrainer
 
 
 # The subfolder orbax moves retired steps into before phalanx deletes them.
@@ -84,18 +84,10 @@ class Checkpoint(Callback):
         """
         if not isinstance(directory, str | os.PathLike):
             raise TypeError(f"directory={directory!r} must be a str or path")
-        for name, value in (
-            ("every_n_steps", every_n_steps),
-            ("every_n_epochs", every_n_epochs),
-        ):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise ValueError(f"{name}={value!r} must be a positive int or None")
-        if not _positive_int(keep):
-            raise ValueError(f"keep={keep!r} must be an int >= 1, e.g. keep=3")
-        if mode not in ("min", "max"):
-            raise ValueError(f"mode={mode!r} must be 'min' or 'max'")
+        every_n_steps = optional_positive_int("every_n_steps", every_n_steps)
+        every_n_epochs = optional_positive_int("every_n_epochs", every_n_epochs)
+        keep = positive_int("keep", keep, example="keep=3")
+        mode = one_of("mode", mode, ("min", "max"))
         self.directory = Path(directory).absolute()
         self.every_n_steps = every_n_steps
         self.every_n_epochs = every_n_epochs
@@ -125,12 +117,12 @@ class Checkpoint(Callback):
         if self._pending is not None and self._pending.done():
             self._wait_for_writer()  # a failed save stops training now
         if self.every_n_steps and info.step % self.every_n_steps == 0:
-            self.save(info.trainer)
+            self.save_snapshot(info.snapshot())
 
     @override
     def on_epoch_end(self, info: StepInfo) -> None:
         if self.every_n_epochs and (info.epoch + 1) % self.every_n_epochs == 0:
-            self.save(info.trainer, metrics=info.metrics)
+            self.save_snapshot(info.snapshot(), metrics=info.metrics)
 
     @override
     def on_fit_end(self, info: StepInfo) -> None:
@@ -144,13 +136,23 @@ class Checkpoint(Callback):
 
     def save(
         self,
-        trainer: "DataParallelTrainer",
+        trainer: TrainerLike,
         *,
-        metrics: dict[str, float] | None = None,
+        metrics: HostMetrics | None = None,
         wait: bool = False,
     ) -> Path:
-        """Save a snapshot of `trainer` as it is now, without waiting for the
-        devices or the disk; with `wait`, return once it is committed.
+        """Save a snapshot of `trainer` as it is now (see `save_snapshot`)."""
+        return self.save_snapshot(trainer.snapshot(), metrics=metrics, wait=wait)
+
+    def save_snapshot(
+        self,
+        snapshot: Snapshot,
+        *,
+        metrics: HostMetrics | None = None,
+        wait: bool = False,
+    ) -> Path:
+        """Save `snapshot` without waiting for the devices or the disk; with
+        `wait`, return once it is committed.
 
         Returns:
             The step folder it is (being) written to.
@@ -164,20 +166,15 @@ class Checkpoint(Callback):
                 f"monitor={self.monitor!r} is not among the epoch metrics "
                 f"{sorted(metrics)}; pass one of them, e.g. monitor='eval_loss'"
             )
-        states = {
-            f"{i}:{type(c).__name__}": getattr(c, "state_dict")()  # noqa: B009
-            for i, c in enumerate(trainer.callbacks)
-            if c is not self and callable(getattr(c, "state_dict", None))
-        }
-        step = trainer._step
+        step = snapshot.progress.step
         # Taken now, at the step boundary: the JSON part, and a copy of the
         # arrays queued on the devices (the next step donates the originals).
-        args = snapshot(trainer, trainer._data, states)
+        args = save_args(snapshot)
         metrics = None if metrics is None else dict(metrics)
         # At most one snapshot waits for the writer (each holds a copy of
         # the state); a failed save raises here.
         self._wait_for_writer()
-        if jax.process_count() > 1:
+        if not single_process():
             # Orbax synchronises processes with collectives of its own, which
             # must run in the same order as training's on every process.
             self._write(step, args, metrics, commit=False)
@@ -270,9 +267,7 @@ class Checkpoint(Callback):
             except Exception as error:
                 self._raise_once(self._write_failed(self._last_step, error))
 
-    def check(
-        self, trainer: "DataParallelTrainer", resume: Any = "latest"
-    ) -> Path | None:
+    def check(self, trainer: TrainerLike, resume: Any = "latest") -> Path | None:
         """Read the checkpoint `restore` would load, without changing anything
         (for tools that refuse a bad resume before starting).
 
@@ -283,11 +278,12 @@ class Checkpoint(Callback):
         Raises:
             As `restore`.
         """
-        restored = self._read(trainer, resume)
+        restored = self._read(trainer.snapshot(), resume)
         return None if restored is None else restored.path
 
-    def restore(self, trainer: "DataParallelTrainer", resume: Any, data: Any) -> None:
-        """Load a checkpoint into `trainer`, `data` and the trainer's callbacks.
+    def restore(self, trainer: TrainerLike, resume: Any, data: Any = None) -> None:
+        """Load a checkpoint into `trainer` (its state, progress, history and
+        callbacks) and, where it is `Resumable`, into `data`.
 
         Args:
             resume: ``"latest"`` (this callback's newest readable checkpoint;
@@ -299,26 +295,33 @@ class Checkpoint(Callback):
             ValueError: the checkpoint is from another model or optimizer, or
                 cannot be read (the message names the path and why).
         """
-        restored = self._read(trainer, resume)
+        snapshot = self.load_snapshot(resume, trainer.snapshot())
+        if snapshot is None:
+            return
+        trainer.restore(snapshot)
+        if snapshot.data is not None and isinstance(data, Resumable):
+            data.load_state_dict(snapshot.data)
+
+    def load_snapshot(self, resume: Any, like: Snapshot) -> Snapshot | None:
+        """The snapshot `resume` names (``"latest"``: this callback's newest
+        readable checkpoint), laid out as `like`; None (and a note saying
+        the run starts fresh) where ``"latest"`` finds none yet.
+
+        Raises:
+            As `restore`.
+        """
+        restored = self._read(like, resume)
         if restored is None:
             if jax.process_index() == 0:
                 logger.info(
                     f"resume='latest': no checkpoint in {self.directory} yet; "
                     "starting fresh"
                 )
-            return
-        apply(trainer, restored.host, restored.arrays)
-        host = restored.host
-        if host["data"] is not None and hasattr(data, "load_state_dict"):
-            data.load_state_dict(host["data"])
-        for i, callback in enumerate(trainer.callbacks):
-            state = host["callbacks"].get(f"{i}:{type(callback).__name__}")
-            load = getattr(callback, "load_state_dict", None)
-            if state is not None and callable(load):
-                load(state)
+            return None
+        return restored.snapshot
 
-    def _read(self, trainer: "DataParallelTrainer", resume: Any) -> Restored | None:
-        restored = read_checkpoint(trainer, resume, self.directory)
+    def _read(self, like: Snapshot, resume: Any) -> Restored | None:
+        restored = read_checkpoint(like, resume, self.directory)
         if restored is not None and restored.path.parent == self.directory:
             self._damaged.update(restored.skipped)
         return restored
@@ -406,10 +409,6 @@ class Checkpoint(Callback):
                 f"Checkpoint directory={str(self.directory)!r} is not writable "
                 f"({error.strerror}); choose a folder you can write to"
             ) from None
-
-
-def _positive_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _children(folder: Path) -> list[Path]:

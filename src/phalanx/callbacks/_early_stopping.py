@@ -6,9 +6,10 @@ import jax
 import jax.numpy as jnp
 from typing_extensions import override
 
+from .._callback import Callback, StepInfo
 from .._state import TrainState
 from .._typing import validates_own_arguments
-from ._callback import Callback, StepInfo
+from .._validate import boolean, finite_at_least, one_of, positive_int
 
 
 class EarlyStopping(Callback):
@@ -69,32 +70,25 @@ class EarlyStopping(Callback):
             raise TypeError(
                 f"monitor={monitor!r} must be a metric's name, e.g. 'eval_loss'"
             )
-        if mode not in ("min", "max"):
-            raise ValueError(
-                f"mode={mode!r} must be 'min' (lower is better, e.g. a loss) or "
-                "'max' (higher is better, e.g. an accuracy)"
-            )
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-            raise ValueError(f"patience={patience!r} must be an int >= 1, e.g. 3")
-        if (
-            isinstance(min_delta, bool)
-            or not isinstance(min_delta, int | float)
-            or not min_delta >= 0
-            or math.isinf(min_delta)
-        ):
-            raise ValueError(
-                f"min_delta={min_delta!r} must be a finite number >= 0, e.g. 1e-4 "
-                "(the direction comes from mode=)"
-            )
-        if not isinstance(restore_best_weights, bool):
-            raise TypeError(
-                f"restore_best_weights={restore_best_weights!r} must be True or False"
-            )
         self.monitor = monitor
-        self.mode = mode
-        self.patience = patience
-        self.min_delta = float(min_delta)
-        self.restore_best_weights = restore_best_weights
+        self.mode = one_of(
+            "mode",
+            mode,
+            ("min", "max"),
+            hint="'min' if lower is better, e.g. a loss; 'max' if higher is, "
+            "e.g. an accuracy",
+        )
+        self.patience = positive_int("patience", patience, example="3")
+        self.min_delta = finite_at_least(
+            "min_delta",
+            min_delta,
+            0.0,
+            example="1e-4",
+            hint="the direction comes from mode=",
+        )
+        self.restore_best_weights = boolean(
+            "restore_best_weights", restore_best_weights
+        )
         self.best = math.inf if mode == "min" else -math.inf
         self.best_epoch: int | None = None
         self.wait = 0
@@ -131,7 +125,7 @@ class EarlyStopping(Callback):
         self.wait += 1
         if self.wait >= self.patience:
             self.stopped_epoch = info.epoch
-            info.trainer.stop_training = True
+            info.stop()
             self._restore(info)
 
     @override

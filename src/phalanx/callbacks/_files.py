@@ -4,7 +4,7 @@ import secrets
 from collections.abc import Callable
 from typing import IO, Any
 
-from ._callback import StepInfo
+from .._callback import StepInfo
 
 
 def log_row(kind: str, info: StepInfo) -> dict[str, Any]:
@@ -13,17 +13,6 @@ def log_row(kind: str, info: StepInfo) -> dict[str, Any]:
     for name, value in info.metrics.items():
         row.setdefault(name, value)
     return row
-
-
-def check_log_every(log_every: object) -> int:
-    """`log_every` if a positive int, else a ValueError saying so (as the
-    trainer's ``sync_every`` and the other callbacks do)."""
-    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-        raise ValueError(
-            f"log_every={log_every!r} must be an int >= 1 (the steps between "
-            "log rows), e.g. log_every=10"
-        )
-    return log_every
 
 
 def check_file_path(

@@ -7,6 +7,7 @@ from typing import IO, Any, final
 from typing_extensions import override
 
 from .._typing import validates_own_arguments
+from .._validate import is_real
 from ._files import replace_atomically
 from ._row_logger import RowLogger
 
@@ -87,7 +88,7 @@ class JSONLogger(RowLogger[str]):
 
 def _json_value(value: Any) -> Any:
     """Numbers as JSON numbers; a non-finite float as "NaN"/"Infinity"/"-Infinity"."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         return value
     if isinstance(value, numbers.Integral):
         return int(value)

@@ -6,8 +6,9 @@ import jax
 import numpy as np
 from typing_extensions import override
 
+from .._callback import Callback, StepInfo
 from .._typing import validates_own_arguments
-from ._callback import Callback, StepInfo
+from .._validate import is_int, positive_int
 
 
 class LearningRateMonitor(Callback):
@@ -54,23 +55,16 @@ class LearningRateMonitor(Callback):
         log_every: int = 10,
         name: str = "lr",
     ) -> None:
-        number = isinstance(schedule, int | float) and not isinstance(schedule, bool)
-        if not (number or callable(schedule)):
+        if not (is_int(schedule) or isinstance(schedule, float) or callable(schedule)):
             raise TypeError(
                 f"schedule={schedule!r} is neither a number nor callable; pass the "
                 "optax schedule given to the optimizer (e.g. "
                 "optax.cosine_decay_schedule(1e-3, 1000)) or a constant rate"
             )
-        if (
-            isinstance(log_every, bool)
-            or not isinstance(log_every, int)
-            or log_every < 1
-        ):
-            raise ValueError(f"log_every={log_every!r} must be an int >= 1, e.g. 10")
+        self.log_every = positive_int("log_every", log_every, example="log_every=10")
         if not isinstance(name, str) or not name:
             raise ValueError(f"name={name!r} must be a non-empty str, e.g. 'lr'")
         self.schedule = schedule
-        self.log_every = log_every
         self.name = name
 
     def rate(self, step: int) -> float:

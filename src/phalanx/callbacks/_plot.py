@@ -3,9 +3,9 @@ from collections.abc import Sequence
 
 from typing_extensions import override
 
+from .._callback import Callback, StepInfo
 from .._history import History
 from .._typing import validates_own_arguments
-from ._callback import Callback, StepInfo
 from ._files import check_file_path, replace_atomically
 
 
@@ -73,11 +73,11 @@ class PlotHistory(Callback):
 
     @override
     def on_epoch_end(self, info: StepInfo) -> None:
-        self._draw(info.trainer.history)
+        self._draw(info.history)
 
     @override
     def on_fit_end(self, info: StepInfo) -> None:
-        self._draw(info.trainer.history)
+        self._draw(info.history)
 
     def _draw(self, history: History) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg

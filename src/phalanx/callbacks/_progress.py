@@ -12,8 +12,9 @@ from rich.progress import (
 from rich.text import Text
 from typing_extensions import override
 
+from .._callback import Callback, StepInfo
 from .._typing import HostMetrics, validates_own_arguments
-from ._callback import Callback, StepInfo
+from .._validate import positive_int
 from ._throughput import RateMeter
 
 
@@ -67,18 +68,12 @@ class ProgressBar(Callback):
 
     @validates_own_arguments
     def __init__(self, *, log_every: int = 10, console: Console | None = None) -> None:
-        if (
-            isinstance(log_every, bool)
-            or not isinstance(log_every, int)
-            or log_every < 1
-        ):
-            raise ValueError(f"log_every={log_every!r} must be an int >= 1, e.g. 10")
+        self.log_every = positive_int("log_every", log_every, example="log_every=10")
         if console is not None and not isinstance(console, Console):
             raise TypeError(
                 f"console={console!r} is not a rich.console.Console; pass one, or "
                 "None for standard output"
             )
-        self.log_every = log_every
         self.console = console
         self._out = console
         self._progress: Progress | None = None

@@ -4,8 +4,9 @@ from typing import IO, Any, Generic, TypeVar
 
 from typing_extensions import override
 
-from ._callback import Callback, StepInfo
-from ._files import check_file_path, check_log_every, log_row
+from .._callback import Callback, StepInfo
+from .._validate import positive_int
+from ._files import check_file_path, log_row
 
 
 # A row as the file holds it (a CSV row's cells, a JSON line).
@@ -33,7 +34,7 @@ class RowLogger(Callback, abc.ABC, Generic[_Row]):
         """Check `path` (`example` names a file for the error message) and
         `log_every`; nothing is written until the first fit."""
         self.path = check_file_path(path, "path", example=example)
-        self.log_every = check_log_every(log_every)
+        self.log_every = positive_int("log_every", log_every, example="log_every=10")
         # Complete rows in the file; None until the first fit starts a file.
         self._rows: int | None = None
         self._last_step: int | None = None

@@ -1,13 +1,13 @@
 import logging
-import numbers
 import os
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
+from .._callback import Callback, StepInfo
 from .._typing import validates_own_arguments
-from ._callback import Callback, StepInfo
-from ._files import check_file_path, check_log_every
+from .._validate import is_real, positive_int
+from ._files import check_file_path
 
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class TensorBoardLogger(Callback):
                 "pip install 'phalanx[tensorboard]'"
             ) from error
         self.logdir = check_file_path(logdir, "logdir", directory=True)
-        self.log_every = check_log_every(log_every)
+        self.log_every = positive_int("log_every", log_every, example="log_every=10")
         self._writer: SummaryWriter | None = None
         self._last_step: int | None = None
         self._restored = False
@@ -132,7 +132,7 @@ class TensorBoardLogger(Callback):
         self._open(info.step)
         assert self._writer is not None
         for tag, value in scalars.items():
-            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            if is_real(value):
                 self._writer.add_scalar(tag, float(value), info.step)
         self._last_step = info.step
 

@@ -2,8 +2,9 @@ import time
 
 from typing_extensions import override
 
+from .._callback import Callback, StepInfo
 from .._typing import validates_own_arguments
-from ._callback import Callback, StepInfo
+from .._validate import positive_int
 
 
 class RateMeter:
@@ -71,13 +72,7 @@ class Throughput(Callback):
 
     @validates_own_arguments
     def __init__(self, *, log_every: int = 10) -> None:
-        if (
-            isinstance(log_every, bool)
-            or not isinstance(log_every, int)
-            or log_every < 1
-        ):
-            raise ValueError(f"log_every={log_every!r} must be an int >= 1, e.g. 10")
-        self.log_every = log_every
+        self.log_every = positive_int("log_every", log_every, example="log_every=10")
         self._window = RateMeter()
         self._epoch = RateMeter()
 

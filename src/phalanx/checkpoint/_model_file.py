@@ -12,12 +12,13 @@ import os
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import equinox as eqx
 import jax
 import numpy as np
 
+from .._placement import to_host
 from .._typing import validates_own_arguments
 from ._leaf_spec import check_same_specs, leaf_specs
 
@@ -63,7 +64,7 @@ def save_model(path: str | os.PathLike[str], model: eqx.Module) -> None:
                 f"model{entry[0]} is a PRNG key array, which save_model does "
                 "not store; keep keys out of the model or save them separately"
             )
-        arrays[f"leaf_{index}"] = _host_copy(leaf)
+        arrays[f"leaf_{index}"] = to_host(leaf)
     if jax.process_index() != 0:
         return  # in a multi-process run the file is written once, by process 0
     header = json.dumps(
@@ -134,16 +135,3 @@ def load_model(path: str | os.PathLike[str], *, like: _Model) -> _Model:
     )
     arrays = iter(jax.numpy.asarray(array) for array in stored)
     return jax.tree.map(lambda leaf: next(arrays) if eqx.is_array(leaf) else leaf, like)
-
-
-def _host_copy(leaf: Any) -> np.ndarray:
-    """A leaf's value on the host; a replicated array spanning several
-    processes is read from this process's own copy."""
-    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-        if not leaf.is_fully_replicated:
-            raise ValueError(
-                "save_model needs the model replicated on every device; pass "
-                "trainer.model"
-            )
-        return np.asarray(leaf.addressable_shards[0].data)
-    return np.asarray(jax.device_get(leaf))

@@ -10,28 +10,23 @@ error, as is a folder whose every checkpoint is damaged.
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import jax
 import orbax.checkpoint as ocp
 
 from .._log import logger
+from .._snapshot import Snapshot
 from ._errors import quiet_orbax_errors, release_failed_io, summary
-from ._snapshot import check_compatible, read_arrays, read_host
-
-
-if TYPE_CHECKING:
-    from .._trainer import DataParallelTrainer
+from ._snapshot import check_compatible, from_checkpoint, read_arrays, read_host
 
 
 @dataclasses.dataclass(frozen=True)
 class Restored:
-    """A checkpoint read back: where it was, its JSON half and its arrays,
-    and the newer steps skipped as unreadable."""
+    """A checkpoint read back: where it was, the snapshot it holds, and the
+    newer steps skipped as unreadable."""
 
     path: Path
-    host: dict[str, Any]
-    arrays: list[jax.Array]
+    snapshot: Snapshot
     skipped: tuple[int, ...] = ()
 
 
@@ -50,12 +45,9 @@ def is_step_folder(path: Path) -> bool:
     return path.name.isdigit() and (path / "_CHECKPOINT_METADATA").exists()
 
 
-def read_checkpoint(
-    trainer: "DataParallelTrainer", resume: Any, directory: Path
-) -> Restored | None:
-    """The newest readable checkpoint `resume` points at, read onto `trainer`'s
-    devices (nothing of the trainer changes); None where ``resume="latest"``
-    finds no checkpoint at all.
+def read_checkpoint(like: Snapshot, resume: Any, directory: Path) -> Restored | None:
+    """The newest readable checkpoint `resume` points at, its arrays laid out
+    as `like`'s; None where ``resume="latest"`` finds no checkpoint at all.
 
     Raises:
         FileNotFoundError: a `resume` path with no checkpoint in it.
@@ -91,9 +83,9 @@ def read_checkpoint(
                 damaged.append((path, _why(error)))
                 continue
             # Not a damaged file: this checkpoint is of another run.
-            check_compatible(trainer, host, str(path))
+            check_compatible(like, host, str(path))
             try:
-                arrays = read_arrays(trainer, manager, candidate, host)
+                arrays = read_arrays(like, manager, candidate, host)
             except Exception as error:
                 damaged.append((path, _why(error)))
                 continue
@@ -102,7 +94,11 @@ def read_checkpoint(
                     f"{shown}: skipped checkpoint {skipped}, which cannot be read "
                     f"({why}); resuming from {path}"
                 )
-            return Restored(path, host, arrays, tuple(int(p.name) for p, _ in damaged))
+            return Restored(
+                path,
+                from_checkpoint(like, host, arrays),
+                tuple(int(p.name) for p, _ in damaged),
+            )
     if step is not None:
         raise ValueError(
             f"{shown}: checkpoint {folder / str(step)} cannot be read "

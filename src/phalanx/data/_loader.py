@@ -6,6 +6,7 @@ from typing import Any, final
 import numpy as np
 
 from .._typing import validates_own_arguments
+from .._validate import boolean, integer
 from ._buffers import BufferPool
 
 
@@ -80,10 +81,13 @@ class ArrayLoader:
             TypeError, ValueError: an argument is invalid (the message names it).
         """
         self._keys, self._arrays = _check_arrays(arrays)
-        _check_int("batch_size", batch_size, low=1, fix="e.g. batch_size=256")
-        _check_bool("shuffle", shuffle)
-        _check_bool("drop_last", drop_last)
-        _check_int("seed", seed, low=0, fix="e.g. seed=0")
+        # NumPy ints and bools pass too, and are kept as given.
+        integer(
+            "batch_size", batch_size, minimum=1, numpy=True, example="batch_size=256"
+        )
+        boolean("shuffle", shuffle, numpy=True)
+        boolean("drop_last", drop_last, numpy=True)
+        integer("seed", seed, minimum=0, numpy=True, example="seed=0")
         if process_index is None or process_count is None:
             import jax  # Only to read two ints: the loader itself never uses JAX.
 
@@ -93,12 +97,19 @@ class ArrayLoader:
             process_count = (
                 jax.process_count() if process_count is None else process_count
             )
-        _check_int("process_count", process_count, low=1, fix="e.g. process_count=1")
-        _check_int(
+        integer(
+            "process_count",
+            process_count,
+            minimum=1,
+            numpy=True,
+            example="process_count=1",
+        )
+        integer(
             "process_index",
             process_index,
-            low=0,
-            fix=f"it must be in [0, {process_count}) for {process_count=}",
+            minimum=0,
+            numpy=True,
+            hint=f"an index in [0, {process_count}) for {process_count=}",
         )
         if process_index >= process_count:
             raise ValueError(
@@ -176,8 +187,8 @@ class ArrayLoader:
                 "'epoch' and 'position', as returned by ArrayLoader.state_dict()"
             )
         epoch, position = state_dict["epoch"], state_dict["position"]
-        _check_int("state_dict['epoch']", epoch, low=0, fix="e.g. 0")
-        _check_int("state_dict['position']", position, low=0, fix="e.g. 0")
+        integer("state_dict['epoch']", epoch, minimum=0, numpy=True, example="0")
+        integer("state_dict['position']", position, minimum=0, numpy=True, example="0")
         if position >= len(self):
             raise ValueError(
                 f"state_dict['position']={position} is past the {len(self)} "
@@ -286,18 +297,6 @@ def _check_arrays(arrays: Any) -> tuple[list[str] | None, list[np.ndarray]]:
     if len(values[0]) == 0:
         raise ValueError(f"arrays hold 0 examples ({sizes}); pass non-empty arrays")
     return keys, values
-
-
-def _check_int(name: str, value: Any, *, low: int, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{name}={value!r} must be an int; {fix}")
-    if value < low:
-        raise ValueError(f"{name}={value!r} must be at least {low}; {fix}")
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool | np.bool_):
-        raise TypeError(f"{name}={value!r} must be True or False")
 
 
 def _multiples(batch_size: int, count: int) -> str:

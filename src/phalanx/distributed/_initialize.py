@@ -7,6 +7,7 @@ from typing import Any
 import jax
 
 from .._typing import validates_own_arguments
+from .._validate import int_at_least, positive_int
 from ._env import COORDINATOR, NUM_PROCESSES, PROCESS_ID
 
 
@@ -44,8 +45,9 @@ def initialize(
     coordinator = coordinator_address or os.environ.get(COORDINATOR) or None
     count = _int("num_processes", num_processes, NUM_PROCESSES, minimum=1)
     rank = _int("process_id", process_id, PROCESS_ID, minimum=0)
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
-        raise ValueError(f"timeout={timeout!r} must be a positive int of seconds")
+    positive_int(
+        "timeout", timeout, example="120", hint="seconds to wait for every process"
+    )
     if count == 1:
         return
     if count is not None and rank is not None and rank >= count:
@@ -153,8 +155,4 @@ def _int(name: str, value: int | None, variable: str, *, minimum: int) -> int | 
             raise ValueError(
                 f"environment variable {variable}={text!r} must be an integer"
             ) from None
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or value < minimum
-    ):
-        raise ValueError(f"{source}={value!r} must be an int >= {minimum}")
-    return value
+    return None if value is None else int_at_least(source, value, minimum)

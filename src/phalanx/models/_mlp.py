@@ -7,6 +7,7 @@ import jax.random as jr
 from beartype import beartype
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
+from .._validate import is_int
 from ._checks import check_features
 
 
@@ -43,7 +44,7 @@ class MLP(eqx.Module):
         key: initialises the weights.
         """
         widths = [in_size, *hidden, out_size]
-        if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+        if any(not is_int(w) or w < 1 for w in widths):
             raise ValueError(
                 f"in_size={in_size}, hidden={tuple(hidden)}, out_size={out_size}: "
                 "every width must be a positive int, e.g. hidden=(256, 128)"

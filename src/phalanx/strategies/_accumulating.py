@@ -1,13 +1,14 @@
-from typing import final
+from typing import Any, final
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import Mesh, Sharding
 from jaxtyping import PyTree
 from typing_extensions import override
 
 from .._typing import validates_own_arguments
-from ._strategy import LocalFn, MapFn, Strategy
+from .._validate import is_int
+from ._strategy import LocalFn, MapFn, PerDeviceStrategy, Strategy
 
 
 @final
@@ -21,7 +22,8 @@ class AccumulatingStrategy(Strategy):
     all-reduce once per microbatch). Because sums are divided once by the
     global weight, the update equals one step on the whole batch, padding and
     ragged batches included. Model state (BatchNorm averages) is threaded
-    through the microbatches in order.
+    through the microbatches in order. Everything else (the mesh, the
+    state's layout, collectives' axis name) is the inner strategy's.
 
     Example:
         ```python
@@ -29,23 +31,15 @@ class AccumulatingStrategy(Strategy):
         ```
     """
 
-    inner: Strategy
+    inner: PerDeviceStrategy
     microbatches: int
-    mesh: Mesh
-    axis_name: str
-    deterministic: bool
 
     @validates_own_arguments
-    def __init__(self, inner: Strategy, microbatches: int):
+    def __init__(self, inner: PerDeviceStrategy, microbatches: int):
         """Args:
         inner: the strategy that places arrays and reduces across devices.
         microbatches: how many parts each device's slice is split into.
         """
-        if not isinstance(inner, Strategy):
-            raise TypeError(
-                f"inner={inner!r} is not a phalanx Strategy; wrap one, e.g. "
-                "AccumulatingStrategy(px.ShardingStrategy(), microbatches=4)"
-            )
         if isinstance(inner, AccumulatingStrategy):
             raise TypeError(
                 "inner is already an AccumulatingStrategy; wrap its inner strategy "
@@ -53,7 +47,13 @@ class AccumulatingStrategy(Strategy):
                 f"AccumulatingStrategy(inner.inner, microbatches={inner.microbatches}"
                 " * k)"
             )
-        if isinstance(microbatches, bool) or not isinstance(microbatches, int):
+        if not isinstance(inner, PerDeviceStrategy):
+            raise TypeError(
+                f"inner={inner!r} is not a phalanx strategy that runs per device "
+                "(a PerDeviceStrategy); wrap one, e.g. "
+                "AccumulatingStrategy(px.ShardingStrategy(), microbatches=4)"
+            )
+        if not is_int(microbatches):
             raise TypeError(f"microbatches={microbatches!r} must be an int, e.g. 4")
         if microbatches < 1:
             raise ValueError(
@@ -62,18 +62,36 @@ class AccumulatingStrategy(Strategy):
             )
         self.inner = inner
         self.microbatches = microbatches
-        self.mesh = inner.mesh
-        self.axis_name = inner.axis_name
-        self.deterministic = inner.deterministic
+
+    @property
+    def mesh(self) -> Mesh:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.inner.mesh
+
+    @property
+    def axis_name(self) -> str:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.inner.axis_name
+
+    @property
+    @override
+    def num_devices(self) -> int:
+        return self.inner.num_devices
+
+    @property
+    @override
+    def batch_sharding(self) -> Sharding:
+        return self.inner.batch_sharding
+
+    @property
+    @override
+    def batch_multiple(self) -> int:
+        return self.inner.batch_multiple * self.microbatches
+
+    @override
+    def state_shardings(self, state: PyTree[Any]) -> PyTree[Sharding]:
+        return self.inner.state_shardings(state)
 
     @override
     def reduce(
-        self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
-    ) -> tuple[PyTree, PyTree]:
-        return self.reduce_per_device(fn, replicated, carry, examples)
-
-    @override
-    def reduce_per_device(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:
         return self.inner.reduce_per_device(

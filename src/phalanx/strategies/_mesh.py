@@ -7,9 +7,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, Mesh, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import PyTree
 
+from .._placement import available_devices, replicated
 from .._typing import Devices
 from ._strategy import LocalFn, MapFn
 
@@ -22,7 +23,7 @@ def make_mesh(devices: Devices, axis_name: str) -> Mesh:
         ValueError: `devices` asks for more devices than exist, or none.
         TypeError: `devices` is neither None, an int nor a sequence of devices.
     """
-    available = jax.devices() if jax.process_count() > 1 else jax.local_devices()
+    available = available_devices()
     if devices is None:
         chosen = list(available)
     elif isinstance(devices, bool | str) or not isinstance(devices, int | Sequence):
@@ -52,11 +53,10 @@ def make_mesh(devices: Devices, axis_name: str) -> Mesh:
     return Mesh(np.array(chosen), (axis_name,), axis_types=(AxisType.Auto,))
 
 
-def check_deterministic(deterministic: object) -> bool:
-    """The `deterministic` argument of a strategy, checked."""
-    if not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic={deterministic!r} must be True or False")
-    return deterministic
+def replicated_everywhere(mesh: Mesh, state: PyTree[Any]) -> PyTree[NamedSharding]:
+    """A full copy of every array of `state` on every device of `mesh`."""
+    everywhere = replicated(mesh)
+    return jax.tree.map(lambda _: everywhere, state)
 
 
 def _to_summable(x: jax.Array) -> jax.Array:

@@ -1,16 +1,23 @@
-from typing import final
+from typing import Any, final
 
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import PyTree
 from typing_extensions import override
 
+from .._placement import named
 from .._typing import Devices, validates_own_arguments
-from ._mesh import check_deterministic, make_mesh, shard_map_apply, shard_map_reduce
-from ._strategy import LocalFn, MapFn, Strategy
+from .._validate import boolean
+from ._mesh import (
+    make_mesh,
+    replicated_everywhere,
+    shard_map_apply,
+    shard_map_reduce,
+)
+from ._strategy import LocalFn, MapFn, PerDeviceStrategy
 
 
 @final
-class PmapStrategy(Strategy):
+class PmapStrategy(PerDeviceStrategy):
     """Data parallelism as a per-device program with explicit collectives.
 
     Each device runs the step on its slice of the batch inside `jax.shard_map`
@@ -30,7 +37,7 @@ class PmapStrategy(Strategy):
 
     mesh: Mesh
     axis_name: str
-    microbatches: int
+    # Whether the one cross-device reduction adds in a fixed device order.
     deterministic: bool
 
     @validates_own_arguments
@@ -59,8 +66,26 @@ class PmapStrategy(Strategy):
             )
         self.axis_name = axis_name
         self.mesh = make_mesh(devices, axis_name)
-        self.microbatches = 1
-        self.deterministic = check_deterministic(deterministic)
+        self.deterministic = boolean("deterministic", deterministic)
+
+    @property
+    @override
+    def num_devices(self) -> int:
+        return self.mesh.size
+
+    @property
+    @override
+    def batch_sharding(self) -> NamedSharding:
+        return named(self.mesh, P(self.axis_name))
+
+    @property
+    @override
+    def batch_multiple(self) -> int:
+        return self.mesh.size
+
+    @override
+    def state_shardings(self, state: PyTree[Any]) -> PyTree[NamedSharding]:
+        return replicated_everywhere(self.mesh, state)
 
     @override
     def reduce(

@@ -1,22 +1,29 @@
-from typing import final
+from typing import Any, final
 
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import PyTree
 from typing_extensions import override
 
+from .._placement import named
 from .._typing import Devices, validates_own_arguments
-from ._mesh import check_deterministic, make_mesh, shard_map_reduce
-from ._strategy import LocalFn, MapFn, Strategy
+from .._validate import boolean
+from ._mesh import (
+    make_mesh,
+    replicated_everywhere,
+    shard_map_reduce,
+)
+from ._strategy import LocalFn, MapFn, PerDeviceStrategy
 
 
 @final
-class ShardingStrategy(Strategy):
+class ShardingStrategy(PerDeviceStrategy):
     """Data parallelism in the global view: `jax.jit` over sharded arrays.
 
     The step is written as if on one device over the whole batch; the batch is
     split along a 1-D ``"data"`` mesh with `NamedSharding` and the compiler
-    inserts the one gradient all-reduce. BatchNorm statistics computed with
-    ``axis_name="batch"`` are therefore over the global batch.
+    inserts the one gradient all-reduce. State is replicated on every device.
+    BatchNorm statistics computed with ``axis_name="batch"`` are therefore
+    over the global batch.
 
     Example:
         ```python
@@ -27,7 +34,7 @@ class ShardingStrategy(Strategy):
 
     mesh: Mesh
     axis_name: str
-    microbatches: int
+    # Whether the one cross-device reduction adds in a fixed device order.
     deterministic: bool
 
     @validates_own_arguments
@@ -44,8 +51,26 @@ class ShardingStrategy(Strategy):
         """
         self.axis_name = "data"
         self.mesh = make_mesh(devices, self.axis_name)
-        self.microbatches = 1
-        self.deterministic = check_deterministic(deterministic)
+        self.deterministic = boolean("deterministic", deterministic)
+
+    @property
+    @override
+    def num_devices(self) -> int:
+        return self.mesh.size
+
+    @property
+    @override
+    def batch_sharding(self) -> NamedSharding:
+        return named(self.mesh, P(self.axis_name))
+
+    @property
+    @override
+    def batch_multiple(self) -> int:
+        return self.mesh.size
+
+    @override
+    def state_shardings(self, state: PyTree[Any]) -> PyTree[NamedSharding]:
+        return replicated_everywhere(self.mesh, state)
 
     @override
     def reduce(

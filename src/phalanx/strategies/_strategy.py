@@ -1,12 +1,9 @@
 import abc
-import functools
 from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import equinox as eqx
-import jax
-import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, Sharding
 from jaxtyping import PyTree
 
 
@@ -21,74 +18,55 @@ MapFn: TypeAlias = Callable[[Any, Any], Any]
 class Strategy(eqx.Module):
     """How one training step runs across devices.
 
-    A strategy places state (replicated) and batches (split along the leading
-    examples axis) on a 1-D device mesh, and turns a function of a slice of
-    examples into a global result with exactly one cross-device reduction.
-    The trainer builds its step from these pieces and never asks which
-    strategy it holds.
+    A strategy answers three questions, and everything else in phalanx (the
+    trainer, the compiled steps, prefetching, checkpoints, `save_model`)
+    respects its answers and never asks which strategy it holds:
 
-    Concrete strategies: [`phalanx.ShardingStrategy`][],
-    [`phalanx.PmapStrategy`][] and [`phalanx.AccumulatingStrategy`][].
+    - how state is laid out: `state_shardings`;
+    - how a batch is split: `batch_sharding` and `batch_multiple`;
+    - how a slice's work becomes a global result, with exactly one
+      cross-device reduction per update: `reduce` (and `map` for outputs).
+
+    The base class carries no behaviour. Concrete strategies:
+    [`phalanx.ShardingStrategy`][], [`phalanx.PmapStrategy`][] and
+    [`phalanx.AccumulatingStrategy`][]; a new one implements the abstract
+    members below (see ``docs/architecture.md``).
     """
 
     mesh: eqx.AbstractVar[Mesh]
+    # The mesh axis batches are split along (and collectives' axis name).
     axis_name: eqx.AbstractVar[str]
-    microbatches: eqx.AbstractVar[int]
-    # Whether the one cross-device reduction adds in a fixed device order.
-    deterministic: eqx.AbstractVar[bool]
 
     @property
+    @abc.abstractmethod
     def num_devices(self) -> int:
         """How many devices a step runs on."""
-        return self.mesh.size
 
     @property
+    @abc.abstractmethod
+    def batch_sharding(self) -> Sharding:
+        """Where a batch's leaves go: split along their leading examples axis."""
+
+    @property
+    @abc.abstractmethod
     def batch_multiple(self) -> int:
-        """A step's global batch is padded to a multiple of this."""
-        return self.num_devices * self.microbatches
+        """A step's global batch is padded to a multiple of this (for an even
+        split over the devices, and the microbatches of each)."""
 
-    @property
-    def process_batch_multiple(self) -> int:
-        """This process's slice of a step is padded to a multiple of this
-        (its devices in the mesh × microbatches)."""
-        me = jax.process_index()
-        mine = sum(d.process_index == me for d in self.mesh.devices.flat)
-        return mine * self.microbatches
+    @abc.abstractmethod
+    def state_shardings(self, state: PyTree[Any]) -> PyTree[Sharding]:
+        """Where each array of the training state lives.
 
-    @property
-    def replicated(self) -> NamedSharding:
-        """The sharding of state: a full copy on every device."""
-        return _sharding(self.mesh, P())
+        Args:
+            state: the `TrainState` with a `jax.ShapeDtypeStruct` in place
+                of each array (select by position, e.g. ``state.opt_state``).
 
-    @property
-    def split(self) -> NamedSharding:
-        """The sharding of batches: split along the leading examples axis."""
-        return _sharding(self.mesh, P(self.axis_name))
-
-    def replicate(self, leaves: list[Any]) -> list[jax.Array]:
-        """Place state leaves (the same values in every process) on every
-        device of the mesh."""
-        replicated = self.replicated
-        if jax.process_count() == 1:
-            return jax.device_put(leaves, replicated)
-        return [_replicate_across_processes(x, replicated) for x in leaves]
-
-    def shard(self, leaves: list[np.ndarray | jax.Array]) -> list[jax.Array]:
-        """Place batch leaves (host arrays, or arrays on any devices) on the
-        mesh, split along the examples axis."""
-        split = self.split
-        placed = [x for x in leaves if isinstance(x, jax.Array) and x.sharding == split]
-        if len(placed) == len(leaves):
-            return placed  # already there: nothing to dispatch
-        if jax.process_count() > 1:
-            # Each process holds its own slice of the global batch.
-            return [
-                x
-                if isinstance(x, jax.Array) and not x.is_fully_addressable
-                else jax.make_array_from_process_local_data(split, np.asarray(x))
-                for x in leaves
-            ]
-        return jax.device_put(leaves, split)
+        Returns:
+            A pytree of the same structure as `state`'s arrays: one
+            `jax.sharding.Sharding` on `mesh` per array. The trainer places
+            the state there, compiles its steps to keep it there, and
+            restores checkpoints there.
+        """
 
     @abc.abstractmethod
     def reduce(
@@ -103,14 +81,27 @@ class Strategy(eqx.Module):
         Args:
             fn: the work of one slice, ``fn(replicated, carry, examples) ->
                 (sums, carry)``.
-            replicated: arrays every device holds in full (parameters, keys).
+            replicated: arrays every slice uses in full (parameters, keys).
             carry: model state threaded through the step; every device
                 returns the same value (float state is averaged over devices).
             examples: a pytree of arrays sharing the leading examples axis.
 
         Returns:
-            ``(sums, carry)``, both replicated.
+            ``(sums, carry)``, the same on every device.
         """
+
+    @abc.abstractmethod
+    def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
+        """Apply `fn` to every example; outputs stay split as the batch is."""
+
+
+class PerDeviceStrategy(Strategy):
+    """A strategy that can also run a slice's work as a per-device program.
+
+    [`phalanx.AccumulatingStrategy`][] wraps one of these: it scans each
+    device's microbatches inside `fn`, and the wrapped strategy adds up the
+    devices' sums once afterwards.
+    """
 
     @abc.abstractmethod
     def reduce_per_device(
@@ -120,28 +111,5 @@ class Strategy(eqx.Module):
 
         Inside `fn` the replicated inputs are device-varying, so gradients
         taken there are this device's own; the one reduction happens after
-        `fn` returns. Wrapping strategies build on this.
+        `fn` returns.
         """
-
-    @abc.abstractmethod
-    def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
-        """Apply `fn` to every example; outputs stay split across devices."""
-
-
-@functools.cache
-def _sharding(mesh: Mesh, spec: P) -> NamedSharding:
-    """One `NamedSharding` per mesh and spec, built once (they are read per
-    batch, and a strategy's properties run on every access)."""
-    return NamedSharding(mesh, spec)
-
-
-def _replicate_across_processes(leaf: Any, sharding: NamedSharding) -> jax.Array:
-    """A global replicated array from a value every process holds."""
-    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-        return jax.device_put(leaf, sharding)  # already global: reshard
-    is_key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-    host = np.asarray(jax.random.key_data(leaf) if is_key else leaf)
-    array = jax.make_array_from_callback(host.shape, sharding, lambda i: host[i])
-    if is_key:
-        return jax.random.wrap_key_data(array, impl=jax.random.key_impl(leaf))
-    return array

@@ -1,16 +1,43 @@
+"""Callbacks: the base class, what a hook is told (`StepInfo`), and the
+part of the trainer a hook may use (`TrainerLike`)."""
+
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import jax
 
-from .._sums import StepSums
-from .._typing import HostMetrics
+from ._history import History
+from ._snapshot import Snapshot
+from ._state import TrainState
+from ._sums import StepSums
+from ._typing import HostMetrics
 
 
-if TYPE_CHECKING:
-    from .._state import TrainState
-    from .._trainer import DataParallelTrainer
+@runtime_checkable
+class TrainerLike(Protocol):
+    """What a callback may use of the trainer that runs it
+    (`phalanx.DataParallelTrainer` is one)."""
+
+    history: History
+    # Set to True to end `fit` after the current step (Keras' idiom).
+    stop_training: bool
+
+    @property
+    def state(self) -> TrainState:
+        """The current `TrainState`."""
+        ...
+
+    @state.setter
+    def state(self, state: TrainState) -> None: ...
+
+    def snapshot(self) -> Snapshot:
+        """Everything needed to continue the run exactly, as it is now."""
+        ...
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Continue from `snapshot` (state, progress, history, callbacks)."""
+        ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +59,7 @@ class StepInfo:
             front (``steps=``, or ``epochs=`` over data with a length).
     """
 
-    trainer: "DataParallelTrainer"
+    trainer: TrainerLike
     step: int
     epoch: int
     device_metrics: StepSums | HostMetrics = dataclasses.field(
@@ -62,9 +89,23 @@ class StepInfo:
         return metrics
 
     @property
-    def state(self) -> "TrainState":
+    def state(self) -> TrainState:
         """The trainer's current `TrainState`."""
         return self.trainer.state
+
+    @property
+    def history(self) -> History:
+        """The trainer's `History` of epoch metrics."""
+        return self.trainer.history
+
+    def stop(self) -> None:
+        """Ask `fit` to end after the current step (or epoch end)."""
+        self.trainer.stop_training = True
+
+    def snapshot(self) -> Snapshot:
+        """Everything needed to continue the run exactly, as it is now (its
+        arrays valid until the next step: see `Snapshot`)."""
+        return self.trainer.snapshot()
 
 
 class Callback:
@@ -83,6 +124,9 @@ class Callback:
     on_fit_end
     on_exception               (instead of the rest, if fit raises)
     ```
+
+    A callback with state to keep across a resume (counters, best values)
+    overrides `state_dict` and `load_state_dict`; checkpoints store it.
 
     Example:
         ```python
@@ -122,6 +166,15 @@ class Callback:
 
     def on_exception(self, info: StepInfo, error: BaseException) -> None:
         """Called when `fit` raises, before the error propagates."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """This callback's state as plain (JSON) data, for checkpoints; None
+        (the default) for a callback without state."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (on resume)."""
+        del state
 
 
 def runs_here(callback: Callback) -> bool:

@@ -1,0 +1,98 @@
+"""Putting arrays where a strategy says they go.
+
+The one module that knows a run may span several processes: in one process
+every device is addressable and `jax.device_put` places anything; in
+several, each process holds only its own devices' parts, so a global array
+is assembled from what each process has (`jax.make_array_from_callback` for
+values every process holds, `jax.make_array_from_process_local_data` for
+each process's slice of a batch).
+"""
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding
+
+
+def single_process() -> bool:
+    """Whether this run is one process (every device addressable here)."""
+    return jax.process_count() == 1
+
+
+@functools.cache
+def named(mesh: Mesh, spec: P) -> NamedSharding:
+    """One `NamedSharding` per mesh and spec, built once (they are read per
+    batch, and a strategy's properties run on every access)."""
+    return NamedSharding(mesh, spec)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """A full copy on every device of `mesh` (the epoch's sums, totals)."""
+    return named(mesh, P())
+
+
+def available_devices() -> list[Any]:
+    """The devices a strategy may use: this process's, or in a multi-process
+    run every process's."""
+    return jax.local_devices() if single_process() else jax.devices()
+
+
+def local_share(mesh: Mesh) -> int:
+    """How many of `mesh`'s devices are this process's."""
+    me = jax.process_index()
+    return sum(d.process_index == me for d in mesh.devices.flat)
+
+
+def put_state(leaves: Sequence[Any], shardings: Sequence[Sharding]) -> list[jax.Array]:
+    """Place state leaves (the same values in every process) as `shardings` say."""
+    if single_process():
+        return jax.device_put(list(leaves), list(shardings))
+    return [_global(x, s) for x, s in zip(leaves, shardings, strict=True)]
+
+
+def put_batch(
+    leaves: Sequence[np.ndarray | jax.Array], sharding: Sharding
+) -> list[jax.Array]:
+    """Place batch leaves (host arrays, or arrays on any devices) split as
+    `sharding` says; in a multi-process run each process holds its own slice
+    of the global batch."""
+    placed = [x for x in leaves if isinstance(x, jax.Array) and x.sharding == sharding]
+    if len(placed) == len(leaves):
+        return placed  # already there: nothing to dispatch
+    if single_process():
+        return jax.device_put(list(leaves), sharding)
+    return [
+        x
+        if isinstance(x, jax.Array) and not x.is_fully_addressable
+        else jax.make_array_from_process_local_data(sharding, np.asarray(x))
+        for x in leaves
+    ]
+
+
+def _global(leaf: Any, sharding: Sharding) -> jax.Array:
+    """A global array laid out as `sharding` says, from a value every
+    process holds."""
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        return jax.device_put(leaf, sharding)  # already global: reshard
+    is_key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    host = np.asarray(jax.random.key_data(leaf) if is_key else leaf)
+    array = jax.make_array_from_callback(host.shape, sharding, lambda i: host[i])
+    if is_key:
+        return jax.random.wrap_key_data(array, impl=jax.random.key_impl(leaf))
+    return array
+
+
+def to_host(leaf: Any) -> np.ndarray:
+    """An array's whole value on the host, however it is laid out: a
+    replicated array spanning several processes is read from this process's
+    own copy; one split over several processes is gathered (a collective:
+    every process calls this)."""
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        if leaf.is_fully_replicated:
+            return np.asarray(leaf.addressable_shards[0].data)
+        return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+    return np.asarray(jax.device_get(leaf))

@@ -1,0 +1,109 @@
+"""Where a run is, as a value: its counters, its plan, the epoch's sums."""
+
+import dataclasses
+from typing import Any
+
+from ._sums import EpochSums
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """A fit's plan: where it started and how far it goes (checkpointed, so a
+    resumed fit keeps the original start).
+
+    Attributes:
+        start_step: the step the run began at.
+        start_epoch: the epoch the run began at.
+        epochs: passes over the data from `start_epoch`, if given.
+        steps: updates from `start_step`, if given.
+    """
+
+    start_step: int = 0
+    start_epoch: int = 0
+    epochs: int | None = None
+    steps: int | None = None
+
+    def done(self, step: int, epoch: int | None) -> bool:
+        """Whether the plan is complete at `step` (and, if given, `epoch`)."""
+        if self.steps is not None and step >= self.start_step + self.steps:
+            return True
+        return (
+            epoch is not None
+            and self.epochs is not None
+            and epoch >= self.start_epoch + self.epochs
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunProgress:
+    """Where a run is. The loop takes one and returns the next; the trainer
+    holds the latest, and checkpoints store it (`state_dict`).
+
+    Attributes:
+        step: optimizer updates made so far.
+        epoch: the current epoch, from 0.
+        epoch_steps: the steps made in the current epoch.
+        plan: the fit's `RunPlan`.
+        sums: the current epoch's running sums on the devices (None before
+            its first step).
+        sum_names: the names of `sums`' entries, in order.
+        preempted: the signal that asked the run to stop, if one came.
+    """
+
+    step: int = 0
+    epoch: int = 0
+    epoch_steps: int = 0
+    plan: RunPlan = RunPlan()
+    sums: EpochSums | None = None
+    sum_names: tuple[str, ...] = ()
+    preempted: int | None = None
+
+    def stepped(self, sums: EpochSums) -> "RunProgress":
+        """The progress after one more step, whose epoch's sums are `sums`."""
+        return RunProgress(
+            self.step + 1,
+            self.epoch,
+            self.epoch_steps + 1,
+            self.plan,
+            sums,
+            self.sum_names,
+            self.preempted,
+        )
+
+    def next_epoch(self) -> "RunProgress":
+        """The progress at the start of the next epoch."""
+        return dataclasses.replace(self, epoch=self.epoch + 1, epoch_steps=0, sums=None)
+
+    def done(self) -> bool:
+        """Whether the plan is complete (by steps or by epochs)."""
+        return self.plan.done(self.step, self.epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the on-device sums, as plain data (for checkpoints;
+        the sums' names and dtype are noted, their values saved as arrays)."""
+        sums = self.sums
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "epoch_steps": self.epoch_steps,
+            "run": dataclasses.asdict(self.plan),
+            "acc": None
+            if sums is None
+            else {"names": list(self.sum_names), "dtype": str(sums.sums.dtype)},
+        }
+
+    @classmethod
+    def from_state_dict(
+        cls, state: dict[str, Any], sums: EpochSums | None
+    ) -> "RunProgress":
+        """The progress `state_dict` described, with the epoch's `sums` read
+        back from the same checkpoint."""
+        acc = state["acc"]
+        return cls(
+            step=state["step"],
+            epoch=state["epoch"],
+            epoch_steps=state["epoch_steps"],
+            plan=RunPlan(**state["run"]),
+            sums=sums if acc else None,
+            sum_names=tuple(acc["names"]) if acc else (),
+        )
