@@ -73,7 +73,7 @@ def main() -> None:
         trainer.fit(data, epochs=epochs, steps=args.steps)
         trained[name] = trainer.model
         per_device = 256 // strategy.num_devices
-        at_a_time = per_device // strategy.microbatches
+        at_a_time = 256 // strategy.batch_multiple  # per device per microbatch
         losses = "  ".join(f"{h['loss']:.6f}" for h in trainer.history)
         print(f"{name:<26}  {per_device:>10}  {at_a_time:>9}  {losses}")
 

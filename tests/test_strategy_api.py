@@ -132,9 +132,29 @@ def test_its_layout_holds_through_a_checkpoint(trained, batches, tmp_path):
     checkpoint.restore(replicated, "latest")
     assert set(specs(replicated.state)) == {P()}
     assert max_abs_diff(replicated.model, trained.model) == 0
-    # And the restored run trains on exactly as the original would have.
+    # And the restored run trains on, keeping its layout.
     restored.fit(batches, epochs=1)
     assert specs(restored.state) == expected_specs(restored)
+
+
+def test_a_replicated_checkpoint_restores_onto_its_layout(trained, tmp_path):
+    # Saved by a replicated strategy (every array packed), restored split.
+    replicated = px.DataParallelTrainer(
+        make_model(seed=1), optax.adam(1e-2), strategy=px.ShardingStrategy(4)
+    )
+    replicated.state = trained.state
+    checkpoint = px.callbacks.Checkpoint(tmp_path, every_n_epochs=None)
+    checkpoint.save(replicated, wait=True)
+    checkpoint.close()
+    restored = px.DataParallelTrainer(
+        make_model(seed=2), optax.adam(1e-2), strategy=ShardedOptimizerStrategy(8)
+    )
+    checkpoint.restore(restored, "latest")
+    assert specs(restored.state) == expected_specs(restored)
+    assert eqx.tree_equal(
+        jax.device_get(eqx.filter(restored.state, eqx.is_array)),
+        jax.device_get(eqx.filter(trained.state, eqx.is_array)),
+    )
 
 
 def test_its_layout_holds_through_save_model(trained, tmp_path):
