@@ -78,7 +78,9 @@ class FitLoop:
         self.signal: int | None = None
         self.max_epochs, self.total_steps = plan(data, progress)
 
-    def info(self, metrics: StepSums | HostMetrics | None = None, examples: int = 0):
+    def info(
+        self, metrics: StepSums | HostMetrics | None = None, examples: int = 0
+    ) -> StepInfo:
         """What a callback is told now."""
         progress = self.progress
         return StepInfo(

@@ -1,0 +1,50 @@
+"""A run as a value: `trainer.snapshot()` and `trainer.restore(snapshot)`
+continue a run exactly, in memory, with no checkpoint in between."""
+
+import jax
+import optax
+import pytest
+
+import phalanx as px
+from helpers import make_data, make_model, max_abs_diff
+
+
+def batches():
+    x, y = make_data(64)
+    return [(x[:32], y[:32]), (x[32:], y[32:])]
+
+
+def trainer(seed: int = 0) -> px.DataParallelTrainer:
+    return px.DataParallelTrainer(
+        make_model(seed), optax.adam(1e-2), strategy=px.PmapStrategy(4)
+    )
+
+
+def test_a_snapshot_continues_a_run_exactly():
+    straight = trainer()
+    straight.fit(batches(), epochs=3)
+    first = trainer()
+    first.fit(batches(), epochs=1)
+    snapshot = first.snapshot()
+    assert isinstance(snapshot, px.Snapshot)
+    assert (snapshot.progress.step, snapshot.progress.epoch) == (2, 1)
+    second = trainer(seed=1)  # other weights: all of them come from the snapshot
+    second.restore(snapshot)
+    assert second.progress.step == 2 and len(second.history) == 1
+    second.fit(batches(), epochs=2)
+    assert max_abs_diff(second.model, straight.model) == 0
+    assert second.history["loss"] == straight.history["loss"]
+    # The snapshot stays valid while its trainer trains on (fit copies the
+    # state before its steps donate it).
+    first.fit(batches(), epochs=1)
+    assert int(jax.device_get(snapshot.state.step)) == 2
+
+
+def test_a_snapshot_of_another_model_is_refused():
+    other = px.DataParallelTrainer(
+        px.models.MLP(5, 3, hidden=(4,), key=jax.random.key(0)), optax.adam(1e-2)
+    )
+    mine = trainer()
+    with pytest.raises(ValueError, match="this trainer's model and optimizer"):
+        mine.restore(other.snapshot())
+    assert mine.progress.step == 0
