@@ -1,6 +1,8 @@
 """A run as a value: `trainer.snapshot()` and `trainer.restore(snapshot)`
 continue a run exactly, in memory, with no checkpoint in between."""
 
+import dataclasses
+
 import jax
 import optax
 import pytest
@@ -48,3 +50,16 @@ def test_a_snapshot_of_another_model_is_refused():
     with pytest.raises(ValueError, match="this trainer's model and optimizer"):
         mine.restore(other.snapshot())
     assert mine.progress.step == 0
+
+
+def test_a_snapshot_taken_at_a_preemption_resumes_without_stopping():
+    first = trainer()
+    first.fit(batches(), epochs=1)
+    stopped = first.snapshot()
+    stopped = dataclasses.replace(
+        stopped, progress=dataclasses.replace(stopped.progress, preempted=15)
+    )
+    second = trainer()
+    second.restore(stopped)
+    second.fit(batches(), epochs=1)  # no Preempted: the signal was the old run's
+    assert second.progress.step == 4 and second.progress.preempted is None

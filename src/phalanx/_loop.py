@@ -114,8 +114,8 @@ class FitLoop:
         signal came."""
         while not (self.trainer.stop_training or self.progress.done()):
             self.run_epoch(eval_data)
-        if self.signal is not None:
-            self.progress = dataclasses.replace(self.progress, preempted=self.signal)
+        # (A restored snapshot may carry the signal that stopped its own run.)
+        self.progress = dataclasses.replace(self.progress, preempted=self.signal)
 
     def run_epoch(self, eval_data: Iterable[Any] | None) -> None:
         """Train on one pass over the data (or its rest, after a resume),
