@@ -6,6 +6,7 @@ import dataclasses
 import jax
 import optax
 import pytest
+from typing_extensions import override
 
 import phalanx as px
 from helpers import make_data, make_model, max_abs_diff
@@ -33,7 +34,8 @@ def test_a_snapshot_continues_a_run_exactly():
     second = trainer(seed=1)  # other weights: all of them come from the snapshot
     second.restore(snapshot)
     assert second.progress.step == 2 and len(second.history) == 1
-    second.fit(batches(), epochs=2)
+    # epochs count from the restored run's start, as with resume=.
+    second.fit(batches(), epochs=3)
     assert max_abs_diff(second.model, straight.model) == 0
     assert second.history["loss"] == straight.history["loss"]
     # The snapshot stays valid while its trainer trains on (fit copies the
@@ -61,5 +63,30 @@ def test_a_snapshot_taken_at_a_preemption_resumes_without_stopping():
     )
     second = trainer()
     second.restore(stopped)
-    second.fit(batches(), epochs=1)  # no Preempted: the signal was the old run's
+    second.fit(batches(), epochs=2)  # no Preempted: the signal was the old run's
     assert second.progress.step == 4 and second.progress.preempted is None
+
+
+def test_a_snapshot_mid_epoch_continues_its_epoch():
+    straight = trainer()
+    straight.fit(batches(), epochs=2)
+    taken = []
+
+    class Take(px.Callback):
+        @override
+        def on_step_end(self, info):
+            if info.step == 3:  # epoch 1, one of its two steps made
+                taken.append(info.snapshot().copy())
+
+    first = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-2), strategy=px.PmapStrategy(4), callbacks=[Take()]
+    )
+    first.fit(batches(), epochs=2)
+    (snapshot,) = taken
+    assert (snapshot.progress.epoch, snapshot.progress.epoch_steps) == (1, 1)
+    second = trainer(seed=1)
+    second.restore(snapshot)
+    second.fit(batches(), epochs=2)  # the rest of epoch 1: its second batch
+    assert second.progress.step == 4
+    assert max_abs_diff(second.model, straight.model) == 0
+    assert second.history["loss"] == straight.history["loss"]

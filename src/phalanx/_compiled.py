@@ -147,6 +147,10 @@ class CompiledSteps:
         zeros = np.zeros(len(self.sum_names), np.float32)
         return EpochSums(*jax.device_put((zeros, NO_FLAGS), self._replicated))
 
+    def copy_replicated(self, arrays: list[jax.Array]) -> list[jax.Array]:
+        """Copies of `arrays`, replicated on the strategy's devices."""
+        return jax.device_put([jnp.copy(x) for x in arrays], self._replicated)
+
     def eval_acc(self) -> jax.Array:
         """Zeroed on-device sums of an evaluation."""
         zeros = np.zeros(len(self.sum_names), np.float32)

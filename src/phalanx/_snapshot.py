@@ -5,6 +5,10 @@ import os
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
 from ._progress import RunProgress
 from ._state import TrainState
 from ._typing import HostMetrics
@@ -20,9 +24,10 @@ class Snapshot:
 
     Attributes:
         state: the `TrainState`, its arrays on the devices as the strategy
-            lays them out. Taken during `fit`, they are the run's own
-            buffers, valid until its next step (which donates them): copy
-            them (a checkpoint packs them at once) to keep them longer.
+            lays them out. Taken during `fit`, they (and the epoch's sums)
+            are the run's own buffers, valid until its next step (which
+            donates them): `copy` the snapshot to keep it longer (a
+            checkpoint packs the arrays at once).
         progress: the `RunProgress`: counters, plan, the epoch's sums.
         history: the trainer's `History.state_dict()`.
         data: where the training data's loader stands (its `state_dict`),
@@ -39,6 +44,16 @@ class Snapshot:
     callbacks: dict[str, Any] = dataclasses.field(default_factory=dict)
     strategy: str = ""
     devices: int = 0
+
+    def copy(self) -> "Snapshot":
+        """This snapshot with copies of its device arrays (laid out as they
+        are), valid however the run goes on."""
+
+        def copied(tree: Any) -> Any:
+            return jax.tree.map(lambda x: jnp.copy(x) if eqx.is_array(x) else x, tree)
+
+        progress = dataclasses.replace(self.progress, sums=copied(self.progress.sums))
+        return dataclasses.replace(self, state=copied(self.state), progress=progress)
 
 
 @runtime_checkable

@@ -38,7 +38,7 @@ from ._progress import RunPlan, RunProgress
 from ._snapshot import Snapshot
 from ._state import TrainState
 from ._step import StepParts
-from ._sums import StepSums, means
+from ._sums import EpochSums, StepSums, means
 from ._typing import (
     ChecksMode,
     HostMetrics,
@@ -187,6 +187,8 @@ class DataParallelTrainer(Generic[_Model]):
             lambda xs: [jnp.copy(x) for x in xs], out_shardings=shardings
         )
         self._progress = RunProgress()
+        # Whether the next fit continues a restored snapshot's epoch.
+        self._restored = False
         # The fit running now (it holds the state and progress meanwhile).
         self._fit: FitLoop | None = None
         # The last fit's epochs and steps, for callbacks outside a fit.
@@ -325,17 +327,26 @@ class DataParallelTrainer(Generic[_Model]):
 
     def restore(self, snapshot: Snapshot) -> None:
         """Continue from `snapshot`: its state (laid out as this trainer's
-        strategy says), progress, history and callbacks' state. (`fit`'s
-        ``resume=`` also puts the data loader back.)
+        strategy says), progress, history and callbacks' state.
+
+        The next `fit` continues the snapshot's run where it was, even
+        mid-epoch: its `epochs` / `steps` count from that run's start, as
+        with ``resume=``. (``resume=`` also puts a `Resumable` data loader
+        back; here, call ``loader.load_state_dict(snapshot.data)``.)
 
         Raises:
             ValueError: the snapshot's state is of another model or optimizer.
         """
         leaves = self._checked_leaves(snapshot.state)
+        progress = snapshot.progress
+        if progress.sums is not None:  # a fit donates them: keep the snapshot's
+            sums = EpochSums(*self.steps.copy_replicated(list(progress.sums)))
+            progress = dataclasses.replace(progress, sums=sums)
         self._set_leaves(put_state(leaves, self._layout.shardings))
-        self._set_progress(snapshot.progress)
+        self._set_progress(progress)
         self.history.load_state_dict(snapshot.history)
         self._callbacks.load_state_dicts(snapshot.callbacks)
+        self._restored = True
 
     @property
     def model(self) -> _Model:
@@ -389,10 +400,13 @@ class DataParallelTrainer(Generic[_Model]):
             check_iterable(eval_data, "eval_data", default_split=default_split)
         check_monitors(self.callbacks, eval_data)
         self._leaves = self._copy(self._leaves)
-        # A fit that ended in an error may have left a part-done epoch behind;
-        # a new fit starts a new epoch (a resumed one restores its own).
-        step, epoch = self._progress.step, self._progress.epoch
-        self._progress = RunProgress(step, epoch, plan=RunPlan(step, epoch))
+        # A fit that ended early (an error, steps=) may have left a part-done
+        # epoch behind: a new fit starts a new epoch, unless it continues a
+        # restored snapshot (or resumes, which restores one).
+        if not self._restored:
+            step, epoch = self._progress.step, self._progress.epoch
+            self._progress = RunProgress(step, epoch, plan=RunPlan(step, epoch))
+        self._restored = False
         if resume is not None:
             snapshot = self._find_snapshot(resume)
             if snapshot is not None:
@@ -542,6 +556,12 @@ class DataParallelTrainer(Generic[_Model]):
             self._progress = progress
         else:
             self._fit.progress = progress
+
+    def _copy_sums(self, progress: RunProgress) -> Any:
+        """Copies of a progress's on-device epoch sums, replicated here."""
+        sums = progress.sums
+        assert sums is not None
+        return type(sums)(*self.steps.copy_replicated(list(sums)))
 
     def _checked_leaves(self, state: TrainState) -> list[Any]:
         """The arrays of `state`, which must be of this trainer's structure."""
