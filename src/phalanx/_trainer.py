@@ -406,13 +406,13 @@ class DataParallelTrainer(Generic[_Model]):
         if not self._restored:
             step, epoch = self._progress.step, self._progress.epoch
             self._progress = RunProgress(step, epoch, plan=RunPlan(step, epoch))
-        self._restored = False
         if resume is not None:
             snapshot = self._find_snapshot(resume)
             if snapshot is not None:
                 self.restore(snapshot)
                 if snapshot.data is not None and isinstance(data, Resumable):
                     data.load_state_dict(snapshot.data)
+        self._restored = False  # this fit continues it; the next starts afresh
         # The run's start is the checkpoint's; how far it goes is this call's.
         plan = dataclasses.replace(self._progress.plan, epochs=epochs, steps=steps)
         self._progress = dataclasses.replace(self._progress, plan=plan)

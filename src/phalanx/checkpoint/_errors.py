@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -127,7 +128,13 @@ def release_failed_io(failure: BaseException | None) -> None:
         return
     for cause in causes(failure):
         traceback.clear_frames(cause.__traceback__)
-    gc.collect()
+    with warnings.catch_warnings():
+        # Coroutines orbax made for the failed read or write but never
+        # started warn as they are collected; the failure is raised already.
+        warnings.filterwarnings(
+            "ignore", "coroutine .* was never awaited", RuntimeWarning
+        )
+        gc.collect()
 
 
 class OrbaxErrorFilter(logging.Filter):
