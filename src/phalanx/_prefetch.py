@@ -162,7 +162,9 @@ class Feed:
         self._loader = data if isinstance(data, Resumable) else None
         rewinds = self._loader is not None
         # Where to rewind to if no batch is taken.
-        self.state: Any = self._loader.state_dict() if self._loader else None
+        self.state: Any = (
+            self._loader.state_dict() if self._loader is not None else None
+        )
         iterator = iter(data)
         ahead = depth > 0 and single_process() and (rewinds or iterator is not data)
         # Provisional: the first batch's state is recorded in case the pass
