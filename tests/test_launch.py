@@ -115,6 +115,30 @@ def test_a_dead_rank_stops_the_others():
     assert lines_of(done.stdout, 0) == lines_of(done.stdout, 2) == ["waiting"]
 
 
+def test_the_rank_that_died_first_is_named(tmp_path):
+    # Rank 0 fails within milliseconds of rank 1's death, as a peer does on
+    # the broken connection: the launcher still names rank 1.
+    marker = tmp_path / "dead"
+    done = launch(
+        "--nproc",
+        "2",
+        script=f"""
+        import os, signal, sys, time
+        marker = {str(marker)!r}
+        if os.environ["JAX_PROCESS_ID"] == "1":
+            time.sleep(0.5)
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        while not os.path.exists(marker):
+            time.sleep(0.001)
+        time.sleep(0.005)
+        os._exit(1)
+        """,
+    )
+    assert done.returncode == 128 + 9, done.stderr
+    assert "rank 1 was killed by SIGKILL" in done.stderr
+
+
 def test_signals_reach_every_rank():
     script = """
 import os, signal, sys, time

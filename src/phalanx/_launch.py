@@ -139,6 +139,8 @@ class _Ranks:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.processes: list[subprocess.Popen[str]] = []
         self.copiers: list[threading.Thread] = []
+        self.waiters: list[threading.Thread] = []
+        self.exits: list[tuple[int, int]] = []  # (rank, code) in exit order
         self._lock = threading.Lock()
         for rank in range(args.nproc):
             try:
@@ -168,6 +170,19 @@ class _Ranks:
                 )
                 copier.start()
                 self.copiers.append(copier)
+            # A waiter per process records the order of exits: when one rank
+            # dies, its peers fail soon after on the broken connection, and
+            # a poll every 50 ms could find both gone and blame the wrong one.
+            waiter = threading.Thread(
+                target=self._wait, args=(rank, process), daemon=True
+            )
+            waiter.start()
+            self.waiters.append(waiter)
+
+    def _wait(self, rank: int, process: subprocess.Popen[str]) -> None:
+        code = process.wait()
+        with self._lock:
+            self.exits.append((rank, code))
 
     def _copy(self, rank: int, stream: IO[str], out: IO[str]) -> None:
         gloo = GlooNotes()
@@ -190,12 +205,9 @@ class _Ranks:
                     pass
 
     def first_failure(self) -> tuple[int, int] | None:
-        """(rank, exit code) of the first process found to have failed."""
-        for rank, process in enumerate(self.processes):
-            code = process.poll()
-            if code not in (None, 0):
-                return rank, code
-        return None
+        """(rank, exit code) of the first process to have failed."""
+        with self._lock:
+            return next(((r, c) for r, c in self.exits if c != 0), None)
 
     def running(self) -> bool:
         return any(process.poll() is None for process in self.processes)
@@ -211,6 +223,8 @@ class _Ranks:
             process.wait()
 
     def join_output(self) -> None:
+        for waiter in self.waiters:
+            waiter.join()  # every process has exited: these end at once
         for copier in self.copiers:
             copier.join(5)
 
