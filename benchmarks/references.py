@@ -16,8 +16,9 @@ returns the loss (a real loop logs it) but nothing waits for it.
   gradients, then one `jax.lax.psum`, and a single division by the global
   batch size.
 
-The model is the benchmark's MLP 784-256-128-10 with adam(1e-3) and the mean
-softmax cross-entropy against integer labels.
+The model is the benchmark's MLP (784-256-128-10, or 16-16-4 with
+``--model tiny``) with adam(1e-3) and the mean softmax cross-entropy against
+integer labels.
 """
 
 import dataclasses
@@ -35,13 +36,42 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import phalanx as px
 
 
-IN, HIDDEN, CLASSES = 784, (256, 128), 10
 KINDS = ("jit", "jit-guarded", "pmap", "scan")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSize:
+    """An MLP's input width, hidden widths and classes."""
+
+    inputs: int
+    hidden: tuple[int, ...]
+    classes: int
+
+    def describe(self) -> str:
+        return "MLP " + "-".join(map(str, (self.inputs, *self.hidden, self.classes)))
+
+
+# "mlp": steps of 2-20 ms on these CPUs, where a framework's fixed cost per
+# step hides; "tiny": steps of tens of µs, as small models take on a GPU,
+# where the host's work per step is the speed (issue 17).
+SIZES = {
+    "mlp": ModelSize(784, (256, 128), 10),
+    "tiny": ModelSize(16, (16,), 4),
+}
+SIZE = SIZES["mlp"]  # the benchmark's model: `use_size` sets it
+
+
+def use_size(name: str) -> None:
+    """Make `SIZES[name]` the model of every later `make_model`."""
+    global SIZE
+    SIZE = SIZES[name]
 
 
 def make_model(seed: int = 0) -> px.models.MLP:
     """The benchmark's model, the same for phalanx and the references."""
-    return px.models.MLP(IN, CLASSES, hidden=HIDDEN, key=jax.random.key(seed))
+    return px.models.MLP(
+        SIZE.inputs, SIZE.classes, hidden=SIZE.hidden, key=jax.random.key(seed)
+    )
 
 
 def make_optimizer() -> optax.GradientTransformation:

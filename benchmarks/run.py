@@ -84,13 +84,23 @@ from rich.console import Console
 from rich.table import Table
 
 import phalanx as px
-from references import CLASSES, IN, make_model, make_optimizer, make_reference
+import references
+from references import SIZES, make_model, make_optimizer, make_reference
 
 
 PAIRS = ("sharding", "pmap", "accum-sharding", "accum-pmap")
 HOST_CASES = ("host-vs-device", "jit-host-vs-device")
-CASES = (*PAIRS, "checks", "nan-guard", "guard-vs-optax", *HOST_CASES, "memory")
+CASES = (
+    *PAIRS,
+    "steps-per-call",
+    "checks",
+    "nan-guard",
+    "guard-vs-optax",
+    *HOST_CASES,
+    "memory",
+)
 MICROBATCHES = 4  # of the accumulation cases
+STEPS_PER_CALL = 8  # of the "steps-per-call" case
 MEMORY_MICROBATCHES = (1, 4, 16)  # of the memory report (1: the plain inner)
 DEVICE_BATCHES = 4  # distinct batches cycled through in "device" runs
 HOST_BATCHES = 16  # batches in an epoch of the host loader
@@ -103,6 +113,9 @@ TARGETS = {
     "checks": 0.98,
     "host-vs-device": 0.95,
 }
+# Issue 17's, with --model tiny: the least ratio per case and device count.
+TINY_TARGETS = {("sharding", 1): 0.97, ("sharding", 8): 0.97}
+TINY_TARGETS |= {("steps-per-call", 1): 2.0, ("steps-per-call", 8): 1.0}
 FIRST_STEP_TARGET = 1.2  # time to first step, A/B, at most
 MIN_STEPS = 10  # per timed run, when chosen from --run-seconds
 CALIBRATION_STEPS = 16  # one loader epoch: a fit call's fixed cost spread as in a run
@@ -143,6 +156,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--devices", help="device counts, comma-separated (1,8)")
     parser.add_argument("--batch-sizes", help="global batch sizes (256,2048)")
     parser.add_argument("--data", default="device,host", help="device,host")
+    parser.add_argument(
+        "--model",
+        choices=tuple(SIZES),
+        default="mlp",
+        help="mlp: 784-256-128-10 (steps of milliseconds here); tiny: 16-16-4 "
+        "(steps of tens of µs: the host's work per step is the speed)",
+    )
     parser.add_argument(
         "--out",
         type=pathlib.Path,
@@ -212,8 +232,9 @@ def dataset(batch: int) -> tuple[np.ndarray, np.ndarray]:
     """`HOST_BATCHES` batches of random features and labels."""
     rng = np.random.default_rng(0)
     n = HOST_BATCHES * batch
-    x = rng.normal(size=(n, IN)).astype(np.float32)
-    return x, rng.integers(0, CLASSES, size=n).astype(np.int32)
+    size = references.SIZE
+    x = rng.normal(size=(n, size.inputs)).astype(np.float32)
+    return x, rng.integers(0, size.classes, size=n).astype(np.int32)
 
 
 def host_batches(
@@ -476,6 +497,15 @@ def cell_cases(args: argparse.Namespace, n: int, batch: int) -> list[Case]:
             a, b = trainers[name], references[kind]
             cases.append(Case(name, n, batch, feed, a_label, a, feed, b_label, b, feed))
     sharding = trainers["sharding"]
+    if "steps-per-call" in args.cases:
+        many = PhalanxSide(
+            make_strategy("sharding", n), batch, repeats, steps_per_call=STEPS_PER_CALL
+        )
+        jit = references.get("jit") or ReferenceSide("jit", n, batch, repeats)
+        references["jit"] = jit
+        for feed in args.data:
+            labels = (f"steps_per_call={STEPS_PER_CALL}", many, feed, "jax.jit", jit)
+            cases.append(Case("steps-per-call", n, batch, feed, *labels, feed))
     if "checks" in args.cases:
         off = PhalanxSide(make_strategy("sharding", n), batch, repeats, checks="off")
         labels = ("checks on", sharding, "host", "checks off", off, "host")
@@ -516,7 +546,16 @@ def steps_per_run(case: Case, seconds: float) -> int:
     fastest = min(
         case.b.run(CALIBRATION_STEPS, case.b_feed).wall for _ in range(CALIBRATIONS)
     )
-    return max(MIN_STEPS, round(seconds / (fastest / CALIBRATION_STEPS)))
+    steps = max(MIN_STEPS, round(seconds / (fastest / CALIBRATION_STEPS)))
+    # Whole calls of the "steps-per-call" case (and the same steps for all).
+    return -(-steps // STEPS_PER_CALL) * STEPS_PER_CALL
+
+
+def target(case: Case) -> float | None:
+    """The least ratio A/B `case` must reach, if it has a target."""
+    if references.SIZE == SIZES["tiny"]:
+        return TINY_TARGETS.get((case.name, case.devices))
+    return TARGETS.get(case.name)
 
 
 def measure(case: Case, repeats: int, steps: int | None, seconds: float) -> dict:
@@ -567,7 +606,7 @@ def measure(case: Case, repeats: int, steps: int | None, seconds: float) -> dict
     # a shared machine, but blind to work a side hides on idle cores.
     result["cpu_ratio"] = b["cpu_median_s"] / a["cpu_median_s"]
     result["first_step_ratio"] = a["first_step_s"] / b["first_step_s"]
-    result["target"] = TARGETS.get(case.name)  # None: reported, no target
+    result["target"] = target(case)  # None: reported, no target
     result["max_rss_mib"] = max_rss_mib()
     return result
 
@@ -598,7 +637,8 @@ def accumulation_memory(devices: int, batch: int) -> list[dict[str, Any]]:
 def configuration(args: argparse.Namespace) -> dict[str, Any]:
     devices = jax.devices()
     return {
-        "model": f"MLP {IN}-256-128-{CLASSES}",
+        "model": references.SIZE.describe(),
+        "steps_per_call": STEPS_PER_CALL,
         "optimizer": "adam(1e-3)",
         "cases": args.cases,
         "repeats": args.repeats,
@@ -709,7 +749,8 @@ def warm_up(device_counts: list[int]) -> None:
     shape no case uses, so no time to first step holds one-off set-up."""
     for n in device_counts:
         rows = 16 * n
-        x, y = np.zeros((rows, IN), np.float32), np.zeros(rows, np.int32)
+        x = np.zeros((rows, references.SIZE.inputs), np.float32)
+        y = np.zeros(rows, np.int32)
         trainer = px.DataParallelTrainer(
             make_model(), make_optimizer(), strategy=px.ShardingStrategy(n)
         )
@@ -722,6 +763,7 @@ def warm_up(device_counts: list[int]) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    references.use_size(args.model)
     if len(args.devices) > 1:
         return run_each_device_count(argv, args)
     # Before JAX starts: the fake devices, and NPROC (NOTES-jax-cpu trap 1).

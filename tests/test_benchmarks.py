@@ -14,7 +14,7 @@ import pytest
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-VERSUS = ("sharding", "pmap", "accum-sharding", "accum-pmap")
+VERSUS = ("sharding", "pmap", "accum-sharding", "accum-pmap", "steps-per-call")
 RUN = [sys.executable, str(ROOT / "benchmarks" / "run.py")]
 SUBPROCESS = {
     # CPU even on a host with accelerators: the harness fakes CPU devices.

@@ -2,7 +2,6 @@
 finish) and the order in which callback hooks fire."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -188,10 +187,10 @@ def test_step_metrics_are_lazy_floats():
 
 
 def test_host_batches_travel_with_the_step_call(monkeypatch):
-    """A NumPy batch and its sample weights go to the devices as arguments of
-    the compiled step (placed by its input shardings, in C++), with no
+    """A NumPy batch and its weights go to the devices as arguments of the
+    compiled step (placed by its input shardings, in C++), with no
     `jax.device_put` of their own; all-ones weights (a loader's full batch)
-    use cached device weights."""
+    use cached NumPy weights (weights of one kind: the step compiles once)."""
     x, y = make_data(64)
     weights = np.linspace(0.5, 1.5, 64, dtype=np.float32)
     trainer = px.DataParallelTrainer(
@@ -215,6 +214,4 @@ def test_host_batches_travel_with_the_step_call(monkeypatch):
     trainer.fit([(x, y), (x, y, weights), (x, y, ones)], epochs=1)
     # The only transfer: the epoch's zeroed sums (the totals are cached).
     assert len(transfers) == 1 and isinstance(transfers[0][0], tuple)
-    cached = type(jnp.zeros(64))  # the cached device weights: a jax.Array
-    host = [np.ndarray, np.ndarray]
-    assert calls == [host + [cached], host + [np.ndarray], host + [cached]]
+    assert calls == [[np.ndarray] * 3] * 3

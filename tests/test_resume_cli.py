@@ -170,6 +170,26 @@ def test_sigterm_saves_then_resume_is_exact(tmp_path, straight, reference, resto
     assert_same_run(tmp_path / "RUN", straight[0], restore)
 
 
+@pytest.mark.slow
+def test_steps_per_call_stops_at_a_call_boundary_and_resumes(
+    tmp_path, reference, restore
+):
+    # 23 steps an epoch: 5 calls of 4 steps, then 3 steps one by one.
+    args = [*COMMON, "--run-dir", "RUN", "--steps-per-call", "4"]
+    folder = tmp_path / "RUN" / "checkpoints"
+    stopped = Phalanx(tmp_path, *args)
+    code = stopped.signal_when(lambda run: run.progress() >= 30, signal.SIGTERM)
+    assert code == 143, stopped.output()
+    _, step = listed(folder)
+    assert step - STEPS_PER_EPOCH in (4, 8, 12, 16, 20, 23), step
+    close = np.testing.assert_allclose
+    for got, want in zip(restore(folder, step), reference[step], strict=True):
+        close(got, want, rtol=0, atol=1e-6)
+    finish(tmp_path, *args, "--resume")
+    for got, want in zip(restore(folder, TOTAL), reference[TOTAL], strict=True):
+        close(got, want, rtol=0, atol=1e-6)
+
+
 # --- atomicity: SIGKILL while saving every step -------------------------------
 
 # Seconds after the first progress line of each attempt (chained: each attempt

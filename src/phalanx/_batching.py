@@ -1,5 +1,6 @@
 """From a host batch to a device batch: check, pad, place."""
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -19,7 +20,7 @@ from ._checks import (
     signature,
     zero_weight_message,
 )
-from ._placement import local_share, put_batch, replicated, single_process
+from ._placement import local_share, put_batch, replicated, single_process, stacked
 from ._processes import check_same_slices
 from .strategies import Strategy
 
@@ -36,6 +37,7 @@ class DeviceBatch(NamedTuple):
         size: examples in the padded step; pass it back as `first` for the
             rest of the pass.
         n: this process's real examples.
+        total_value: `total` on the host, where known (one process).
     """
 
     leaves: list[jax.Array | np.ndarray]
@@ -43,6 +45,7 @@ class DeviceBatch(NamedTuple):
     total: jax.Array
     size: int
     n: int
+    total_value: float | None = None
 
 
 class BatchPipeline:
@@ -85,11 +88,71 @@ class BatchPipeline:
         self.spec: BatchSpec | None = None
         self.num_classes: int | None = None
         self._sizes: dict[Any, int] = {}
-        self._weights: dict[tuple[int, int], jax.Array] = {}
+        self._weights: dict[tuple[int, int, bool], jax.Array | np.ndarray] = {}
         self._totals: dict[float, jax.Array] = {}
         self._split = strategy.batch_sharding
         self._replicated = replicated(strategy.mesh)
         self._device_total = jax.jit(jnp.sum, out_shardings=self._replicated)
+        # Stacked weights (by batch count, size and steps) and totals (by
+        # value), for several steps' batches.
+        self._stacked_weights: dict[tuple[int, int, bool, int], Any] = {}
+        self._stacked_totals: dict[tuple[float | None, ...], jax.Array] = {}
+
+    @functools.cached_property
+    def _stack_on_devices(self) -> Any:
+        """Stacks each list of arrays along a new leading (steps) axis, on
+        the devices, split as a stacked batch."""
+        steps = stacked(self.strategy.batch_sharding)
+        return jax.jit(lambda xs: [jnp.stack(x) for x in xs], out_shardings=steps)
+
+    @functools.cached_property
+    def _stack_totals(self) -> Any:
+        return jax.jit(jnp.stack, out_shardings=self._replicated)
+
+    def _stack_leaves(self, columns: list[list[Any]]) -> list[Any]:
+        """Each column of arrays stacked along a new leading (steps) axis: on
+        the host where all are host arrays of one process, else on the
+        devices."""
+        if single_process() and all(
+            isinstance(x, np.ndarray) for column in columns for x in column
+        ):
+            return [np.stack(column) for column in columns]
+        return self._stack_on_devices(columns)
+
+    def stack(self, group: list[DeviceBatch]) -> tuple[list[Any], Any, jax.Array]:
+        """The leaves, weights and totals of several steps' batches (of one
+        step size), each stacked along a new leading (steps) axis: the
+        arguments of one compiled call of several steps. Host leaves are
+        stacked on the host (one transfer each), device leaves on the
+        devices; the weights and totals of batches without sample weights
+        are cached."""
+        first = group[0]
+        leaves = self._stack_leaves(
+            [[batch.leaves[i] for batch in group] for i in range(len(first.leaves))]
+        )
+        weights = [batch.weight for batch in group]
+        on_host = isinstance(first.weight, np.ndarray)
+        cached = self._weights.get((first.n, first.size, on_host))
+        key = (first.n, first.size, on_host, len(group))
+        if all(w is cached for w in weights):  # the cached ones
+            weight = self._stacked_weights.get(key)
+            if weight is None:
+                weight = self._stack_leaves([weights])[0]
+                if len(self._stacked_weights) < 64:
+                    self._stacked_weights[key] = weight
+        else:
+            weight = self._stack_leaves([weights])[0]
+        values = tuple(batch.total_value for batch in group)
+        total = self._stacked_totals.get(values)
+        if total is None:
+            if all(value is not None for value in values):
+                host = np.array(values, np.float32)
+                total = jax.device_put(host, self._replicated)
+                if len(self._stacked_totals) < 64:
+                    self._stacked_totals[values] = total
+            else:
+                total = self._stack_totals([batch.total for batch in group])
+        return leaves, weight, total
 
     def step_size(self, n: int, first: int | None) -> int:
         """Examples in the padded step: the pass's first size, or n if larger."""
@@ -171,13 +234,15 @@ class BatchPipeline:
         ):
             raise ValueError(zero_weight_message(where))
         if sample_weight is None:
-            weight = self.weights(n, size)
             placed = self.place(pad(leaves, size))
-            total = self.total(weight, n)  # n ones
+            # Where the leaves are, so the step's argument is always one kind
+            # (NumPy here, device weights there would compile it twice).
+            weight = self.weights(n, size, on_host=isinstance(placed[0], np.ndarray))
+            total, value = self.total(weight, n)  # n ones
         else:  # one transfer for the leaves and their weights
             *placed, weight = self.place(pad([*leaves, sample_weight], size))
-            total = self.total(weight, sample_weight)
-        return DeviceBatch(placed, weight, total, size, n)
+            total, value = self.total(weight, sample_weight)
+        return DeviceBatch(placed, weight, total, size, n, value)
 
     def place(self, leaves: list[Leaf]) -> list[jax.Array | np.ndarray]:
         """Leaves for a step: NumPy leaves of a single process as they are
@@ -188,32 +253,37 @@ class BatchPipeline:
             return [*leaves]
         return [*put_batch(leaves, self._split)]
 
-    def weights(self, n: int, size: int) -> jax.Array:
-        """Device weights for n real examples padded to size (cached)."""
-        weight = self._weights.get((n, size))
+    def weights(self, n: int, size: int, *, on_host: bool) -> jax.Array | np.ndarray:
+        """Weights for n real examples padded to size (cached): a NumPy array
+        `on_host` (it travels with the step call, as the host leaves do),
+        else split over the devices."""
+        key = (n, size, on_host)
+        weight = self._weights.get(key)
         if weight is None:
             host = np.zeros(size, np.float32)
             host[:n] = 1.0
-            weight = self._weights[(n, size)] = put_batch([host], self._split)[0]
+            weight = host if on_host else put_batch([host], self._split)[0]
+            self._weights[key] = weight
         return weight
 
     def total(
         self, weight: jax.Array | np.ndarray, host: np.ndarray | int
-    ) -> jax.Array:
+    ) -> tuple[jax.Array, float | None]:
         """Σ of the global batch's weights, replicated (`host`: this
-        process's weights, or their sum)."""
+        process's weights, or their sum), and its value where the host knows
+        it (one process)."""
         if not single_process():
             # Only the devices see every process's weights. Every process
             # runs this reduction for every batch (never cached: the
             # processes must run the same collectives in the same order).
-            return self._device_total(weight)
-        value = float(np.sum(host, dtype=np.float64))
+            return self._device_total(weight), None
+        value = float(host if isinstance(host, int) else np.sum(host, dtype=np.float64))
         total = self._totals.get(value)
         if total is None:
             total = jax.device_put(np.float32(value), self._replicated)
             if len(self._totals) < 64:  # e.g. every batch size of a pass
                 self._totals[value] = total
-        return total
+        return total, value
 
 
 def pad(leaves: list[Leaf], size: int) -> list[Leaf]:

@@ -57,6 +57,11 @@ class StepInfo:
             which `total_steps` count.
         total_steps: the steps the run makes from `start_step`, if known up
             front (``steps=``, or ``epochs=`` over data with a length).
+        last_in_call: at `on_step_end`, whether this step is the last of
+            its compiled call (always, with ``steps_per_call=1``). The hooks
+            of a call's steps run after the whole call: `state` and
+            `snapshot()` are those after its last step, and `stop()` ends
+            `fit` there. (`Checkpoint` saves only there.)
     """
 
     trainer: TrainerLike
@@ -70,6 +75,7 @@ class StepInfo:
     total_steps: int | None = None
     start_epoch: int = 0
     start_step: int = 0
+    last_in_call: bool = True
 
     @functools.cached_property
     def metrics(self) -> HostMetrics:
@@ -99,7 +105,8 @@ class StepInfo:
         return self.trainer.history
 
     def stop(self) -> None:
-        """Ask `fit` to end after the current step (or epoch end)."""
+        """Ask `fit` to end after the current step (or epoch end; with
+        ``steps_per_call > 1``, after the current compiled call)."""
         self.trainer.stop_training = True
 
     def snapshot(self) -> Snapshot:

@@ -56,9 +56,10 @@ def flatten_batch(batch: Any, where: str) -> tuple[list[Leaf], Any]:
             "arrays such as (x, y)"
         )
     arrays = []
-    for name, leaf in zip(_path_names(treedef), leaves, strict=True):
+    for i, leaf in enumerate(leaves):
         array = leaf if isinstance(leaf, Leaf) else np.asarray(leaf)
         if array.dtype.kind not in "biuf":
+            name = _path_names(treedef)[i]
             raise TypeError(
                 f"data: {where} leaf {name} has dtype {array.dtype} "
                 f"(from {type(leaf).__name__}); every leaf must be a numeric array, "

@@ -86,6 +86,7 @@ def train_and_report(
         make_optimizer(args, schedule),
         strategy=strategy,
         seed=args.seed,
+        steps_per_call=args.steps_per_call,
         callbacks=[
             cb.Throughput(log_every=every),
             cb.LearningRateMonitor(schedule, log_every=every),

@@ -47,6 +47,7 @@ class TrainArgs:
     checkpoint_every: int | None
     resume: bool
     log_every: int
+    steps_per_call: int = 1
     distributed: bool = False
 
     @classmethod

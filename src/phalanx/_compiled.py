@@ -9,8 +9,8 @@ from ._checks import BatchSpec, Leaf
 from ._hints import first_batch_hint
 from ._hook_checks import HookError
 from ._layout import StateLayout
-from ._placement import replicated
-from ._step import StepParts, build_predict_step, build_steps
+from ._placement import replicated, stacked
+from ._step import StepParts, build_predict_step, build_steps, several_steps
 from ._sums import NO_FLAGS, EpochSums, sum_names
 
 
@@ -32,6 +32,7 @@ class CompiledSteps:
         model: eqx.Module,
         model_state: eqx.nn.State | None,
         traced_checks: bool,
+        steps_per_call: int = 1,
     ):
         """Args:
         parts: what the steps are made of.
@@ -39,13 +40,19 @@ class CompiledSteps:
         model, model_state: the model (and its state) the run started from,
             to explain a first batch that does not fit.
         traced_checks: check each batch's shapes inside the step too.
+        steps_per_call: steps of `train_many`, one compiled call.
         """
         self.parts = parts
         self.layout = layout
         self._model = model
         self._model_state = model_state
         self.traced_checks = traced_checks
+        self.steps_per_call = steps_per_call
+        if steps_per_call > 1:  # checked before anything is built
+            stacked(parts.strategy.batch_sharding)
         self.train: Any = None
+        # `steps_per_call` train steps in one call, on stacked batches.
+        self.train_many: Any = None
         self.evaluate: Any = None
         # The order of the packed sums: "loss", "weight", then the metrics.
         self.sum_names: tuple[str, ...] = ()
@@ -101,6 +108,14 @@ class CompiledSteps:
             in_shardings=(state, rep, split, split, rep),
             out_shardings=(state, rep, rep),
         )
+        if self.steps_per_call > 1:
+            steps = stacked(split)
+            self.train_many = jax.jit(
+                several_steps(train),
+                donate_argnums=(0, 1),
+                in_shardings=(state, rep, steps, steps, rep),
+                out_shardings=(state, rep, rep),
+            )
         self.evaluate = jax.jit(
             evaluate,
             donate_argnums=(1,),

@@ -9,6 +9,7 @@ import numpy as np
 import optax
 
 from ._callback import Callback, overrides
+from ._placement import stacked
 from ._validate import (
     integer,
     one_of,
@@ -32,6 +33,7 @@ def check_config(
     nan_policy: Any,
     sync_every: Any,
     prefetch: Any,
+    steps_per_call: Any = 1,
 ) -> None:
     """Raise TypeError / ValueError naming the first bad trainer argument."""
     if not callable(model):
@@ -71,6 +73,9 @@ def check_config(
     one_of("checks", checks, ("on", "off"))
     one_of("nan_policy", nan_policy, ("raise", "skip", "off"))
     positive_int("sync_every", sync_every, example="16")
+    positive_int("steps_per_call", steps_per_call, example="8")
+    if steps_per_call > 1 and strategy is not None:
+        stacked(strategy.batch_sharding)  # the strategy can stack batches
     optional_int_at_least(
         "prefetch",
         prefetch,

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from ._batching import BatchPipeline, DeviceBatch
+from ._batching import BatchPipeline
 from ._callback import StepInfo, TrainerLike
 from ._checks import empty_data_message, nonfinite_error
 from ._compiled import CompiledSteps
@@ -29,11 +29,13 @@ class LoopSettings:
         prefetch: batches prepared ahead (see the trainer).
         sync_every: the host waits for the device at least this often.
         nan_policy: what a non-finite gradient does.
+        steps_per_call: steps run by one compiled call (see the trainer).
     """
 
     prefetch: int
     sync_every: int
     nan_policy: NanPolicy
+    steps_per_call: int = 1
 
 
 class FitLoop:
@@ -79,13 +81,18 @@ class FitLoop:
         self.max_epochs, self.total_steps = plan(data, progress)
 
     def info(
-        self, metrics: StepSums | HostMetrics | None = None, examples: int = 0
+        self,
+        metrics: StepSums | HostMetrics | None = None,
+        examples: int = 0,
+        *,
+        step: int | None = None,
+        last_in_call: bool = True,
     ) -> StepInfo:
-        """What a callback is told now."""
+        """What a callback is told now (at `step`, default the progress's)."""
         progress = self.progress
         return StepInfo(
             self.trainer,
-            progress.step,
+            progress.step if step is None else step,
             progress.epoch,
             metrics or {},
             examples=examples,
@@ -93,6 +100,7 @@ class FitLoop:
             total_steps=self.total_steps,
             start_epoch=progress.plan.start_epoch,
             start_step=progress.plan.start_step,
+            last_in_call=last_in_call,
         )
 
     def data_state(self) -> Any:
@@ -129,17 +137,18 @@ class FitLoop:
         # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
         # was trained on (a Resumable loader resumes by itself).
         skip = 0 if isinstance(data, Resumable) else progress.epoch_steps
-        self.feed = Feed(
+        self.feed = feed = Feed(
             self.pipeline,
             () if done else data,
             depth=self.settings.prefetch,
             where=lambda i: f"batch {i} of epoch {epoch}",
             skip=skip,
             train=True,
+            group=self.settings.steps_per_call,
         )
         try:
-            with self.feed as batches:
-                self.train_pass(batches)
+            with feed:
+                self.train_pass(feed)
         finally:
             self.feed = None
         if self.signal is not None:
@@ -155,31 +164,53 @@ class FitLoop:
         self.progress = self.progress.next_epoch()
         self.callbacks.epoch_end(info)
 
-    def train_pass(self, batches: Iterable[DeviceBatch]) -> None:
-        """A step per batch until the pass ends, the plan is done, a
-        callback stops training, or a signal came."""
+    def train_pass(self, feed: Feed) -> None:
+        """Compiled calls of `steps_per_call` steps (single steps where the
+        pass or the plan has fewer left, or the step size changes) until the
+        pass ends, the plan is done, a callback stops training, or a signal
+        came; each of those is acted on where a call ends."""
         steps, trainer, callbacks = self.steps, self.trainer, self.callbacks
-        sync_every = self.settings.sync_every
+        sync_every, k = self.settings.sync_every, self.settings.steps_per_call
         examples = jax.process_count()  # every process's slice of a batch
-        for placed in batches:
+        while True:
             progress = self.progress
+            left = progress.steps_left()
+            group = feed.take(k if left is None else min(k, left))
+            if not group:
+                return
             acc = progress.sums
             if acc is None:
                 acc = steps.train_acc()
                 progress = dataclasses.replace(progress, sum_names=steps.sum_names)
-            self.leaves, acc, sums = steps.train(
-                self.leaves, acc, placed.leaves, placed.weight, placed.total
-            )
-            self.progress = progress = progress.stepped(acc)
-            if progress.step % sync_every == 0:
+            if len(group) > 1 and len(group) == k:
+                leaves, weight, total = self.pipeline.stack(group)
+                self.leaves, acc, sums = steps.train_many(
+                    self.leaves, acc, leaves, weight, total
+                )
+                rows = [(sums, i) for i in range(k)]
+            else:
+                rows = []
+                for placed in group:
+                    self.leaves, acc, sums = steps.train(
+                        self.leaves, acc, placed.leaves, placed.weight, placed.total
+                    )
+                    rows.append((sums, None))
+            before = progress.step
+            self.progress = progress = progress.stepped(acc, len(group))
+            if progress.step // sync_every > before // sync_every:
                 self.sync(acc)
             if callbacks.step_hooks:
-                # The slices are equal but for the last batch of a pass, at
-                # most one example apart.
-                info = self.info(
-                    StepSums(sums, steps.step_names), examples=placed.n * examples
-                )
-                callbacks.step_end(info)
+                names, last = steps.step_names, len(group) - 1
+                for i, (placed, row) in enumerate(zip(group, rows, strict=True)):
+                    # The slices are equal but for the last batch of a pass,
+                    # at most one example apart.
+                    info = self.info(
+                        StepSums(row[0], names, row[1]),
+                        examples=placed.n * examples,
+                        step=before + i + 1,
+                        last_in_call=i == last,
+                    )
+                    callbacks.step_end(info)
             if self.signal is not None:
                 return
             if trainer.stop_training or progress.plan.done(progress.step, None):

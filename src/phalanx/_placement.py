@@ -35,6 +35,22 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return named(mesh, P())
 
 
+def stacked(sharding: Sharding) -> NamedSharding:
+    """`sharding` (a batch's) with a new leading axis kept whole: where the
+    batches of several steps go, stacked for one compiled call.
+
+    Raises:
+        TypeError: `sharding` is not a `NamedSharding`.
+    """
+    if not isinstance(sharding, NamedSharding):
+        raise TypeError(
+            f"steps_per_call > 1 stacks batches along a new leading axis, which "
+            f"needs a strategy whose batch_sharding is a NamedSharding, not "
+            f"{sharding!r}; use steps_per_call=1 with this strategy"
+        )
+    return named(sharding.mesh, P(None, *sharding.spec))
+
+
 def available_devices() -> list[Any]:
     """The devices a strategy may use: this process's, or in a multi-process
     run every process's."""

@@ -138,6 +138,10 @@ class Feed:
     rewound there. Without read-ahead the loader's own state is exact and
     `tracking` is False.
 
+    `take(limit)` gives the next batches of one step size, `group` at most
+    (the steps of one compiled call): it looks one batch ahead to see the
+    size change, so a `Resumable` loader is then always tracked.
+
     The pass's first batch is prepared on the calling thread: it fixes the
     pass's step shape (and, the first of all, validates the data against the
     model and builds the steps), and shows where the batches are. Only host
@@ -154,6 +158,7 @@ class Feed:
         where: Callable[[int], str],
         skip: int = 0,
         train: bool = False,
+        group: int = 1,
     ):
         self._pipeline = pipeline
         self._train = train
@@ -169,7 +174,7 @@ class Feed:
         ahead = depth > 0 and single_process() and (rewinds or iterator is not data)
         # Provisional: the first batch's state is recorded in case the pass
         # turns out to be read ahead (settled once that batch is seen).
-        self.tracking = ahead and rewinds
+        self.tracking = (ahead or group > 1) and rewinds
         numbered = (
             (i, batch, self._loader_state())
             for i, batch in enumerate(iterator)
@@ -183,10 +188,11 @@ class Feed:
             for placed, _ in opening
             for leaf in placed.leaves
         )
-        self.tracking = ahead and rewinds
+        self.tracking = (ahead or group > 1) and rewinds
         self._prefetcher = Prefetcher(numbered, self._prepare, depth) if ahead else None
         rest = self._prefetcher or map(self._prepare, numbered)
         self._batches = itertools.chain(opening, rest)
+        self._next: tuple[DeviceBatch, Any] | None = None  # looked ahead at
 
     def __enter__(self) -> Iterator["DeviceBatch"]:
         return self._taken()
@@ -202,6 +208,25 @@ class Feed:
             if self.tracking:
                 self.state = state
             yield placed
+
+    def take(self, limit: int) -> list["DeviceBatch"]:
+        """The next batches, at most `limit`, all of the first one's step
+        size (fewer where the pass ends or the size changes; none once it
+        has ended)."""
+        group: list[DeviceBatch] = []
+        while len(group) < limit:
+            item = self._next or next(self._batches, None)
+            self._next = None
+            if item is None:
+                break
+            placed, state = item
+            if group and placed.size != group[0].size:
+                self._next = item  # the first of the next group
+                break
+            group.append(placed)
+            if self.tracking:
+                self.state = state
+        return group
 
     def _loader_state(self) -> Any:
         """Where a tracked loader stands (None when not tracking)."""

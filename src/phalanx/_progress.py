@@ -58,12 +58,12 @@ class RunProgress:
     sum_names: tuple[str, ...] = ()
     preempted: int | None = None
 
-    def stepped(self, sums: EpochSums) -> "RunProgress":
-        """The progress after one more step, whose epoch's sums are `sums`."""
+    def stepped(self, sums: EpochSums, steps: int = 1) -> "RunProgress":
+        """The progress after `steps` more steps, whose epoch's sums are `sums`."""
         return RunProgress(
-            self.step + 1,
+            self.step + steps,
             self.epoch,
-            self.epoch_steps + 1,
+            self.epoch_steps + steps,
             self.plan,
             sums,
             self.sum_names,
@@ -77,6 +77,13 @@ class RunProgress:
     def done(self) -> bool:
         """Whether the plan is complete (by steps or by epochs)."""
         return self.plan.done(self.step, self.epoch)
+
+    def steps_left(self) -> int | None:
+        """The steps the plan has left to make, if it limits them."""
+        plan = self.plan
+        if plan.steps is None:
+            return None
+        return max(0, plan.start_step + plan.steps - self.step)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the on-device sums, as plain data (for checkpoints;

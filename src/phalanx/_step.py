@@ -204,6 +204,25 @@ def build_steps(
     return train_step, eval_step, probe
 
 
+def several_steps(train_step: Callable) -> Callable:
+    """`train_step` over a leading steps axis of its batch leaves, weights
+    and totals: several steps in one compiled call (`jax.lax.scan`), the
+    state and the epoch's sums carried from step to step, each step's sums
+    stacked (a row each)."""
+
+    def train_steps(leaves, acc, batch_leaves, weight, total):
+        def step(carry, batch):
+            leaves, acc, sums = train_step(*carry, *batch)
+            return (leaves, acc), sums
+
+        (leaves, acc), sums = jax.lax.scan(
+            step, (leaves, acc), (batch_leaves, weight, total)
+        )
+        return leaves, acc, sums
+
+    return train_steps
+
+
 def _guard(
     policy: str,
     old: TrainState,

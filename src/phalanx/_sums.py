@@ -57,11 +57,20 @@ def means(values: np.ndarray, names: Sequence[str]) -> HostMetrics:
 @dataclasses.dataclass(frozen=True)
 class StepSums:
     """One step's packed sums, still on the devices: fetched and divided
-    only when a callback reads `StepInfo.metrics`."""
+    only when a callback reads `StepInfo.metrics`.
 
-    values: Float[Array, " sums"]
+    Attributes:
+        values: the step's sums, or (with `index`) the sums of every step of
+            one compiled call, a row each.
+        names: the sums' names.
+        index: the step's row of `values`, if it holds several steps (the
+            array is fetched once: JAX keeps its host copy).
+    """
+
+    values: Float[Array, " sums"] | Float[Array, "steps sums"]
     names: tuple[str, ...]
+    index: int | None = None
 
     def means(self) -> HostMetrics:
         host: Any = jax.device_get(self.values)
-        return means(host, self.names)
+        return means(host if self.index is None else host[self.index], self.names)

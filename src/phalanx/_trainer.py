@@ -104,6 +104,7 @@ class DataParallelTrainer(Generic[_Model]):
         nan_policy: NanPolicy = "raise",
         sync_every: int = 16,
         prefetch: int | None = None,
+        steps_per_call: int = 1,
     ):
         """Args:
         model: a per-example Equinox model; it may take a ``key`` keyword
@@ -139,6 +140,19 @@ class DataParallelTrainer(Generic[_Model]):
             a loader with `state_dict` and `load_state_dict` is rewound to
             the batch last used when a pass stops early; a one-shot iterator
             (a generator) and every multi-process run are not read ahead.
+        steps_per_call: consecutive steps run by one compiled call (Keras'
+            ``steps_per_execution``): their batches are stacked (host
+            batches on the host, in one transfer) and a `jax.lax.scan` makes
+            the steps, so the host's fixed cost per call is paid once per
+            this many steps. The update is the same as one step per call;
+            `on_step_end` still fires for every step, with that step's
+            metrics, but only after the call, so the state, a checkpoint,
+            a preemption and a stop act where a call ends (see
+            `StepInfo.last_in_call`). Where fewer steps are left in a pass
+            or the plan, or the step size changes (a short last batch),
+            those steps run one per call (compiled once more). Raise it
+            when a step takes well under a millisecond (small models on an
+            accelerator); 1 (the default) otherwise.
 
         Raises:
             TypeError, ValueError: an argument is invalid (the message names it).
@@ -155,6 +169,7 @@ class DataParallelTrainer(Generic[_Model]):
             nan_policy=nan_policy,
             sync_every=sync_every,
             prefetch=prefetch,
+            steps_per_call=steps_per_call,
         )
         self.strategy: Strategy = ShardingStrategy() if strategy is None else strategy
         self.optimizer = optimizer
@@ -162,6 +177,7 @@ class DataParallelTrainer(Generic[_Model]):
         self.checks = checks
         self.nan_policy: NanPolicy = nan_policy
         self.sync_every = sync_every
+        self.steps_per_call = steps_per_call
         self.prefetch = default_depth(self.strategy) if prefetch is None else prefetch
         self.history = History()
         # A callback sets this to end `fit` after the current step (Keras' idiom).
@@ -209,6 +225,7 @@ class DataParallelTrainer(Generic[_Model]):
             model=model,
             model_state=model_state,
             traced_checks=checks == "on",
+            steps_per_call=steps_per_call,
         )
         self._batches = BatchPipeline(
             self.strategy,
@@ -424,7 +441,9 @@ class DataParallelTrainer(Generic[_Model]):
             callbacks=self._callbacks,
             history=self.history,
             evaluate=self.evaluate,
-            settings=LoopSettings(self.prefetch, self.sync_every, self.nan_policy),
+            settings=LoopSettings(
+                self.prefetch, self.sync_every, self.nan_policy, self.steps_per_call
+            ),
             leaves=self._leaves,
             progress=self._progress,
             data=data,

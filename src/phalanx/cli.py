@@ -196,6 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
         "as if it had never stopped",
     )
     add(
+        "--steps-per-call",
+        type=_positive_int,
+        default=1,
+        metavar="K",
+        help="run K steps per compiled call (lax.scan): for small models, "
+        "where the host's work per step would otherwise set the speed",
+    )
+    add(
         "--log-every",
         type=_positive_int,
         default=10,

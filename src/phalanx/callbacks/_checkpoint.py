@@ -71,7 +71,9 @@ class Checkpoint(Callback):
     ):
         """Args:
         directory: the folder of this run's checkpoints (created if needed).
-        every_n_steps: save after every this many steps (None: never).
+        every_n_steps: save after every this many steps (None: never);
+            with ``steps_per_call > 1``, at the end of the compiled call
+            that reaches such a step.
         every_n_epochs: save after every this many epochs (None: never).
         keep: how many checkpoints to keep.
         monitor: an epoch metric (e.g. ``"eval_loss"``): keep the best
@@ -105,11 +107,15 @@ class Checkpoint(Callback):
         self._last_step = 0  # the step of the newest save handed to orbax
         # Steps whose checkpoints a resume found unreadable: saved anew.
         self._damaged: set[int] = set()
+        # A multiple of every_n_steps was reached inside a compiled call of
+        # several steps: saved when the call's last step is reported.
+        self._due = False
 
     @override
     def on_fit_start(self, info: StepInfo) -> None:
         del info
         self._failure = None
+        self._due = False
         self._writable()
 
     @override
@@ -117,6 +123,9 @@ class Checkpoint(Callback):
         if self._pending is not None and self._pending.done():
             self._wait_for_writer()  # a failed save stops training now
         if self.every_n_steps and info.step % self.every_n_steps == 0:
+            self._due = True
+        if self._due and info.last_in_call:  # the state is this step's
+            self._due = False
             self.save_snapshot(info.snapshot())
 
     @override
