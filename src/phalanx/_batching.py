@@ -12,6 +12,7 @@ import numpy as np
 from ._checks import (
     BatchSpec,
     Leaf,
+    Signature,
     check_finite,
     check_labels,
     check_sample_weight,
@@ -97,6 +98,8 @@ class BatchPipeline:
         # value), for several steps' batches.
         self._stacked_weights: dict[tuple[int, int, bool, int], Any] = {}
         self._stacked_totals: dict[tuple[float | None, ...], jax.Array] = {}
+        # Batches prepared before, less their leaves, by `_quick_key`.
+        self._quick: dict[Any, DeviceBatch] = {}
 
     @functools.cached_property
     def _stack_on_devices(self) -> Any:
@@ -160,19 +163,21 @@ class BatchPipeline:
         return math.ceil(max(n, first or 0) / multiple) * multiple
 
     def check(
-        self, batch: Any, where: str
+        self, parts: tuple[Any, Any, Any], where: str
     ) -> tuple[list[Leaf], Any, int, np.ndarray | None]:
-        """Check a host batch.
+        """Check a batch's ``(inputs, targets, sample_weight)``.
 
         Returns:
             The leaves and structure of ``(inputs, targets)``, the number of
             examples, and the sample weights (or None).
         """
-        inputs, targets, sample_weight = self.split(batch)
-        leaves, treedef = flatten_batch((inputs, targets), where)
-        key = signature(leaves, treedef)
-        n = self._sizes.get(key)
+        inputs, targets, sample_weight = parts
+        leaves, treedef = jax.tree.flatten((inputs, targets))
+        # A signature seen before: its leaves were arrays, checked then.
+        n = self._sizes.get(_quick_signature(leaves, treedef))
         if n is None:
+            leaves, treedef = flatten_batch((inputs, targets), where)
+            key = signature(leaves, treedef)
             n = num_examples(leaves, treedef, where)
             if self.spec is None:
                 spec = BatchSpec.of(leaves, treedef)
@@ -213,8 +218,22 @@ class BatchPipeline:
     ) -> DeviceBatch:
         """Check, pad and shard one batch (`first`: the pass's step size, None
         at its first batch). A batch to `train` on must weigh something: its
-        gradient is divided by its total weight."""
-        leaves, treedef, n, sample_weight = self.check(batch, where)
+        gradient is divided by its total weight.
+
+        A batch like one seen before at this point of a pass, whose leaves
+        are all on the devices (or, with value checks off, all on the host)
+        and need no padding, takes a quick path: its signature is looked up
+        and its cached weights and total reused."""
+        parts = self.split(batch)
+        key = None
+        if parts[2] is None:
+            leaves, treedef = jax.tree.flatten(parts[:2])
+            key = (_quick_signature(leaves, treedef), first, train)
+            quick = self._quick.get(key)
+            if quick is not None:
+                on_host = isinstance(quick.weight, np.ndarray)
+                return quick._replace(leaves=leaves if on_host else self.place(leaves))
+        leaves, treedef, n, sample_weight = self.check(parts, where)
         if first is None:  # a pass's first batch fixes its step's shape
             check_same_slices(leaves, treedef, where)
         elif n > first and not single_process():
@@ -242,7 +261,20 @@ class BatchPipeline:
         else:  # one transfer for the leaves and their weights
             *placed, weight = self.place(pad([*leaves, sample_weight], size))
             total, value = self.total(weight, sample_weight)
-        return DeviceBatch(placed, weight, total, size, n, value)
+        prepared = DeviceBatch(placed, weight, total, size, n, value)
+        on_host = isinstance(weight, np.ndarray)
+        if (
+            sample_weight is None
+            and n == size
+            and value is not None  # one process
+            and not (on_host and self.value_checks)
+            and all(isinstance(x, np.ndarray) == on_host for x in placed)
+            and key is not None
+            and key[0] is not None
+            and len(self._quick) < 64
+        ):
+            self._quick[key] = prepared._replace(leaves=[])
+        return prepared
 
     def place(self, leaves: list[Leaf]) -> list[jax.Array | np.ndarray]:
         """Leaves for a step: NumPy leaves of a single process as they are
@@ -284,6 +316,15 @@ class BatchPipeline:
             if len(self._totals) < 64:  # e.g. every batch size of a pass
                 self._totals[value] = total
         return total, value
+
+
+def _quick_signature(leaves: list[Any], treedef: Any) -> Signature | None:
+    """The `signature` of leaves that are all arrays (else None): the key of
+    a batch's checks, made without converting or checking anything."""
+    for leaf in leaves:
+        if not isinstance(leaf, Leaf):
+            return None
+    return treedef, tuple([(leaf.shape, leaf.dtype) for leaf in leaves])
 
 
 def pad(leaves: list[Leaf], size: int) -> list[Leaf]:

@@ -32,7 +32,7 @@ def _dtype_class(dtype: np.dtype) -> Any:
     return getattr(jaxtyping, prefix[kind] + bits)
 
 
-Signature = tuple[Any, tuple[tuple[tuple[int, ...], str], ...]]
+Signature = tuple[Any, tuple[tuple[tuple[int, ...], Any], ...]]
 
 
 def _path_names(treedef: Any) -> list[str]:
@@ -71,7 +71,7 @@ def flatten_batch(batch: Any, where: str) -> tuple[list[Leaf], Any]:
 
 def signature(leaves: Sequence[Leaf], treedef: Any) -> Signature:
     """The cache key of a batch's checks: structure, shapes and dtypes."""
-    return treedef, tuple((leaf.shape, leaf.dtype.str) for leaf in leaves)
+    return treedef, tuple([(leaf.shape, leaf.dtype) for leaf in leaves])
 
 
 def num_examples(leaves: Sequence[Leaf], treedef: Any, where: str) -> int:

@@ -102,18 +102,20 @@ class CompiledSteps:
         # Batches may come as NumPy arrays: the shardings place them.
         state, split = layout.shardings, parts.strategy.batch_sharding
         rep = self._replicated
+        # The epoch's flags are not donated: the loop waits on an earlier
+        # step's flags while later steps run (`FitLoop.sync`).
         self.train = jax.jit(
-            train,
+            _split_acc(train),
             donate_argnums=(0, 1),
-            in_shardings=(state, rep, split, split, rep),
+            in_shardings=(state, rep, rep, split, split, rep),
             out_shardings=(state, rep, rep),
         )
         if self.steps_per_call > 1:
             steps = stacked(split)
             self.train_many = jax.jit(
-                several_steps(train),
+                _split_acc(several_steps(train)),
                 donate_argnums=(0, 1),
-                in_shardings=(state, rep, steps, steps, rep),
+                in_shardings=(state, rep, rep, steps, steps, rep),
                 out_shardings=(state, rep, rep),
             )
         self.evaluate = jax.jit(
@@ -170,3 +172,13 @@ class CompiledSteps:
         """Zeroed on-device sums of an evaluation."""
         zeros = np.zeros(len(self.sum_names), np.float32)
         return jax.device_put(zeros, self._replicated)
+
+
+def _split_acc(train: Any) -> Any:
+    """`train` taking the epoch's sums and flags as two arguments (so that a
+    jit can donate the sums alone)."""
+
+    def call(leaves, sums, flags, batch_leaves, weight, total):
+        return train(leaves, EpochSums(sums, flags), batch_leaves, weight, total)
+
+    return call

@@ -9,23 +9,45 @@ from ._state import TrainState
 from .strategies import Strategy
 
 
+PRNG_KEY = jax.dtypes.prng_key
+
+
 class StateLayout(NamedTuple):
     """How a `TrainState` travels as a flat list of arrays.
+
+    A PRNG key travels as its raw data (`jax.random.key_data`): a compiled
+    step returning a typed key array makes Python build it on every call
+    (~8 µs a step, the most of a small step's host work after the call).
 
     Attributes:
         treedef: the structure of the state's arrays.
         static: everything of the state that is not an array.
         shardings: where each array lives (the strategy's `state_shardings`).
-        structs: each array's shape and dtype.
+        structs: each array's shape and dtype, as it travels.
+        keys: each array's PRNG key implementation, if it is a key.
     """
 
     treedef: Any
     static: Any
     shardings: list[Any]
     structs: list[jax.ShapeDtypeStruct]
+    keys: tuple[Any, ...]
+
+    def flatten(self, state: TrainState) -> list[Any]:
+        """The arrays of `state` (of this layout's structure) as they travel."""
+        leaves = jax.tree.leaves(eqx.filter(state, eqx.is_array))
+        return [
+            x if impl is None else jax.random.key_data(x)
+            for x, impl in zip(leaves, self.keys, strict=True)
+        ]
 
     def unflatten(self, leaves: list[Any]) -> TrainState:
-        return eqx.combine(jax.tree.unflatten(self.treedef, leaves), self.static)
+        """The `TrainState` of arrays as they travel."""
+        arrays = [
+            x if impl is None else jax.random.wrap_key_data(x, impl=impl)
+            for x, impl in zip(leaves, self.keys, strict=True)
+        ]
+        return eqx.combine(jax.tree.unflatten(self.treedef, arrays), self.static)
 
 
 def state_layout(strategy: Strategy, state: TrainState) -> StateLayout:
@@ -55,4 +77,12 @@ def state_layout(strategy: Strategy, state: TrainState) -> StateLayout:
                 f"{list(struct.shape)}; return a jax.sharding.NamedSharding on "
                 "the strategy's mesh for every array"
             )
-    return StateLayout(treedef, static, flat, structs)
+    keys = tuple(
+        jax.random.key_impl(x) if jax.dtypes.issubdtype(x.dtype, PRNG_KEY) else None
+        for x in leaves
+    )
+    travel = [
+        struct if impl is None else jax.eval_shape(jax.random.key_data, struct)
+        for struct, impl in zip(structs, keys, strict=True)
+    ]
+    return StateLayout(treedef, static, flat, travel, keys)

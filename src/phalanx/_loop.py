@@ -75,6 +75,8 @@ class FitLoop:
         self.progress = progress
         self.data = data
         self.feed: Feed | None = None
+        # The epoch's flags at the last sync point (not donated by the steps).
+        self.waiting: jax.Array | None = None
         # The signal that asked the run to stop (set by the handler; noted
         # in `progress` at the next step boundary).
         self.signal: int | None = None
@@ -137,6 +139,7 @@ class FitLoop:
         # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
         # was trained on (a Resumable loader resumes by itself).
         skip = 0 if isinstance(data, Resumable) else progress.epoch_steps
+        self.waiting = None  # the epoch's end waits for every step
         self.feed = feed = Feed(
             self.pipeline,
             () if done else data,
@@ -185,14 +188,14 @@ class FitLoop:
             if len(group) > 1 and len(group) == k:
                 leaves, weight, total = self.pipeline.stack(group)
                 self.leaves, acc, sums = steps.train_many(
-                    self.leaves, acc, leaves, weight, total
+                    self.leaves, *acc, leaves, weight, total
                 )
                 rows = [(sums, i) for i in range(k)]
             else:
                 rows = []
                 for placed in group:
                     self.leaves, acc, sums = steps.train(
-                        self.leaves, acc, placed.leaves, placed.weight, placed.total
+                        self.leaves, *acc, placed.leaves, placed.weight, placed.total
                     )
                     rows.append((sums, None))
             before = progress.step
@@ -217,11 +220,16 @@ class FitLoop:
                 return
 
     def sync(self, acc: EpochSums) -> None:
-        """Wait for the device (bounded in-flight window); surface a bad step."""
+        """Wait for the device as far as the previous sync point (a bounded
+        in-flight window that never drains: the steps since then keep the
+        device busy meanwhile); surface a bad step up to there."""
+        flags, self.waiting = self.waiting, acc.flags
+        if flags is None:
+            return
         if self.settings.nan_policy == "raise":
-            self.raise_if_nonfinite(jax.device_get(acc.flags))
+            self.raise_if_nonfinite(jax.device_get(flags))
         else:
-            jax.block_until_ready(acc.flags)
+            jax.block_until_ready(flags)
 
     def epoch_logs(self, acc: Any) -> HostMetrics:
         """The epoch's means from its sums, fetched (each divided once by the

@@ -89,11 +89,6 @@ def weighted_sums(
     return sums
 
 
-def _array_leaves(state: TrainState) -> list[jax.Array]:
-    """The state's arrays in the order of the trainer's flat state."""
-    return jax.tree.leaves(eqx.filter(state, eqx.is_array))
-
-
 def _packed(sums: dict[str, Any]) -> jax.Array:
     """A slice's sums as one vector (one operand of the reduction)."""
     return jnp.stack(list(sums.values()))
@@ -168,9 +163,11 @@ def build_steps(
                 next_key,
                 model_state,
             )
-            return _array_leaves(new)
+            return layout.flatten(new)
 
-        return _guard(parts.nan_policy, state, update, grads, sums, acc, total)
+        return _guard(
+            parts.nan_policy, (state.step, leaves), update, grads, sums, acc, total
+        )
 
     def eval_step(leaves, acc, batch_leaves, weight):
         state = unflatten(leaves)
@@ -225,7 +222,7 @@ def several_steps(train_step: Callable) -> Callable:
 
 def _guard(
     policy: str,
-    old: TrainState,
+    old: tuple[jax.Array, list[jax.Array]],
     update: Callable[[], list[jax.Array]],
     grads: Any,
     sums: jax.Array,
@@ -244,8 +241,9 @@ def _guard(
     the step; ``"off"`` always applies the update. `update` makes the new
     state's leaves; under a policy it runs in a `lax.cond`, so that a good
     step updates the state in place instead of selecting between two copies
-    of it.
+    of it. `old` is the state's step and arrays before this step.
     """
+    old_step, old_leaves = old
     finite_leaves = _finite_leaves(grads)
     finite = jnp.all(finite_leaves)
     skipped, bad_step, bad_leaf = acc.flags
@@ -255,10 +253,10 @@ def _guard(
     if policy == "off":
         leaves = update()
     else:
-        leaves = jax.lax.cond(apply, update, lambda: _array_leaves(old))
+        leaves = jax.lax.cond(apply, update, lambda: old_leaves)
     flags = [
         skipped + (~apply).astype(jnp.int32),
-        jnp.where(first_bad, old.step, bad_step),
+        jnp.where(first_bad, old_step, bad_step),
         jnp.where(first_bad, _bad_leaf(finite_leaves, total), bad_leaf),
     ]
     acc = EpochSums(acc.sums + jnp.where(apply, sums, 0), jnp.stack(flags))

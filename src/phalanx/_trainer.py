@@ -127,8 +127,11 @@ class DataParallelTrainer(Generic[_Model]):
         nan_policy: on a non-finite gradient, ``"raise"`` (naming the leaf and
             step; state kept as before that step), ``"skip"`` the update
             (counted in the ``skipped_steps`` metric), or ``"off"``.
-        sync_every: the host waits for the device at least every this many
-            steps, bounding memory and error latency.
+        sync_every: at every multiple of this many steps the host waits for
+            the device to finish the steps up to the previous multiple (and
+            raises there for a non-finite gradient under ``"raise"``): at
+            most twice this many steps are in flight, bounding memory and
+            error latency, and the device never runs dry while it waits.
         prefetch: batches checked and padded this many ahead in `fit` and
             `evaluate`, on a background thread of the lowest priority (it
             runs on cores XLA leaves idle; `split_batch` and `sample_weight`
@@ -195,7 +198,7 @@ class DataParallelTrainer(Generic[_Model]):
         self._layout = state_layout(self.strategy, state)
         shardings = self._layout.shardings
         self._leaves: list[jax.Array] = put_state(
-            jax.tree.leaves(eqx.filter(state, eqx.is_array)), shardings
+            self._layout.flatten(state), shardings
         )
         # Copies the state before a loop donates it, so states handed out stay valid
         # (NOTES trap 5: device_put may share the user's own buffers).
@@ -553,7 +556,7 @@ class DataParallelTrainer(Generic[_Model]):
         placed = self._batches.prepare(batch, "batch", None)
         return self.steps.train.lower(
             self._current_leaves(),
-            self.steps.train_acc(),
+            *self.steps.train_acc(),
             placed.leaves,
             placed.weight,
             placed.total,
@@ -584,13 +587,14 @@ class DataParallelTrainer(Generic[_Model]):
 
     def _checked_leaves(self, state: TrainState) -> list[Any]:
         """The arrays of `state`, which must be of this trainer's structure."""
-        leaves, treedef = jax.tree.flatten(eqx.filter(state, eqx.is_array))
+        treedef = jax.tree.structure(eqx.filter(state, eqx.is_array))
         if treedef != self._layout.treedef:
             raise ValueError(
                 f"state has structure {treedef}, which differs from the trainer's "
                 f"{self._layout.treedef}; pass a TrainState of this trainer's model "
                 "and optimizer (e.g. one returned by fit)"
             )
+        leaves = self._layout.flatten(state)
         for new, old in zip(leaves, self._layout.structs, strict=True):
             if new.shape != old.shape or new.dtype != old.dtype:
                 raise ValueError(
