@@ -2,6 +2,7 @@
 finish) and the order in which callback hooks fire."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -188,10 +189,11 @@ def test_step_metrics_are_lazy_floats():
 
 
 def test_host_batches_travel_with_the_step_call(monkeypatch):
-    """A NumPy batch and its weights go to the devices as arguments of the
-    compiled step (placed by its input shardings, in C++), with no
-    `jax.device_put` of their own; all-ones weights (a loader's full batch)
-    use cached NumPy weights (weights of one kind: the step compiles once)."""
+    """A NumPy batch goes to the devices as arguments of the compiled step
+    (placed by its input shardings, in C++), with no `jax.device_put` of its
+    own; all-ones weights (a loader's full batch) use cached device weights,
+    and sample weights are placed (weights of one kind: the step compiles
+    once)."""
     x, y = make_data(64)
     weights = np.linspace(0.5, 1.5, 64, dtype=np.float32)
     trainer = px.DataParallelTrainer(
@@ -213,6 +215,10 @@ def test_host_batches_travel_with_the_step_call(monkeypatch):
     monkeypatch.setattr(trainer.steps, "train", spied)
     ones = np.ones(64, np.float32)
     trainer.fit([(x, y), (x, y, weights), (x, y, ones)], epochs=1)
-    # The only transfer: the epoch's zeroed sums (the totals are cached).
-    assert len(transfers) == 1 and isinstance(transfers[0][0], tuple)
-    assert calls == [[np.ndarray] * 3] * 3
+    # The epoch's zeroed sums and the sample weights (the totals are cached).
+    assert len(transfers) == 2
+    sums, placed = sorted(transfers, key=lambda args: not isinstance(args[0], tuple))
+    assert isinstance(sums[0], tuple)
+    np.testing.assert_array_equal(placed[0][0], weights)
+    cached = type(jnp.zeros(64))  # device weights: a jax.Array
+    assert calls == [[np.ndarray, np.ndarray, cached]] * 3

@@ -32,8 +32,8 @@ class DeviceBatch(NamedTuple):
     Attributes:
         leaves: the leaves of ``(inputs, targets)``: split across devices, or
             NumPy arrays the step itself places (single process).
-        weight: per-example weights (sample weights; 0 for padding), as
-            the leaves.
+        weight: per-example weights (sample weights; 0 for padding), split
+            across devices.
         total: Σ weight over the global batch, replicated.
         size: examples in the padded step; pass it back as `first` for the
             rest of the pass.
@@ -42,7 +42,7 @@ class DeviceBatch(NamedTuple):
     """
 
     leaves: list[jax.Array | np.ndarray]
-    weight: jax.Array | np.ndarray
+    weight: jax.Array
     total: jax.Array
     size: int
     n: int
@@ -89,14 +89,14 @@ class BatchPipeline:
         self.spec: BatchSpec | None = None
         self.num_classes: int | None = None
         self._sizes: dict[Any, int] = {}
-        self._weights: dict[tuple[int, int, bool], jax.Array | np.ndarray] = {}
+        self._weights: dict[tuple[int, int], jax.Array] = {}
         self._totals: dict[float, jax.Array] = {}
         self._split = strategy.batch_sharding
         self._replicated = replicated(strategy.mesh)
         self._device_total = jax.jit(jnp.sum, out_shardings=self._replicated)
         # Stacked weights (by batch count, size and steps) and totals (by
         # value), for several steps' batches.
-        self._stacked_weights: dict[tuple[int, int, bool, int], Any] = {}
+        self._stacked_weights: dict[tuple[int, int, int], jax.Array] = {}
         self._stacked_totals: dict[tuple[float | None, ...], jax.Array] = {}
         # Batches prepared before, less their leaves, by `_quick_key`.
         self._quick: dict[Any, DeviceBatch] = {}
@@ -134,9 +134,8 @@ class BatchPipeline:
             [[batch.leaves[i] for batch in group] for i in range(len(first.leaves))]
         )
         weights = [batch.weight for batch in group]
-        on_host = isinstance(first.weight, np.ndarray)
-        cached = self._weights.get((first.n, first.size, on_host))
-        key = (first.n, first.size, on_host, len(group))
+        cached = self._weights.get((first.n, first.size))
+        key = (first.n, first.size, len(group))
         if all(w is cached for w in weights):  # the cached ones
             weight = self._stacked_weights.get(key)
             if weight is None:
@@ -231,8 +230,7 @@ class BatchPipeline:
             key = (_quick_signature(leaves, treedef), first, train)
             quick = self._quick.get(key)
             if quick is not None:
-                on_host = isinstance(quick.weight, np.ndarray)
-                return quick._replace(leaves=leaves if on_host else self.place(leaves))
+                return quick._replace(leaves=self.place(leaves))
         leaves, treedef, n, sample_weight = self.check(parts, where)
         if first is None:  # a pass's first batch fixes its step's shape
             check_same_slices(leaves, treedef, where)
@@ -252,23 +250,23 @@ class BatchPipeline:
             and single_process()  # else a slice; the devices see it all
         ):
             raise ValueError(zero_weight_message(where))
+        placed = self.place(pad(leaves, size))
+        # Weights are always on the devices: cached ones without sample
+        # weights (nothing to transfer), placed ones with (a step given NumPy
+        # weights here and device weights there would compile twice).
         if sample_weight is None:
-            placed = self.place(pad(leaves, size))
-            # Where the leaves are, so the step's argument is always one kind
-            # (NumPy here, device weights there would compile it twice).
-            weight = self.weights(n, size, on_host=isinstance(placed[0], np.ndarray))
+            weight = self.weights(n, size)
             total, value = self.total(weight, n)  # n ones
-        else:  # one transfer for the leaves and their weights
-            *placed, weight = self.place(pad([*leaves, sample_weight], size))
+        else:
+            (weight,) = put_batch(pad([sample_weight], size), self._split)
             total, value = self.total(weight, sample_weight)
         prepared = DeviceBatch(placed, weight, total, size, n, value)
-        on_host = isinstance(weight, np.ndarray)
+        on_host = any(isinstance(x, np.ndarray) for x in placed)
         if (
             sample_weight is None
             and n == size
             and value is not None  # one process
-            and not (on_host and self.value_checks)
-            and all(isinstance(x, np.ndarray) == on_host for x in placed)
+            and not (on_host and self.value_checks)  # values checked each time
             and key is not None
             and key[0] is not None
             and len(self._quick) < 64
@@ -285,21 +283,17 @@ class BatchPipeline:
             return [*leaves]
         return [*put_batch(leaves, self._split)]
 
-    def weights(self, n: int, size: int, *, on_host: bool) -> jax.Array | np.ndarray:
-        """Weights for n real examples padded to size (cached): a NumPy array
-        `on_host` (it travels with the step call, as the host leaves do),
-        else split over the devices."""
-        key = (n, size, on_host)
-        weight = self._weights.get(key)
+    def weights(self, n: int, size: int) -> jax.Array:
+        """Device weights for n real examples padded to size (cached)."""
+        weight = self._weights.get((n, size))
         if weight is None:
             host = np.zeros(size, np.float32)
             host[:n] = 1.0
-            weight = host if on_host else put_batch([host], self._split)[0]
-            self._weights[key] = weight
+            weight = self._weights[(n, size)] = put_batch([host], self._split)[0]
         return weight
 
     def total(
-        self, weight: jax.Array | np.ndarray, host: np.ndarray | int
+        self, weight: jax.Array, host: np.ndarray | int
     ) -> tuple[jax.Array, float | None]:
         """Σ of the global batch's weights, replicated (`host`: this
         process's weights, or their sum), and its value where the host knows
