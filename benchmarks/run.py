@@ -11,6 +11,10 @@ count (`run_each_device_count`):
   batch size and data source: ``device`` (batches already placed on the
   devices) or ``host`` (NumPy through `px.data.ArrayLoader`, placed each
   step);
+- ``steps-per-call``: the trainer with ``steps_per_call=8`` (`STEPS_PER_CALL`:
+  eight steps per compiled call) against the ``jit`` reference stepping one
+  batch per call, for every data source (steps per run rounded up to whole
+  calls);
 - ``checks``: the same trainer with value checks on (A) and off (B), host data;
 - ``nan-guard``: the same trainer with the default ``nan_policy="raise"`` (A)
   and ``"off"`` (B), device data: what the non-finite gradient guard costs;
@@ -53,10 +57,15 @@ count at the largest batch: the compiled step's temporary memory under
 `AccumulatingStrategy` with 1 (the plain inner strategy), 4 and 16
 microbatches, and the same for the ``shard_map`` scan reference.
 
+``--model tiny`` runs every case on an MLP 16-16-4 instead (batch 64 in issue
+17's runs): steps of tens of µs, as small models take on an accelerator, where
+the host's work per step is the speed; `TINY_TARGETS` are its targets.
+
 Usage:
     python benchmarks/run.py [--cases sharding,pmap,...] [--repeats 5]
         [--steps N | --run-seconds 1.0] [--devices 1,8] [--batch-sizes 256,2048]
-        [--data device,host] [--out benchmarks/results.json] [--tiny]
+        [--data device,host] [--model mlp|tiny] [--out benchmarks/results.json]
+        [--tiny]
 """
 
 import argparse
@@ -157,6 +166,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-sizes", help="global batch sizes (256,2048)")
     parser.add_argument("--data", default="device,host", help="device,host")
     parser.add_argument(
+        "--nan-policy",
+        choices=("raise", "skip", "off"),
+        default="raise",
+        help="the phalanx sides' nan_policy (raise: the default guard; off: "
+        "what the step costs without it); not with nan-guard or guard-vs-optax",
+    )
+    parser.add_argument(
         "--model",
         choices=tuple(SIZES),
         default="mlp",
@@ -173,7 +189,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--tiny",
         action="store_true",
         help="CI smoke run: 1 repeat of 3 steps, 2 devices, batch 64 "
-        "(options given explicitly still win)",
+        "(options given explicitly still win; the model is --model's)",
     )
     args = parser.parse_args(argv)
     for name, default in (TINY if args.tiny else DEFAULTS).items():
@@ -182,6 +198,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.cases = _names(parser, "cases", args.cases, CASES)
     args.data = _names(parser, "data", args.data, ("device", "host"))
     args.devices = _ints(parser, "devices", args.devices)
+    guards = {"nan-guard", "guard-vs-optax"} & set(args.cases)
+    if args.nan_policy != "raise" and guards:
+        cases = ", ".join(sorted(guards))
+        parser.error(f"--nan-policy: the {cases} case(s) set their own")
     args.batch_sizes = _ints(parser, "batch-sizes", args.batch_sizes)
     if (
         min(args.repeats, args.first_step_repeats, args.steps or 1) < 1
@@ -484,8 +504,10 @@ def cell_cases(args: argparse.Namespace, n: int, batch: int) -> list[Case]:
     cases = []
     references: dict[str, Side] = {}
     repeats = args.first_step_repeats
+    policy = {"nan_policy": args.nan_policy}
     trainers = {
-        name: PhalanxSide(make_strategy(name, n), batch, repeats) for name in PAIRS
+        name: PhalanxSide(make_strategy(name, n), batch, repeats, **policy)
+        for name in PAIRS
     }
     for name in [c for c in args.cases if c in PAIRS]:
         kind = REFERENCE_KINDS.get(name, "scan")
@@ -499,7 +521,11 @@ def cell_cases(args: argparse.Namespace, n: int, batch: int) -> list[Case]:
     sharding = trainers["sharding"]
     if "steps-per-call" in args.cases:
         many = PhalanxSide(
-            make_strategy("sharding", n), batch, repeats, steps_per_call=STEPS_PER_CALL
+            make_strategy("sharding", n),
+            batch,
+            repeats,
+            steps_per_call=STEPS_PER_CALL,
+            **policy,
         )
         jit = references.get("jit") or ReferenceSide("jit", n, batch, repeats)
         references["jit"] = jit
@@ -507,7 +533,9 @@ def cell_cases(args: argparse.Namespace, n: int, batch: int) -> list[Case]:
             labels = (f"steps_per_call={STEPS_PER_CALL}", many, feed, "jax.jit", jit)
             cases.append(Case("steps-per-call", n, batch, feed, *labels, feed))
     if "checks" in args.cases:
-        off = PhalanxSide(make_strategy("sharding", n), batch, repeats, checks="off")
+        off = PhalanxSide(
+            make_strategy("sharding", n), batch, repeats, checks="off", **policy
+        )
         labels = ("checks on", sharding, "host", "checks off", off, "host")
         cases.append(Case("checks", n, batch, "host", *labels))
     if "nan-guard" in args.cases:
@@ -639,6 +667,7 @@ def configuration(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": references.SIZE.describe(),
         "steps_per_call": STEPS_PER_CALL,
+        "nan_policy": args.nan_policy,
         "optimizer": "adam(1e-3)",
         "cases": args.cases,
         "repeats": args.repeats,

@@ -27,7 +27,7 @@ class LoopSettings:
 
     Attributes:
         prefetch: batches prepared ahead (see the trainer).
-        sync_every: the host waits for the device at least this often.
+        sync_every: how often the host waits for the device (see the trainer).
         nan_policy: what a non-finite gradient does.
         steps_per_call: steps run by one compiled call (see the trainer).
     """
@@ -185,11 +185,13 @@ class FitLoop:
             if acc is None:
                 acc = steps.train_acc()
                 progress = dataclasses.replace(progress, sum_names=steps.sum_names)
+            before = progress.step
             if len(group) > 1 and len(group) == k:
                 leaves, weight, total = self.pipeline.stack(group)
                 self.leaves, acc, sums = steps.train_many(
                     self.leaves, *acc, leaves, weight, total
                 )
+                self.progress = progress = progress.stepped(acc, k)
                 rows = [(sums, i) for i in range(k)]
             else:
                 rows = []
@@ -197,9 +199,9 @@ class FitLoop:
                     self.leaves, acc, sums = steps.train(
                         self.leaves, *acc, placed.leaves, placed.weight, placed.total
                     )
+                    # The state and its progress move together.
+                    self.progress = progress = progress.stepped(acc)
                     rows.append((sums, None))
-            before = progress.step
-            self.progress = progress = progress.stepped(acc, len(group))
             if progress.step // sync_every > before // sync_every:
                 self.sync(acc)
             if callbacks.step_hooks:
