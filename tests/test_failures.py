@@ -15,7 +15,7 @@ from typing_extensions import override
 import phalanx as px
 from helpers import CLASSES, IN, make_data, make_model
 from phalanx._checks import ZERO_WEIGHT, nonfinite_error
-from phalanx._step import _array_leaves, _guard
+from phalanx._step import _guard
 from phalanx._sums import NO_FLAGS, EpochSums
 
 
@@ -92,10 +92,11 @@ def test_zero_total_weight_found_on_the_devices_is_named():
     acc = EpochSums(jnp.zeros(2), jnp.asarray(NO_FLAGS))
 
     def flags(total):
+        leaves = jax.tree.leaves(eqx.filter(state, eqx.is_array))
         _, new, _ = _guard(
             "raise",
-            state,
-            lambda: _array_leaves(state),
+            (state.step, leaves),
+            lambda: leaves,
             grads,
             jnp.zeros(2),
             acc,
