@@ -1,4 +1,6 @@
+import atexit
 import os
+import tempfile
 
 
 # Eight fake CPU devices on two cores: XLA:CPU's all-reduce needs a thread pool
@@ -16,6 +18,17 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 import jax.random as jr  # noqa: E402
 import pytest  # noqa: E402
+
+
+# Tests build many trainers whose steps compile to the same programs: a
+# persistent compilation cache for the session compiles each program once
+# (in-process test files ran ~30% faster with it). Set before anything
+# compiles; removed when the session ends.
+_XLA_CACHE = tempfile.TemporaryDirectory(prefix="phalanx-test-xla-cache-")
+atexit.register(_XLA_CACHE.cleanup)
+jax.config.update("jax_compilation_cache_dir", _XLA_CACHE.name)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 @pytest.fixture
