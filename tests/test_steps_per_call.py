@@ -2,14 +2,13 @@
 step per call, for every strategy, with every step still reported."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 from typing_extensions import override
 
 import phalanx as px
-from helpers import STRATEGIES, make_data, make_model, max_abs_diff
+from helpers import STRATEGIES, make_data, make_model, max_abs_diff, sqrt_loss
 
 
 K = 4
@@ -111,11 +110,6 @@ def test_a_call_is_compiled_once_and_the_rest_one_step_at_a_time():
     trainer.fit(loader(), epochs=3)
     trainer.fit(loader(), steps=5)
     assert len(traces) == 3
-
-
-def sqrt_loss(outputs, targets):
-    # A target of -1 gives sqrt(-1) = NaN: finite inputs, non-finite gradients.
-    return jnp.sum(outputs**2, axis=-1) * jnp.sqrt(targets.astype(jnp.float32))
 
 
 def nan_batches():

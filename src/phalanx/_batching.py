@@ -162,18 +162,23 @@ class BatchPipeline:
         return math.ceil(max(n, first or 0) / multiple) * multiple
 
     def check(
-        self, parts: tuple[Any, Any, Any], where: str
+        self,
+        parts: tuple[Any, Any, Any],
+        flat: tuple[list[Any], Any, Signature | None],
+        where: str,
     ) -> tuple[list[Leaf], Any, int, np.ndarray | None]:
-        """Check a batch's ``(inputs, targets, sample_weight)``.
+        """Check a batch's ``(inputs, targets, sample_weight)``, given the
+        leaves and structure of ``(inputs, targets)`` and their
+        `_quick_signature`.
 
         Returns:
-            The leaves and structure of ``(inputs, targets)``, the number of
-            examples, and the sample weights (or None).
+            The leaves (as arrays) and structure of ``(inputs, targets)``, the
+            number of examples, and the sample weights (or None).
         """
         inputs, targets, sample_weight = parts
-        leaves, treedef = jax.tree.flatten((inputs, targets))
+        leaves, treedef, quick = flat
         # A signature seen before: its leaves were arrays, checked then.
-        n = self._sizes.get(_quick_signature(leaves, treedef))
+        n = None if quick is None else self._sizes.get(quick)
         if n is None:
             leaves, treedef = flatten_batch((inputs, targets), where)
             key = signature(leaves, treedef)
@@ -224,14 +229,16 @@ class BatchPipeline:
         and need no padding, takes a quick path: its signature is looked up
         and its cached weights and total reused."""
         parts = self.split(batch)
+        leaves, treedef = jax.tree.flatten(parts[:2])
+        quick_signature = _quick_signature(leaves, treedef)
         key = None
-        if parts[2] is None:
-            leaves, treedef = jax.tree.flatten(parts[:2])
-            key = (_quick_signature(leaves, treedef), first, train)
+        if parts[2] is None and quick_signature is not None:
+            key = (quick_signature, first, train)
             quick = self._quick.get(key)
             if quick is not None:
                 return quick._replace(leaves=self.place(leaves))
-        leaves, treedef, n, sample_weight = self.check(parts, where)
+        flat = (leaves, treedef, quick_signature)
+        leaves, treedef, n, sample_weight = self.check(parts, flat, where)
         if first is None:  # a pass's first batch fixes its step's shape
             check_same_slices(leaves, treedef, where)
         elif n > first and not single_process():
@@ -268,7 +275,6 @@ class BatchPipeline:
             and value is not None  # one process
             and not (on_host and self.value_checks)  # values checked each time
             and key is not None
-            and key[0] is not None
             and len(self._quick) < 64
         ):
             self._quick[key] = prepared._replace(leaves=[])
