@@ -222,3 +222,29 @@ def test_host_batches_travel_with_the_step_call(monkeypatch):
     np.testing.assert_array_equal(placed[0][0], weights)
     cached = type(jnp.zeros(64))  # device weights: a jax.Array
     assert calls == [[np.ndarray, np.ndarray, cached]] * 3
+
+
+def test_batches_on_an_equivalent_sharding_are_not_placed_again(monkeypatch):
+    """`jax.device_put(x)` lays a batch out on one device with a sharding of
+    its own; for a strategy of that one device it is already where the step
+    wants it: no `jax.device_put` per step (its dispatch cost more than the
+    whole step of a small model)."""
+    x, y = make_data(64)
+    device = jax.devices()[0]
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.sgd(0.1), strategy=px.ShardingStrategy([device])
+    )
+    batch = jax.device_put((x, y), device)
+    assert batch[0].sharding != trainer.strategy.batch_sharding
+    trainer.fit([batch], epochs=1)  # compiles, caches the batch's weights
+    transfers = []
+    device_put = jax.device_put
+
+    def counted(*args, **kwargs):
+        transfers.append(args)
+        return device_put(*args, **kwargs)
+
+    monkeypatch.setattr(jax, "device_put", counted)
+    trainer.fit([batch] * 5, epochs=1)
+    assert len(transfers) == 1  # the epoch's zeroed sums only
+    assert isinstance(transfers[0][0], tuple)

@@ -76,7 +76,7 @@ def put_batch(
     """Place batch leaves (host arrays, or arrays on any devices) split as
     `sharding` says; in a multi-process run each process holds its own slice
     of the global batch."""
-    placed = [x for x in leaves if isinstance(x, jax.Array) and x.sharding == sharding]
+    placed = [x for x in leaves if isinstance(x, jax.Array) and laid_out(x, sharding)]
     if len(placed) == len(leaves):
         return placed  # already there: nothing to dispatch
     if single_process():
@@ -87,6 +87,20 @@ def put_batch(
         else jax.make_array_from_process_local_data(sharding, np.asarray(x))
         for x in leaves
     ]
+
+
+def laid_out(x: jax.Array, sharding: Sharding) -> bool:
+    """Whether `x` is already laid out as `sharding` says: the same sharding,
+    or an equivalent one (e.g. `jax.device_put(x)`'s single-device sharding
+    for a strategy of one device)."""
+    return x.sharding == sharding or _equivalent(x.sharding, sharding, x.ndim)
+
+
+@functools.lru_cache(maxsize=64)
+def _equivalent(have: Sharding, want: Sharding, ndim: int) -> bool:
+    """`have.is_equivalent_to(want, ndim)`, asked once per pair (it is read
+    per batch)."""
+    return have.is_equivalent_to(want, ndim)
 
 
 def _global(leaf: Any, sharding: Sharding) -> jax.Array:
