@@ -19,6 +19,7 @@ STRATEGIES = {
     "sharding": lambda: px.ShardingStrategy(8),
     "pmap": lambda: px.PmapStrategy(8),
     "accumulating": lambda: px.AccumulatingStrategy(px.PmapStrategy(4), 2),
+    "fsdp": lambda: px.FullyShardedStrategy(8, min_size=1),
 }
 
 

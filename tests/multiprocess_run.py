@@ -7,12 +7,14 @@ import numpy as np
 import optax
 
 import phalanx as px
+from phalanx._placement import to_host
 
 
 STRATEGIES = {
     "sharding": lambda n: px.ShardingStrategy(n),
     "pmap": lambda n: px.PmapStrategy(n),
     "accumulating": lambda n: px.AccumulatingStrategy(px.ShardingStrategy(n), 2),
+    "fsdp": lambda n: px.FullyShardedStrategy(n, min_size=1),
     # The same, summing over devices in a fixed order: bitwise reproducible.
     "sharding-deterministic": lambda n: px.ShardingStrategy(n, deterministic=True),
     "pmap-deterministic": lambda n: px.PmapStrategy(n, deterministic=True),
@@ -45,9 +47,10 @@ def train(
 
 
 def parameters(trainer: px.DataParallelTrainer) -> list[np.ndarray]:
-    """The model's arrays as this process holds them (replicated)."""
+    """The model's arrays, whole (those split over processes gathered: every
+    process calls this)."""
     return [
-        np.asarray(leaf.addressable_shards[0].data)
+        to_host(leaf)
         for leaf in jax.tree.leaves(eqx.filter(trainer.model, eqx.is_array))
     ]
 

@@ -11,11 +11,20 @@ from helpers import make_data, make_model, max_abs_diff, reference_fit
 
 DEVICES = (1, 2, 4, 8)
 KINDS = ("sharding", "pmap", "sharding+acc2", "sharding+acc4", "pmap+acc2", "pmap+acc4")
+# FullyShardedStrategy: "fsdp" splits parameters and optimizer state, "zero2"
+# the optimizer state only (min_size=1: the test model's leaves are tiny).
+SHARDED_KINDS = ("fsdp", "fsdp+acc2", "fsdp+acc4", "zero2", "zero2+acc2", "zero2+acc4")
+BASES = {
+    "sharding": px.ShardingStrategy,
+    "pmap": px.PmapStrategy,
+    "fsdp": lambda n: px.FullyShardedStrategy(n, min_size=1),
+    "zero2": lambda n: px.FullyShardedStrategy(n, shard="optimizer", min_size=1),
+}
 
 
 def make_strategy(kind: str, devices: int) -> px.Strategy:
     base, _, acc = kind.partition("+")
-    inner = (px.ShardingStrategy if base == "sharding" else px.PmapStrategy)(devices)
+    inner = BASES[base](devices)
     return px.AccumulatingStrategy(inner, int(acc[3:])) if acc else inner
 
 
@@ -30,7 +39,7 @@ def reference(full_batch):
 
 
 @pytest.mark.parametrize("devices", DEVICES)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + SHARDED_KINDS)
 def test_matches_one_device_full_batch(kind, devices, full_batch, reference):
     trainer = px.DataParallelTrainer(
         make_model(), optax.adam(1e-2), strategy=make_strategy(kind, devices)
@@ -40,7 +49,7 @@ def test_matches_one_device_full_batch(kind, devices, full_batch, reference):
     assert int(trainer.state.step) == 10
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + SHARDED_KINDS)
 def test_ragged_last_batch_is_exact(kind):
     # 100 examples in batches of 64 and 36: the second is padded to 64 inside
     # (and split over 8 devices × up to 4 microbatches) with zero weights.

@@ -94,6 +94,8 @@ def test_two_processes_equal_one_process(tmp_path, name):
     ("save", "resume", "atol"),
     [
         ("sharding", "pmap", 1e-6),
+        # Split over the devices: each process writes and reads its own parts.
+        ("fsdp", "fsdp", 1e-6),
         # With the deterministic reduction the resumed runs are bitwise exact.
         ("sharding-deterministic", "pmap-deterministic", 0),
     ],

@@ -19,6 +19,7 @@ from .callbacks import Callback as Callback, StepInfo as StepInfo
 from .checkpoint import load_model as load_model, save_model as save_model
 from .strategies import (
     AccumulatingStrategy as AccumulatingStrategy,
+    FullyShardedStrategy as FullyShardedStrategy,
     PmapStrategy as PmapStrategy,
     ShardingStrategy as ShardingStrategy,
     Strategy as Strategy,

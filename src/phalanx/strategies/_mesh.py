@@ -122,6 +122,8 @@ def shard_map_reduce(
     examples: PyTree,
     *,
     deterministic: bool = False,
+    gathered: PyTree[P] | None = None,
+    scattered: PyTree[P] | None = None,
 ) -> tuple[PyTree, PyTree]:
     """Run `fn` on each device's slice, then sum over devices once.
 
@@ -137,22 +139,66 @@ def shard_map_reduce(
     microbatch under accumulation: NOTES trap 2), collectives in user code
     transpose as under `jax.pmap`, and model state may take device-local
     values (e.g. BatchNorm over the device's slice) before it is averaged.
+
+    Args:
+        gathered: where the leaves of `replicated` lie, one `PartitionSpec`
+            each (None: all whole on every device). A leaf split over the
+            devices is gathered whole on each (an all-gather) before `fn`.
+        scattered: one `PartitionSpec` per leaf of `fn`'s sums (None: all
+            whole). A leaf split there leaves as this device's part of the
+            sum over devices (a reduce-scatter) instead of all of it; the
+            others, and `carry`, are summed in one all-reduce.
     """
+    if deterministic and scattered is not None:
+        raise ValueError("deterministic sums are whole on every device")
 
     def per_device(replicated, carry, examples):
+        if gathered is not None:
+            replicated = jax.tree.map(
+                lambda x, spec: _gather(x, spec, axis_name), replicated, gathered
+            )
         sums, carry = fn(replicated, carry, examples)
-        # One all-reduce for everything: gradients, loss sums and model state.
-        both = (sums, jax.tree.map(_to_summable, carry))
+        leaves, treedef = jax.tree.flatten(sums)
+        dims = [None] * len(leaves)
+        if scattered is not None:
+            specs = treedef.flatten_up_to(scattered)
+            dims = [split_dim(spec, axis_name) for spec in specs]
+        whole = [x for x, dim in zip(leaves, dims, strict=True) if dim is None]
+        # One all-reduce for the rest: the loss sums, whole gradients and
+        # model state.
+        both = (whole, jax.tree.map(_to_summable, carry))
         if deterministic:
-            sums, total = _sum_in_device_order(jax.lax.all_gather(both, axis_name))
+            whole, total = _sum_in_device_order(jax.lax.all_gather(both, axis_name))
         else:
-            sums, total = jax.lax.psum(both, axis_name)
+            whole, total = jax.lax.psum(both, axis_name)
         carry = jax.tree.map(lambda t, c: _device_mean(t, c, mesh.size), total, carry)
-        return sums, carry
+        whole = iter(whole)
+        leaves = [
+            next(whole)
+            if dim is None
+            else jax.lax.psum_scatter(x, axis_name, scatter_dimension=dim, tiled=True)
+            for x, dim in zip(leaves, dims, strict=True)
+        ]
+        return jax.tree.unflatten(treedef, leaves), carry
 
-    return _shard_map(
-        per_device, mesh, axis_name, (P(), P(), P(axis_name)), (P(), P())
-    )(replicated, carry, examples)
+    in_specs = (P() if gathered is None else gathered, P(), P(axis_name))
+    out_specs = (P() if scattered is None else scattered, P())
+    return _shard_map(per_device, mesh, axis_name, in_specs, out_specs)(
+        replicated, carry, examples
+    )
+
+
+def split_dim(spec: P, axis_name: str) -> int | None:
+    """The dimension `spec` splits over `axis_name`, or None."""
+    return next((i for i, name in enumerate(spec) if name == axis_name), None)
+
+
+def _gather(x: jax.Array, spec: P, axis_name: str) -> jax.Array:
+    """This device's part of `x` (split as `spec` says), gathered whole."""
+    dim = split_dim(spec, axis_name)
+    if dim is None:
+        return x
+    return jax.lax.all_gather(x, axis_name, axis=dim, tiled=True)
 
 
 def _sum_in_device_order(gathered: PyTree) -> PyTree:
@@ -164,9 +210,25 @@ def _sum_in_device_order(gathered: PyTree) -> PyTree:
 
 
 def shard_map_apply(
-    mesh: Mesh, axis_name: str, fn: MapFn, replicated: PyTree, examples: PyTree
+    mesh: Mesh,
+    axis_name: str,
+    fn: MapFn,
+    replicated: PyTree,
+    examples: PyTree,
+    *,
+    gathered: PyTree[P] | None = None,
 ) -> PyTree:
-    """Run `fn` on each device's slice; outputs stay split along examples."""
-    return _shard_map(fn, mesh, axis_name, (P(), P(axis_name)), P(axis_name))(
+    """Run `fn` on each device's slice; outputs stay split along examples
+    (`gathered`: as in `shard_map_reduce`)."""
+
+    def per_device(replicated, examples):
+        if gathered is not None:
+            replicated = jax.tree.map(
+                lambda x, spec: _gather(x, spec, axis_name), replicated, gathered
+            )
+        return fn(replicated, examples)
+
+    in_specs = (P() if gathered is None else gathered, P(axis_name))
+    return _shard_map(per_device, mesh, axis_name, in_specs, P(axis_name))(
         replicated, examples
     )
