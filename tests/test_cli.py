@@ -27,6 +27,7 @@ OPTIONS = (
     "--hidden",
     "--dataset",
     "--strategy",
+    "--shard",
     "--microbatches",
     "--devices",
     "--batch-size",
@@ -325,8 +326,9 @@ def test_readme_main_job(tmp_path, record_property):
         (["--strategy", "pmap"], "PmapStrategy on 8 cpu device(s)"),
         (["--microbatches", "4"], "AccumulatingStrategy on 8 cpu device(s)"),
         (["--devices", "1"], "ShardingStrategy on 1 cpu device(s)"),
+        (["--strategy", "fsdp"], "FullyShardedStrategy on 8 cpu device(s)"),
     ],
-    ids=["pmap", "microbatches-4", "devices-1"],
+    ids=["pmap", "microbatches-4", "devices-1", "fsdp"],
 )
 def test_same_losses_as_the_default(default_run, tmp_path, args, banner):
     _, default = default_run
@@ -457,7 +459,8 @@ def refused_in_process(tmp_path, capsys, argv: list[str], needles: list[str]):
     ("args", "needles"),
     [
         (["--model", "foo"], ["--model", "'foo'", "linear", "mlp"]),
-        (["--strategy", "foo"], ["--strategy", "'foo'", "sharding", "pmap"]),
+        (["--strategy", "foo"], ["--strategy", "'foo'", "sharding", "pmap", "fsdp"]),
+        (["--shard", "optimizer"], ["--shard optimizer", "--strategy fsdp"]),
         (["--optimizer", "foo"], ["--optimizer", "'foo'", "adam", "sgd"]),
         (["--devices", "0"], ["--devices", "positive integer, got 0"]),
         (["--dataset", "foo"], ["--dataset 'foo'", "digits, mnist:PATH, npz:PATH"]),

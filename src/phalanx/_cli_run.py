@@ -11,7 +11,13 @@ from . import callbacks as cb, models
 from ._cli_train import UsageError
 from ._trainer import DataParallelTrainer
 from .data import ArrayLoader
-from .strategies import AccumulatingStrategy, PmapStrategy, ShardingStrategy, Strategy
+from .strategies import (
+    AccumulatingStrategy,
+    FullyShardedStrategy,
+    PmapStrategy,
+    ShardingStrategy,
+    Strategy,
+)
 
 
 if TYPE_CHECKING:
@@ -39,9 +45,12 @@ def make_optimizer(args: "TrainArgs", schedule: optax.Schedule):
 
 
 def make_strategy(args: "TrainArgs", devices: list[Any]) -> Strategy:
-    inner = (
-        PmapStrategy(devices) if args.strategy == "pmap" else ShardingStrategy(devices)
-    )
+    if args.strategy == "fsdp":
+        inner = FullyShardedStrategy(devices, shard=args.shard or "all")
+    elif args.strategy == "pmap":
+        inner = PmapStrategy(devices)
+    else:
+        inner = ShardingStrategy(devices)
     if args.microbatches > 1:
         return AccumulatingStrategy(inner, args.microbatches)
     return inner

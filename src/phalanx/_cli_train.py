@@ -49,6 +49,7 @@ class TrainArgs:
     log_every: int
     steps_per_call: int = 1
     distributed: bool = False
+    shard: str | None = None  # FullyShardedStrategy's (None: its default)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> "TrainArgs":

@@ -114,10 +114,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--strategy",
-        choices=("sharding", "pmap"),
+        choices=("sharding", "pmap", "fsdp"),
         default="sharding",
-        help="ShardingStrategy (jit over sharded arrays) or PmapStrategy "
-        "(per-device program)",
+        help="ShardingStrategy (jit over sharded arrays), PmapStrategy "
+        "(per-device program) or FullyShardedStrategy (the state split over "
+        "the devices)",
+    )
+    add(
+        "--shard",
+        choices=("all", "optimizer"),
+        default=None,
+        help="with --strategy fsdp: split parameters and optimizer state (all, "
+        "the default) or the optimizer state only",
     )
     add(
         "--microbatches",
@@ -277,6 +285,11 @@ def run_train(args: TrainArgs) -> int:
     if args.resume and args.overwrite:
         raise UsageError(
             "--resume continues a run; it cannot be combined with --overwrite"
+        )
+    if args.shard is not None and args.strategy != "fsdp":
+        raise UsageError(
+            f"--shard {args.shard} splits the state of --strategy fsdp, not of "
+            f"--strategy {args.strategy}; add --strategy fsdp, or drop --shard"
         )
     check_run_dir(args.run_dir, args.overwrite, args.resume)
     devices, defaulted = select_devices(args.devices, args.distributed)

@@ -1,0 +1,235 @@
+"""`FullyShardedStrategy` against `ShardingStrategy`: memory per device, and
+step time.
+
+Usage::
+
+    python benchmarks/fsdp.py [--devices 1,2,4,8] [--width 4096] [--layers 3]
+        [--time-devices 8] [--batch 2048] [--steps 20] [--repeats 5]
+        [--out benchmarks/fsdp.json] [--tiny]
+
+Memory (compile only: each trainer is built, its train step lowered and
+compiled, nothing trained), for an MLP ``width -> width x layers -> 10``
+(4096 and 3: 50.4 M parameters) with adam, on each device count: the bytes
+of the parameters and optimizer state on the fullest device (read from the
+arrays' addressable shards), and the compiled step's argument and temporary
+bytes per device (`memory_analysis()`), for `ShardingStrategy`,
+`FullyShardedStrategy()` (``shard="all"``) and
+``FullyShardedStrategy(shard="optimizer")``.
+
+Time: on ``--time-devices`` devices, the benchmark's MLP 784-256-128-10 at
+``--batch`` (host NumPy batches), each side's ``--steps`` steps timed
+``--repeats`` times, interleaved (A B A B ...); the median seconds per step
+of each and their ratio, FSDP / Sharding (above 1: FSDP slower).
+
+Each device count runs in a process of its own (JAX fixes the fake CPU
+device count when it starts; `px.fake_cpu_devices` also sets ``NPROC``).
+``--tiny`` (the CI smoke test): a 64-wide model on 1 and 2 devices, 2 steps
+of batch 64, 1 repeat.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+
+SIDES = ("sharding", "fsdp", "fsdp-optimizer")
+TINY = {
+    "devices": "1,2",
+    "width": 64,
+    "layers": 2,
+    "time_devices": 2,
+    "batch": 64,
+    "steps": 2,
+    "repeats": 1,
+}
+DEFAULTS = {
+    "devices": "1,2,4,8",
+    "width": 4096,
+    "layers": 3,
+    "time_devices": 8,
+    "batch": 2048,
+    "steps": 20,
+    "repeats": 5,
+}
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", help="device counts, comma-separated")
+    parser.add_argument("--width", type=int, help="hidden width of the memory model")
+    parser.add_argument("--layers", type=int, help="hidden layers of the memory model")
+    parser.add_argument("--time-devices", type=int, help="device count of the timing")
+    parser.add_argument("--batch", type=int, help="global batch of the timing")
+    parser.add_argument("--steps", type=int, help="steps per timed run")
+    parser.add_argument("--repeats", type=int, help="timed runs per side")
+    parser.add_argument("--out", default="benchmarks/fsdp.json")
+    parser.add_argument("--tiny", action="store_true", help="a smoke-test run")
+    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name, default in (TINY if args.tiny else DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    return args
+
+
+def make_strategy(side: str) -> Any:
+    import phalanx as px
+
+    if side == "sharding":
+        return px.ShardingStrategy()
+    return px.FullyShardedStrategy(
+        shard="optimizer" if side == "fsdp-optimizer" else "all"
+    )
+
+
+def memory(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each side's bytes per device for the memory model (compile only)."""
+    import equinox as eqx
+    import jax
+    import numpy as np
+    import optax
+
+    import phalanx as px
+
+    rows = []
+    batch = (np.zeros((64, args.width), np.float32), np.zeros(64, np.int32))
+    for side in SIDES:
+        model = px.models.MLP(
+            args.width, 10, hidden=(args.width,) * args.layers, key=jax.random.key(0)
+        )
+        trainer = px.DataParallelTrainer(
+            model, optax.adam(1e-3), strategy=make_strategy(side)
+        )
+        state = eqx.filter((trainer.state.model, trainer.state.opt_state), eqx.is_array)
+        held: dict[Any, int] = {}
+        for leaf in jax.tree.leaves(state):
+            for shard in leaf.addressable_shards:
+                held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+        params = sum(x.size for x in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
+        stats = trainer.lower(batch).compile().memory_analysis()
+        rows.append(
+            {
+                "side": side,
+                "devices": jax.device_count(),
+                "parameters": params,
+                "state_bytes": sum(x.nbytes for x in jax.tree.leaves(state)),
+                "state_bytes_per_device": max(held.values()),
+                "argument_bytes": stats.argument_size_in_bytes,
+                "temp_bytes": stats.temp_size_in_bytes,
+            }
+        )
+        del trainer, model, state
+    return rows
+
+
+def timing(args: argparse.Namespace) -> dict[str, Any]:
+    """Seconds per step of Sharding (B) and FSDP (A) on the benchmark MLP."""
+    import jax
+    import numpy as np
+    import optax
+
+    import phalanx as px
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.batch, 784)).astype(np.float32)
+    y = rng.integers(0, 10, args.batch).astype(np.int32)
+    data = [(x, y)] * args.steps
+    trainers = {}
+    for side in ("fsdp", "sharding"):
+        model = px.models.MLP(784, 10, hidden=(256, 128), key=jax.random.key(0))
+        trainers[side] = px.DataParallelTrainer(
+            model, optax.adam(1e-3), strategy=make_strategy(side)
+        )
+        trainers[side].fit(data[:2], epochs=1)  # compiled, warm
+    seconds: dict[str, list[float]] = {side: [] for side in trainers}
+    for _ in range(args.repeats):
+        for side, trainer in trainers.items():
+            start = time.perf_counter()
+            trainer.fit(data, epochs=1)
+            seconds[side].append((time.perf_counter() - start) / args.steps)
+    a, b = (statistics.median(seconds[s]) for s in ("fsdp", "sharding"))
+    return {"seconds": seconds, "fsdp_s": a, "sharding_s": b, "ratio": a / b}
+
+
+def child(args: argparse.Namespace) -> None:
+    """One device count's figures, as JSON on stdout."""
+    import phalanx as px
+
+    px.fake_cpu_devices(args.child)
+    result: dict[str, Any] = {"memory": memory(args)}
+    if args.child == args.time_devices:
+        result["timing"] = timing(args)
+    print(json.dumps(result))
+
+
+def report(rows: list[dict[str, Any]], timed: dict[str, Any] | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="parameters + adam state, and the compiled step, per device")
+    for column in (
+        "devices",
+        "strategy",
+        "state MiB",
+        "of total",
+        "args MiB",
+        "temp MiB",
+    ):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(
+            str(row["devices"]),
+            row["side"],
+            f"{row['state_bytes_per_device'] / 2**20:.1f}",
+            f"{row['state_bytes_per_device'] / row['state_bytes']:.3f}",
+            f"{row['argument_bytes'] / 2**20:.1f}",
+            f"{row['temp_bytes'] / 2**20:.1f}",
+        )
+    console = Console()
+    console.print(table)
+    console.print(f"memory model: {rows[0]['parameters'] / 1e6:.1f} M parameters")
+    if timed is not None:
+        console.print(
+            f"step time on {timed['devices']} devices, batch {timed['batch']}: "
+            f"FSDP {timed['fsdp_s'] * 1e3:.2f} ms, Sharding "
+            f"{timed['sharding_s'] * 1e3:.2f} ms, FSDP / Sharding {timed['ratio']:.3f}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.child is not None:
+        child(args)
+        return 0
+    counts = [int(n) for n in args.devices.split(",")]
+    passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--tiny"]
+    rows: list[dict[str, Any]] = []
+    timed = None
+    for n in counts:
+        env = {k: v for k, v in os.environ.items() if k != "NPROC"}
+        command = [sys.executable, __file__, *passed, "--child", str(n)]
+        if args.tiny:
+            command.append("--tiny")
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode:
+            sys.stderr.write(done.stdout + done.stderr)
+            return done.returncode
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        rows += result["memory"]
+        if "timing" in result:
+            timed = {**result["timing"], "devices": n, "batch": args.batch}
+    report(rows, timed)
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"memory": rows, "timing": timed}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
