@@ -86,3 +86,22 @@ def test_each_device_count_runs_in_its_own_process(tmp_path):
     assert results["config"]["device_count"] == "1/2"
     assert results["config"]["NPROC"] == "2/4"
     assert "sharding" in result.stdout  # the merged table
+
+
+@pytest.mark.slow
+def test_tiny_fsdp_benchmark_run(tmp_path):
+    out = tmp_path / "fsdp.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "fsdp.py"), "--tiny"]
+    result = subprocess.run([*command, "--out", out], **SUBPROCESS, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads(out.read_text())
+    rows = {(row["devices"], row["side"]): row for row in results["memory"]}
+    assert set(rows) == {
+        (n, side) for n in (1, 2) for side in ("sharding", "fsdp", "fsdp-optimizer")
+    }
+    for row in rows.values():
+        assert row["argument_bytes"] > 0 and row["temp_bytes"] > 0
+    held = {key: row["state_bytes_per_device"] for key, row in rows.items()}
+    assert held[(2, "fsdp")] < held[(2, "fsdp-optimizer")] < held[(2, "sharding")]
+    assert held[(1, "fsdp")] == held[(1, "sharding")]
+    assert results["timing"]["ratio"] > 0

@@ -3,6 +3,8 @@ along which axis), the memory it saves, the collectives it compiles to,
 checkpoints across layouts, and the trainer's features under it. (Its
 equivalence with one device is in test_equivalence.py.)"""
 
+import re
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -12,7 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import phalanx as px
-from helpers import make_data, make_model, max_abs_diff, sqrt_loss
+from helpers import make_data, make_model, max_abs_diff, reference_fit, sqrt_loss
 from test_hlo import all_reduces, computations, in_loops
 
 
@@ -250,3 +252,43 @@ def test_steps_per_call_and_nan_policy_work_unchanged():
         run.fit(bad, epochs=1)
     assert max_abs_diff(run.model, clean.model) == 0
     assert run.state.model.layers[0].weight.sharding.spec == P("data")
+
+
+@pytest.mark.parametrize("shard", ["all", "optimizer"])
+def test_global_norm_clipping_sees_the_whole_gradient(shard):
+    # Each device holds part of each split gradient; the global norm is still
+    # the whole gradient's (a clip on a device's own part would differ).
+    x, y = make_data(64, seed=7)
+    clipped = optax.chain(optax.clip_by_global_norm(0.05), optax.adam(1e-2))
+    reference = reference_fit(make_model(), [(x, y)], steps=5, optimizer=clipped)
+    trainer = px.DataParallelTrainer(
+        make_model(),
+        clipped,
+        strategy=px.FullyShardedStrategy(8, shard=shard, min_size=1),
+    )
+    trainer.fit([(x, y)], steps=5)
+    assert max_abs_diff(trainer.model, reference) <= 1e-6
+    unclipped = reference_fit(make_model(), [(x, y)], steps=5)
+    assert max_abs_diff(unclipped, reference) > 1e-3  # the clip did clip
+
+
+def instructions(hlo: str) -> list[str]:
+    """An HLO module's computations without source metadata."""
+    return [
+        re.sub(r", metadata=\{[^}]*\}", "", line)
+        for line in hlo.splitlines()
+        if line.startswith(("%", "ENTRY", "  ", "}"))
+    ]
+
+
+def test_on_one_device_it_compiles_sharding_strategys_program():
+    batch = make_data(64)
+    texts = [
+        px.DataParallelTrainer(make_model(), optax.adam(1e-2), strategy=strategy)
+        .lower(batch)
+        .compile()
+        .as_text()
+        for strategy in (px.ShardingStrategy(1), px.FullyShardedStrategy(1, min_size=1))
+    ]
+    assert instructions(texts[0]) == instructions(texts[1])
+    assert len(instructions(texts[0])) > 50

@@ -13,7 +13,8 @@ class TrainState(eqx.Module, Generic[_Model]):
     """Everything a training run carries from one step to the next.
 
     State goes into a step and a new state comes out; nothing hides on the
-    trainer. Every array is replicated on the strategy's devices, so a state
+    trainer. Each array lives where the strategy's `state_shardings` says
+    (replicated on every device, or split over them), and a state
     moves between strategies and device counts unchanged.
 
     Attributes:

@@ -139,6 +139,8 @@ class FullyShardedStrategy(PerDeviceStrategy):
     def reduce(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:
+        if self.mesh.size == 1:  # nothing to split: ShardingStrategy's program
+            return fn(replicated, carry, examples)
         return self.reduce_per_device(fn, replicated, carry, examples)
 
     @override

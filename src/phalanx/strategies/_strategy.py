@@ -28,8 +28,9 @@ class Strategy(eqx.Module):
       cross-device reduction per update: `reduce` (and `map` for outputs).
 
     The base class carries no behaviour. Concrete strategies:
-    [`phalanx.ShardingStrategy`][], [`phalanx.PmapStrategy`][] and
-    [`phalanx.AccumulatingStrategy`][]; a new one implements the abstract
+    [`phalanx.ShardingStrategy`][], [`phalanx.PmapStrategy`][],
+    [`phalanx.FullyShardedStrategy`][] and [`phalanx.AccumulatingStrategy`][];
+    a new one implements the abstract
     members below (see ``docs/architecture.md``).
     """
 
