@@ -7,6 +7,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -49,7 +50,8 @@ class TrainArgs:
     log_every: int
     steps_per_call: int = 1
     distributed: bool = False
-    shard: str | None = None  # FullyShardedStrategy's (None: its default)
+    # FullyShardedStrategy's (None: its default, "all").
+    shard: Literal["all", "optimizer"] | None = None
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> "TrainArgs":
