@@ -96,8 +96,8 @@ def test_zero_total_weight_found_on_the_devices_is_named():
         _, new, _ = _guard(
             "raise",
             (state.step, leaves),
-            lambda: leaves,
-            grads,
+            (lambda _: leaves, lambda _: leaves),
+            (grads, None),
             jnp.zeros(2),
             acc,
             jnp.float32(total),

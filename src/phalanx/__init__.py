@@ -10,9 +10,10 @@ from . import (
 )
 from ._devices import fake_cpu_devices as fake_cpu_devices
 from ._history import History as History
+from ._precision import Precision as Precision
 from ._progress import RunPlan as RunPlan, RunProgress as RunProgress
 from ._snapshot import Snapshot as Snapshot
-from ._state import TrainState as TrainState
+from ._state import DynamicScale as DynamicScale, TrainState as TrainState
 from ._trainer import DataParallelTrainer as DataParallelTrainer
 from ._version import __version__ as __version__
 from .callbacks import Callback as Callback, StepInfo as StepInfo

@@ -96,6 +96,7 @@ def train_and_report(
         strategy=strategy,
         seed=args.seed,
         steps_per_call=args.steps_per_call,
+        precision=args.precision,
         callbacks=[
             cb.Throughput(log_every=every),
             cb.LearningRateMonitor(schedule, log_every=every),
@@ -127,6 +128,7 @@ def train_and_report(
         f"{type(strategy).__name__} on {len(devices)} {devices[0].platform} "
         f"device(s), batch {args.batch_size}, {args.epochs} "
         f"epoch{'s' if args.epochs != 1 else ''}"
+        + ("" if args.precision == "fp32" else f", {args.precision}")
     )
     trainer.fit(loader, epochs=args.epochs, eval_data=test_loader, resume=resume)
     results = trainer.evaluate(test_loader)

@@ -49,6 +49,7 @@ class TrainArgs:
     resume: bool
     log_every: int
     steps_per_call: int = 1
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     distributed: bool = False
     # FullyShardedStrategy's (None: its default, "all").
     shard: Literal["all", "optimizer"] | None = None

@@ -156,8 +156,10 @@ class CompiledSteps:
     @property
     def step_names(self) -> tuple[str, ...]:
         """The names of a train step's packed sums."""
-        skip = self.parts.nan_policy == "skip"
-        return (*self.sum_names, "skipped") if skip else self.sum_names
+        dynamic = self.parts.precision.loss_scale == "dynamic"
+        skip = self.parts.nan_policy == "skip" or dynamic
+        names = (*self.sum_names, "skipped") if skip else self.sum_names
+        return (*names, "loss_scale") if dynamic else names
 
     def train_acc(self) -> EpochSums:
         """Zeroed on-device sums of an epoch, and the non-finite step record."""

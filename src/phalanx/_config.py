@@ -10,6 +10,7 @@ import optax
 
 from ._callback import Callback, overrides
 from ._placement import stacked
+from ._precision import precision_of
 from ._validate import (
     integer,
     one_of,
@@ -34,6 +35,7 @@ def check_config(
     sync_every: Any,
     prefetch: Any,
     steps_per_call: Any = 1,
+    precision: Any = "fp32",
 ) -> None:
     """Raise TypeError / ValueError naming the first bad trainer argument."""
     if not callable(model):
@@ -56,7 +58,8 @@ def check_config(
     if strategy is not None and not isinstance(strategy, Strategy):
         raise TypeError(
             f"strategy={strategy!r} is not a phalanx Strategy; pass "
-            "px.ShardingStrategy(), px.PmapStrategy() or px.AccumulatingStrategy(...)"
+            "px.ShardingStrategy(), px.PmapStrategy(), px.FullyShardedStrategy() or "
+            "px.AccumulatingStrategy(...)"
         )
     if not (callable(loss) or loss in ("cross_entropy", "mse")):
         raise ValueError(
@@ -74,6 +77,7 @@ def check_config(
     one_of("nan_policy", nan_policy, ("raise", "skip", "off"))
     positive_int("sync_every", sync_every, example="16")
     positive_int("steps_per_call", steps_per_call, example="8")
+    precision_of(precision)
     if steps_per_call > 1 and strategy is not None:
         stacked(strategy.batch_sharding)  # the strategy can stack batches
     optional_int_at_least(

@@ -14,6 +14,7 @@ from ._checks import empty_data_message, nonfinite_error
 from ._compiled import CompiledSteps
 from ._dispatch import Callbacks
 from ._history import History
+from ._placement import to_host
 from ._prefetch import Feed
 from ._progress import RunPlan, RunProgress
 from ._sums import FLAGS, EpochSums, StepSums, means
@@ -239,8 +240,12 @@ class FitLoop:
         self.raise_if_nonfinite(acc.flags)
         average = means(acc.sums, self.progress.sum_names)
         logs = {k: average[k] for k in ["loss", *sorted(set(average) - {"loss"})]}
-        if self.settings.nan_policy == "skip":
+        dynamic = self.steps.parts.precision.loss_scale == "dynamic"
+        if self.settings.nan_policy == "skip" or dynamic:  # overflows skip too
             logs["skipped_steps"] = float(acc.flags[FLAGS.index("skipped")])
+        scale = self.steps.layout.unflatten(self.leaves).loss_scale
+        if scale is not None:  # dynamic: the scale the next step will use
+            logs["loss_scale"] = float(to_host(scale.scale))
         return logs
 
     def raise_if_nonfinite(self, flags: Any) -> None:

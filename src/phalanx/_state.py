@@ -1,8 +1,9 @@
-from typing import Generic, TypeVar, final
+from typing import ClassVar, Generic, TypeVar, final
 
 import equinox as eqx
+import jax.numpy as jnp
 import optax
-from jaxtyping import Array, Int, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 
 _Model = TypeVar("_Model", bound=eqx.Module)
@@ -23,6 +24,8 @@ class TrainState(eqx.Module, Generic[_Model]):
         opt_state: the optax optimizer state.
         key: the PRNG key the next step draws from.
         model_state: `eqx.nn.State` for stateful layers (BatchNorm), else None.
+        loss_scale: the dynamic loss scale of a float16 run
+            (``Precision(loss_scale="dynamic")``), else None.
     """
 
     step: Int[Array, ""]
@@ -30,3 +33,36 @@ class TrainState(eqx.Module, Generic[_Model]):
     opt_state: optax.OptState
     key: PRNGKeyArray
     model_state: eqx.nn.State | None = None
+    loss_scale: "DynamicScale | None" = None
+
+
+@final
+class DynamicScale(eqx.Module):
+    """A dynamic loss scale: the factor the loss is multiplied by before
+    differentiation, and the good steps since it last changed.
+
+    A step whose scaled gradient is not finite is skipped and halves the
+    scale (down to `MIN`); `PERIOD` good steps in a row double it.
+    """
+
+    scale: Float[Array, ""]
+    good_steps: Int[Array, ""]
+
+    INITIAL: ClassVar[float] = 2.0**15
+    PERIOD: ClassVar[int] = 2000
+    MIN: ClassVar[float] = 1.0
+
+    @classmethod
+    def initial(cls) -> "DynamicScale":
+        return cls(jnp.asarray(cls.INITIAL, jnp.float32), jnp.asarray(0, jnp.int32))
+
+    def next(self, finite: Bool[Array, ""]) -> "DynamicScale":
+        """The scale after a step whose (scaled) gradient was `finite` or not."""
+        grown = self.good_steps + 1 >= self.PERIOD
+        scale = jnp.where(
+            finite,
+            jnp.where(grown, self.scale * 2, self.scale),
+            jnp.maximum(self.scale / 2, self.MIN),
+        )
+        good = jnp.where(finite & ~grown, self.good_steps + 1, 0)
+        return DynamicScale(scale.astype(self.scale.dtype), good.astype(jnp.int32))

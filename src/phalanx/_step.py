@@ -8,6 +8,7 @@ of Σ weight · loss / total, so the division happens once, on the loss's
 cotangent, instead of on every gradient leaf after the reduction.
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -27,10 +28,11 @@ from ._hook_checks import (
     check_per_example,
 )
 from ._layout import StateLayout
-from ._state import TrainState
+from ._precision import Precision, cast_floating
+from ._state import DynamicScale, TrainState
 from ._sums import EpochSums
 from ._typing import NanPolicy, PerExample
-from .strategies import Strategy
+from .strategies import PerDeviceStrategy, Strategy
 
 
 class StepParts(NamedTuple):
@@ -44,6 +46,7 @@ class StepParts(NamedTuple):
         strategy: how the step runs across devices.
         nan_policy: what a non-finite gradient does (see the trainer).
         pass_key: whether the model takes a ``key``.
+        precision: the dtypes the step computes in.
     """
 
     loss: Callable[[Any, Any, Any], PerExample]
@@ -53,6 +56,7 @@ class StepParts(NamedTuple):
     strategy: Strategy
     nan_policy: NanPolicy
     pass_key: bool
+    precision: Precision = Precision()
 
 
 def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
@@ -63,7 +67,7 @@ def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
 
 
 # The names of the trainer's own entries among a step's sums and metrics.
-RESERVED_NAMES = ("loss", "weight", "skipped", "skipped_steps")
+RESERVED_NAMES = ("loss", "weight", "skipped", "skipped_steps", "loss_scale")
 
 
 def weighted_sums(
@@ -107,6 +111,17 @@ def build_steps(
     validates a batch against the model before anything is compiled.
     """
     strategy, pass_key, unflatten = parts.strategy, parts.pass_key, layout.unflatten
+    precision = parts.precision
+    # A mixed policy's casts; none at all otherwise (the same program as ever).
+    cast = cast_floating if precision.mixed else lambda tree, _: tree
+    # Under a mixed policy the gradients cross devices as the policy says:
+    # per device (one explicit reduction of each device's gradient, in
+    # `precision.reduce`), not where a compiler puts it in a global view.
+    reduce = (
+        strategy.reduce_per_device
+        if precision.mixed and isinstance(strategy, PerDeviceStrategy)
+        else strategy.reduce
+    )
 
     def examples(batch_leaves, weight):
         if batch_check is not None:
@@ -121,8 +136,20 @@ def build_steps(
         inputs, targets = batch
         model = eqx.combine(params, arrays, static)
         keys = example_keys(key, index)
-        outputs, model_state = forward(
-            model, inputs, state=model_state, keys=keys, pass_key=pass_key
+        # Model state (BatchNorm statistics) is kept in its own dtype and
+        # used in the compute dtype, as the layers it feeds.
+        new_state = forward(
+            eqx.combine(cast(params, precision.compute), arrays, static),
+            cast(inputs, precision.compute),
+            state=cast(model_state, precision.compute),
+            keys=keys,
+            pass_key=pass_key,
+        )
+        outputs = cast(new_state[0], precision.output)
+        model_state = jax.tree.map(
+            lambda new, old: new.astype(old.dtype) if eqx.is_array(new) else new,
+            new_state[1],
+            model_state,
         )
         sums = weighted_sums(parts, model, outputs, targets, weight)
         return sums, outputs, model_state
@@ -135,26 +162,36 @@ def build_steps(
         else:  # nothing draws random numbers: spare every device the hashing
             step_key = next_key = state.key
 
+        # The loss is multiplied by this before differentiation (None: 1).
+        scale = _loss_scale(precision, state.loss_scale)
+
         def local(replicated, model_state, examples):
-            params, rest, total = replicated
+            params, rest, total, scale = replicated
 
             def objective(params):
                 sums, _, new_state = run(static, params, rest, model_state, examples)
-                return sums["loss"] / total, (_packed(sums), new_state)
+                loss = sums["loss"] / total
+                return loss if scale is None else loss * scale, (
+                    _packed(sums),
+                    new_state,
+                )
 
             grads, (sums, model_state) = jax.grad(objective, has_aux=True)(params)
-            return (grads, sums), model_state
+            return (cast(grads, precision.reduce), sums), model_state
 
-        (grads, sums), model_state = strategy.reduce(
+        (grads, sums), model_state = reduce(
             local,
-            (params, (arrays, step_key), total),
+            (params, (arrays, step_key), total, scale),
             state.model_state,
             examples(batch_leaves, weight),
         )
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+        if scale is not None:
+            grads = jax.tree.map(lambda g: g / scale.astype(g.dtype), grads)
         grads = parts.gradients(grads, state)
         check_gradients(grads, params)
 
-        def update() -> list[jax.Array]:
+        def update(loss_scale: DynamicScale | None) -> list[jax.Array]:
             updates, opt_state = parts.optimizer.update(grads, state.opt_state, params)
             new = TrainState(
                 state.step + 1,
@@ -162,11 +199,21 @@ def build_steps(
                 opt_state,
                 next_key,
                 model_state,
+                loss_scale,
             )
             return layout.flatten(new)
 
+        def kept(loss_scale: DynamicScale | None) -> list[jax.Array]:
+            return layout.flatten(dataclasses.replace(state, loss_scale=loss_scale))
+
         return _guard(
-            parts.nan_policy, (state.step, leaves), update, grads, sums, acc, total
+            parts.nan_policy,
+            (state.step, leaves),
+            (update, kept),
+            (grads, state.loss_scale),
+            sums,
+            acc,
+            total,
         )
 
     def eval_step(leaves, acc, batch_leaves, weight):
@@ -223,46 +270,81 @@ def several_steps(train_step: Callable) -> Callable:
 def _guard(
     policy: str,
     old: tuple[jax.Array, list[jax.Array]],
-    update: Callable[[], list[jax.Array]],
-    grads: Any,
+    new: tuple[Callable[[Any], list[jax.Array]], Callable[[Any], list[jax.Array]]],
+    checked: tuple[Any, DynamicScale | None],
     sums: jax.Array,
     acc: EpochSums,
     total: jax.Array,
 ) -> tuple[list[jax.Array], EpochSums, jax.Array]:
-    """Apply the non-finite gradient policy; update the epoch accumulator.
+    """Apply the non-finite gradient policy and the dynamic loss scale;
+    update the epoch accumulator.
 
     Returns the new state's leaves, the epoch's sums, and the step's packed
-    sums (with a trailing 1 if the step was skipped, under ``"skip"``).
+    sums (then 1 if the step was skipped, under ``"skip"`` or a dynamic
+    loss scale; then the loss scale the step used, under a dynamic one).
 
     ``"raise"`` freezes the state at the first bad step and records it (with
     its first non-finite leaf, or `ZERO_WEIGHT` where the batch's `total`
     weight was 0), so the host can raise at its next sync point with the
     state from before that step; ``"skip"`` keeps the old state and counts
-    the step; ``"off"`` always applies the update. `update` makes the new
-    state's leaves; under a policy it runs in a `lax.cond`, so that a good
-    step updates the state in place instead of selecting between two copies
-    of it. `old` is the state's step and arrays before this step.
+    the step; ``"off"`` always applies the update. Under a dynamic loss
+    scale, a non-finite gradient while the scale is above its floor is not
+    the policy's: the step is skipped (and counted) and the scale halves.
+
+    `new` makes the new state's leaves, `kept` the old state's, each with
+    a given loss scale. The update runs in a `lax.cond`, so that a good step
+    updates the state in place instead of selecting between two copies of
+    it. `old` is the state's step and arrays before this step; `checked`
+    its gradients and dynamic loss scale.
     """
+    update, kept = new
+    grads, loss_scale = checked
     old_step, old_leaves = old
     finite_leaves = _finite_leaves(grads)
     finite = jnp.all(finite_leaves)
     skipped, bad_step, bad_leaf = acc.flags
     halted = bad_step >= 0
-    apply = {"off": jnp.bool_(True), "skip": finite, "raise": finite & ~halted}[policy]
-    first_bad = ~finite & ~halted if policy == "raise" else jnp.bool_(False)
-    if policy == "off":
-        leaves = update()
+    overflow = jnp.bool_(False)
+    if loss_scale is not None:
+        overflow = ~finite & (loss_scale.scale > DynamicScale.MIN)
+    apply = {"off": ~overflow, "skip": finite, "raise": finite & ~halted}[policy]
+    first_bad = ~finite & ~overflow & ~halted if policy == "raise" else jnp.bool_(False)
+    if loss_scale is None:
+        scale_after = None
+        if policy == "off":
+            leaves = update(None)
+        else:
+            leaves = jax.lax.cond(apply, lambda: update(None), lambda: old_leaves)
     else:
-        leaves = jax.lax.cond(apply, update, lambda: old_leaves)
+        # Frozen where "raise" froze the state; else it moves with the step.
+        moved = loss_scale.next(finite)
+        scale_after = jax.tree.map(
+            lambda a, b: jnp.where(halted | first_bad, a, b), loss_scale, moved
+        )
+        leaves = jax.lax.cond(
+            apply, lambda: update(scale_after), lambda: kept(scale_after)
+        )
     flags = [
         skipped + (~apply).astype(jnp.int32),
         jnp.where(first_bad, old_step, bad_step),
         jnp.where(first_bad, _bad_leaf(finite_leaves, total), bad_leaf),
     ]
     acc = EpochSums(acc.sums + jnp.where(apply, sums, 0), jnp.stack(flags))
-    if policy == "skip":
+    if policy == "skip" or loss_scale is not None:
         sums = jnp.append(sums, (~apply).astype(sums.dtype))
+    if loss_scale is not None:
+        sums = jnp.append(sums, loss_scale.scale.astype(sums.dtype))
     return leaves, acc, sums
+
+
+def _loss_scale(precision: Precision, dynamic: DynamicScale | None) -> jax.Array | None:
+    """The factor a step multiplies the loss by (None: no scaling)."""
+    if precision.loss_scale is None:
+        return None
+    if precision.loss_scale == "dynamic":
+        assert dynamic is not None, "a dynamic loss scale lives in the state"
+        return dynamic.scale
+    return jnp.asarray(precision.loss_scale, jnp.float32)
 
 
 def _bad_leaf(finite_leaves: jax.Array, total: jax.Array) -> jax.Array:

@@ -42,13 +42,17 @@ def sum_names(metric_names: Sequence[str]) -> tuple[str, ...]:
     return ("loss", "weight", *metric_names)
 
 
+# A step's trailing entries that are values, not sums to divide by the weight.
+AS_THEY_ARE = ("skipped", "loss_scale")
+
+
 def means(values: np.ndarray, names: Sequence[str]) -> HostMetrics:
     """Every sum but the weight divided once by the weight (in the sums'
-    own precision, as the device would); a trailing ``"skipped"`` entry is
-    a flag and kept as it is."""
+    own precision, as the device would); trailing ``"skipped"`` and
+    ``"loss_scale"`` entries are kept as they are."""
     weight = values[names.index("weight")]
     return {
-        name: float(value if name == "skipped" else value / weight)
+        name: float(value if name in AS_THEY_ARE else value / weight)
         for name, value in zip(names, values, strict=True)
         if name != "weight"
     }

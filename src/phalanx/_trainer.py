@@ -31,12 +31,13 @@ from ._hook_checks import check_split
 from ._layout import state_layout
 from ._loop import FitLoop, LoopSettings
 from ._placement import put_state
+from ._precision import Precision, PrecisionName, cast_floating, precision_of
 from ._predict import predict_rows
 from ._preemption import Preempted, preemption
 from ._prefetch import Feed, default_depth
 from ._progress import RunPlan, RunProgress
 from ._snapshot import Snapshot
-from ._state import TrainState
+from ._state import DynamicScale, TrainState
 from ._step import StepParts
 from ._sums import EpochSums, StepSums, means
 from ._typing import (
@@ -105,6 +106,7 @@ class DataParallelTrainer(Generic[_Model]):
         sync_every: int = 16,
         prefetch: int | None = None,
         steps_per_call: int = 1,
+        precision: PrecisionName | Precision = "fp32",
     ):
         """Args:
         model: a per-example Equinox model; it may take a ``key`` keyword
@@ -156,6 +158,14 @@ class DataParallelTrainer(Generic[_Model]):
             those steps run one per call (compiled once more). Raise it
             when a step takes well under a millisecond (small models on an
             accelerator); 1 (the default) otherwise.
+        precision: the dtypes a step computes in: ``"fp32"`` (the default:
+            everything in the model's own dtype); ``"bf16"``: float32
+            parameters and optimizer state, the forward and backward pass in
+            bfloat16, the loss and the gradient reduction in float32;
+            ``"fp16"``: as ``"bf16"`` with float16 and a dynamic loss scale
+            (logged as ``loss_scale``; a step whose scaled gradient
+            overflows is skipped, counted in ``skipped_steps``, and halves
+            the scale); or a `px.Precision` naming each dtype.
 
         Raises:
             TypeError, ValueError: an argument is invalid (the message names it).
@@ -173,7 +183,11 @@ class DataParallelTrainer(Generic[_Model]):
             sync_every=sync_every,
             prefetch=prefetch,
             steps_per_call=steps_per_call,
+            precision=precision,
         )
+        self.precision = precision_of(precision)
+        if self.precision.mixed:  # the master weights' dtype
+            model = cast_floating(model, self.precision.params)
         self.strategy: Strategy = ShardingStrategy() if strategy is None else strategy
         self.optimizer = optimizer
         self._callbacks = Callbacks(callbacks)
@@ -194,6 +208,7 @@ class DataParallelTrainer(Generic[_Model]):
             optimizer.init(eqx.filter(model, eqx.is_inexact_array)),
             jr.key(seed),
             model_state,
+            DynamicScale.initial() if self.precision.loss_scale == "dynamic" else None,
         )
         self._layout = state_layout(self.strategy, state)
         shardings = self._layout.shardings
@@ -220,6 +235,7 @@ class DataParallelTrainer(Generic[_Model]):
             strategy=self.strategy,
             nan_policy=nan_policy,
             pass_key=takes_key(model),
+            precision=self.precision,
         )
         # The compiled train, eval and predict steps (as Keras' train_function).
         self.steps = CompiledSteps(

@@ -204,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
         "as if it had never stopped",
     )
     add(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="float32 throughout, or float32 weights with the forward and "
+        "backward pass in bfloat16 or float16 (fp16: with a dynamic loss scale)",
+    )
+    add(
         "--steps-per-call",
         type=_positive_int,
         default=1,

@@ -170,13 +170,18 @@ def shard_map_reduce(
         if deterministic:
             whole, total = _sum_in_device_order(jax.lax.all_gather(both, axis_name))
         else:
-            whole, total = jax.lax.psum(both, axis_name)
+            whole, total = _psum(both, axis_name)
         carry = jax.tree.map(lambda t, c: _device_mean(t, c, mesh.size), total, carry)
         whole = iter(whole)
         leaves = [
             next(whole)
             if dim is None
-            else jax.lax.psum_scatter(x, axis_name, scatter_dimension=dim, tiled=True)
+            else _manual(
+                lambda x, dim=dim: jax.lax.psum_scatter(
+                    x, axis_name, scatter_dimension=dim, tiled=True
+                ),
+                _is_narrow(x),
+            )(x)
             for x, dim in zip(leaves, dims, strict=True)
         ]
         return jax.tree.unflatten(treedef, leaves), carry
@@ -185,6 +190,51 @@ def shard_map_reduce(
     out_specs = (P() if scattered is None else scattered, P())
     return _shard_map(per_device, mesh, axis_name, in_specs, out_specs)(
         replicated, carry, examples
+    )
+
+
+def _is_narrow(x: Any) -> bool:
+    """Whether `x` is a 16-bit float (bfloat16, float16)."""
+    return jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize == 2
+
+
+def _manual(fn: Callable[[Any], Any], narrow: bool) -> Callable[[Any], Any]:
+    """`fn`, a collective over the data axis, run where every mesh axis is
+    manual if its operands are 16-bit floats.
+
+    In the step's shard_map the spare axis is automatic, so JAX annotates
+    the collective's reduction computation with a sharding; XLA:CPU
+    compiles a 16-bit all-reduce by widening that computation, and fails on
+    the annotation ("Invalid binary instruction opcode copy", JAX 0.10).
+    Inside a nested shard_map over the spare axis nothing is automatic.
+    """
+    if not narrow:
+        return fn
+    return jax.shard_map(
+        fn,
+        in_specs=P(),
+        out_specs=P(),
+        axis_names=frozenset({_SPARE_AXIS}),
+        check_vma=False,
+    )
+
+
+def _psum(tree: PyTree, axis_name: str) -> PyTree:
+    """`jax.lax.psum` of `tree` (its 16-bit float leaves as `_manual` says)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    narrow = [_is_narrow(x) for x in leaves]
+    wide = jax.lax.psum(
+        [x for x, n in zip(leaves, narrow, strict=True) if not n], axis_name
+    )
+    if any(narrow):
+        short = _manual(lambda xs: jax.lax.psum(xs, axis_name), True)(
+            [x for x, n in zip(leaves, narrow, strict=True) if n]
+        )
+    else:
+        short = []
+    wide, short = iter(wide), iter(short)
+    return jax.tree.unflatten(
+        treedef, [next(short) if n else next(wide) for n in narrow]
     )
 
 
