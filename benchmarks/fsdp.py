@@ -29,13 +29,11 @@ of batch 64, 1 repeat.
 
 import argparse
 import json
-import os
 import pathlib
-import statistics
-import subprocess
 import sys
-import time
 from typing import Any
+
+from children import interleaved, per_device_count
 
 
 SIDES = ("sharding", "fsdp", "fsdp-optimizer")
@@ -139,22 +137,17 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.batch, 784)).astype(np.float32)
     y = rng.integers(0, 10, args.batch).astype(np.int32)
-    data = [(x, y)] * args.steps
-    trainers = {}
-    for side in ("fsdp", "sharding"):
-        model = px.models.MLP(784, 10, hidden=(256, 128), key=jax.random.key(0))
-        trainers[side] = px.DataParallelTrainer(
-            model, optax.adam(1e-3), strategy=make_strategy(side)
+    trainers = {
+        side: px.DataParallelTrainer(
+            px.models.MLP(784, 10, hidden=(256, 128), key=jax.random.key(0)),
+            optax.adam(1e-3),
+            strategy=make_strategy(side),
         )
-        trainers[side].fit(data[:2], epochs=1)  # compiled, warm
-    seconds: dict[str, list[float]] = {side: [] for side in trainers}
-    for _ in range(args.repeats):
-        for side, trainer in trainers.items():
-            start = time.perf_counter()
-            trainer.fit(data, epochs=1)
-            seconds[side].append((time.perf_counter() - start) / args.steps)
-    a, b = (statistics.median(seconds[s]) for s in ("fsdp", "sharding"))
-    return {"seconds": seconds, "fsdp_s": a, "sharding_s": b, "ratio": a / b}
+        for side in ("fsdp", "sharding")
+    }
+    timed = interleaved(trainers, [(x, y)] * args.steps, args.repeats)
+    a, b = (timed["median_s"][side] for side in ("fsdp", "sharding"))
+    return {"seconds": timed["seconds"], "fsdp_s": a, "sharding_s": b, "ratio": a / b}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -209,18 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     counts = [int(n) for n in args.devices.split(",")]
     passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--tiny"]
+    if args.tiny:
+        passed.append("--tiny")
     rows: list[dict[str, Any]] = []
     timed = None
-    for n in counts:
-        env = {k: v for k, v in os.environ.items() if k != "NPROC"}
-        command = [sys.executable, __file__, *passed, "--child", str(n)]
-        if args.tiny:
-            command.append("--tiny")
-        done = subprocess.run(command, env=env, capture_output=True, text=True)
-        if done.returncode:
-            sys.stderr.write(done.stdout + done.stderr)
-            return done.returncode
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+    for n, result in zip(
+        counts, per_device_count(__file__, passed, counts), strict=True
+    ):
         rows += result["memory"]
         if "timing" in result:
             timed = {**result["timing"], "devices": n, "batch": args.batch}

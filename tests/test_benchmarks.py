@@ -105,3 +105,20 @@ def test_tiny_fsdp_benchmark_run(tmp_path):
     assert held[(2, "fsdp")] < held[(2, "fsdp-optimizer")] < held[(2, "sharding")]
     assert held[(1, "fsdp")] == held[(1, "sharding")]
     assert results["timing"]["ratio"] > 0
+
+
+@pytest.mark.slow
+def test_tiny_precision_benchmark_run(tmp_path):
+    out = tmp_path / "precision.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "precision.py"), "--tiny"]
+    result = subprocess.run([*command, "--out", out], **SUBPROCESS, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.read_text())
+    assert [(row["devices"], row["precision"]) for row in rows] == [
+        (n, policy) for n in (1, 2) for policy in ("fp32", "bf16", "fp16")
+    ]
+    for row in rows:
+        assert row["step_s"] > 0 and row["temp_bytes"] > 0
+        assert (
+            row["vs_fp32"] == 1.0 if row["precision"] == "fp32" else row["vs_fp32"] > 0
+        )

@@ -117,9 +117,12 @@ def build_steps(
     # Under a mixed policy the gradients cross devices as the policy says:
     # per device (one explicit reduction of each device's gradient, in
     # `precision.reduce`), not where a compiler puts it in a global view.
+    # (One device has nothing to reduce: its global view is its own.)
     reduce = (
         strategy.reduce_per_device
-        if precision.mixed and isinstance(strategy, PerDeviceStrategy)
+        if precision.mixed
+        and isinstance(strategy, PerDeviceStrategy)
+        and strategy.num_devices > 1
         else strategy.reduce
     )
 
