@@ -15,7 +15,7 @@ from typing_extensions import override
 import phalanx as px
 from helpers import make_data, make_model, max_abs_diff, reference_fit, sqrt_loss
 from test_equivalence import make_strategy
-from test_models import BatchNormMLP
+from test_models import BatchNormMLP, DropoutMLP
 
 
 BF16 = jnp.bfloat16
@@ -294,6 +294,23 @@ def test_batchnorm_state_keeps_its_dtype_under_bf16():
     stats = floating(trainer.state.model_state)  # running means and variances
     assert len(stats) == 2 and all(x.dtype == jnp.float32 for x in stats)
     assert np.isfinite(trainer.history[-1]["loss"])
+
+
+def test_dropout_masks_are_layout_free_under_bf16():
+    # The masks come from (seed, step, example) whatever the precision: 1 and
+    # 8 devices drop the same units, and their gradients differ only as bf16
+    # sums do (SGD: adam's sign-like first steps would magnify a rounding).
+    models = []
+    for devices in (1, 8):
+        trainer = px.DataParallelTrainer(
+            DropoutMLP(0.5, key=KEY),
+            optax.sgd(0.1),
+            strategy=px.ShardingStrategy(devices),
+            precision="bf16",
+        )
+        trainer.fit([make_data(64)], steps=5)
+        models.append(trainer.model)
+    assert max_abs_diff(*models) <= 1e-3
 
 
 def test_steps_per_call_under_fp16_is_the_same():
