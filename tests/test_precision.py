@@ -327,3 +327,26 @@ def test_steps_per_call_under_fp16_is_the_same():
         models.append(trainer)
     assert max_abs_diff(models[0].model, models[1].model) == 0
     assert models[0].history.epochs == models[1].history.epochs
+
+
+def test_predict_runs_in_the_compute_dtype():
+    trainer = px.DataParallelTrainer(
+        make_model(),
+        optax.adam(1e-2),
+        strategy=px.ShardingStrategy(8),
+        precision="bf16",
+    )
+    x, _ = make_data(13)
+    predicted = trainer.predict(x)
+    assert predicted.dtype == jnp.float32  # the policy's output dtype
+    # The casts by hand, up to bfloat16 rounding (8 bits of mantissa).
+    low = jax.tree.map(
+        lambda p: p.astype(BF16) if eqx.is_inexact_array(p) else p, trainer.model
+    )
+    by_hand = jax.vmap(low)(jnp.asarray(x, BF16)).astype(jnp.float32)
+    np.testing.assert_allclose(predicted, by_hand, rtol=2**-7, atol=2**-9)
+    # The predict program's dot products run in bfloat16.
+    rows = np.zeros((8, x.shape[1]), np.float32)  # a row per device
+    step = trainer.steps.predict(jax.tree.structure(rows), [rows])
+    lowered = step.lower(trainer.steps.layout.structs, [rows]).as_text()
+    assert dot_types(lowered) == {"bf16"}

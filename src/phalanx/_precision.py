@@ -96,6 +96,11 @@ class Precision:
         """Whether anything differs from computing in `params` throughout."""
         return self != Precision(self.params, self.params, self.params, self.params)
 
+    def cast(self, tree: PyTree, dtype: Any) -> PyTree:
+        """`cast_floating(tree, dtype)` under a mixed policy; `tree` as it is
+        otherwise (the step is then the same program as without a policy)."""
+        return cast_floating(tree, dtype) if self.mixed else tree
+
     def describe(self) -> str:
         """A short name: the preset's, or the dtypes."""
         for name, preset in PRESETS.items():

@@ -28,7 +28,7 @@ from ._hook_checks import (
     check_per_example,
 )
 from ._layout import StateLayout
-from ._precision import Precision, cast_floating
+from ._precision import Precision
 from ._state import DynamicScale, TrainState
 from ._sums import EpochSums
 from ._typing import NanPolicy, PerExample
@@ -112,8 +112,7 @@ def build_steps(
     """
     strategy, pass_key, unflatten = parts.strategy, parts.pass_key, layout.unflatten
     precision = parts.precision
-    # A mixed policy's casts; none at all otherwise (the same program as ever).
-    cast = cast_floating if precision.mixed else lambda tree, _: tree
+    cast = precision.cast
     # Under a mixed policy the gradients cross devices as the policy says:
     # per device (one explicit reduction of each device's gradient, in
     # `precision.reduce`), not where a compiler puts it in a global view.
@@ -385,8 +384,9 @@ def _finite_leaves(grads: Any) -> jax.Array:
 def build_predict_step(
     parts: StepParts, layout: StateLayout, inputs_treedef: Any
 ) -> Callable:
-    """A predict step: per-example outputs of the model in inference mode."""
-    pass_key = parts.pass_key
+    """A predict step: per-example outputs of the model in inference mode,
+    computed in the precision policy's dtypes."""
+    pass_key, precision = parts.pass_key, parts.precision
 
     def predict_step(leaves, input_leaves):
         state = layout.unflatten(leaves)
@@ -398,11 +398,15 @@ def build_predict_step(
         def local(replicated, examples):
             arrays, key, model_state = replicated
             inputs, index = examples
-            model = eqx.combine(arrays, static)
-            keys = example_keys(key, index)
-            return forward(
-                model, inputs, state=model_state, keys=keys, pass_key=pass_key
+            compute = precision.compute  # as the train step runs the model
+            outputs = forward(
+                eqx.combine(precision.cast(arrays, compute), static),
+                precision.cast(inputs, compute),
+                state=precision.cast(model_state, compute),
+                keys=example_keys(key, index),
+                pass_key=pass_key,
             )[0]
+            return precision.cast(outputs, precision.output)
 
         replicated = (arrays, state.key, state.model_state)
         return parts.strategy.map(local, replicated, (inputs, index))
