@@ -312,7 +312,6 @@ def _guard(
     apply = {"off": ~overflow, "skip": finite, "raise": finite & ~halted}[policy]
     first_bad = ~finite & ~overflow & ~halted if policy == "raise" else jnp.bool_(False)
     if loss_scale is None:
-        scale_after = None
         if policy == "off":
             leaves = update(None)
         else:
