@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from helpers import read_event_scalars
+from phalanx import __version__ as px_version
 from phalanx.cli import main
 from phalanx.data import load_digits
 
@@ -407,6 +408,26 @@ def test_overwrite_replaces_only_its_own_files(tmp_path):
     assert (run / "mine" / "data.txt").read_text() == "keep me\n"
     rows = read_csv(run / "metrics.csv")  # rewritten, not appended to
     assert [row["kind"] for row in rows][-1] == "epoch"
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--version"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out == f"phalanx {px_version}\n"
+
+
+@pytest.mark.parametrize("abbreviated", ["--epoch", "--batch", "--strat"])
+def test_options_are_not_abbreviated(tmp_path, capsys, monkeypatch, abbreviated):
+    # "--epoch 3" is not silently taken for --epochs 3; nothing is written.
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        main(["train", abbreviated, "3"])
+    assert exit.value.code == 2
+    line = one_line(capsys.readouterr().err)
+    assert f"unrecognized arguments: {abbreviated} 3" in line
+    assert snapshot(tmp_path) == before
 
 
 def test_help_names_every_option(tmp_path):

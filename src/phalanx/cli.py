@@ -10,7 +10,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ._cli_train import (
     TrainArgs,
@@ -22,6 +22,7 @@ from ._cli_train import (
 )
 from ._launch import LaunchArgs, LaunchError, run_launch
 from ._preemption import Preempted
+from ._version import __version__
 from .checkpoint import CheckpointWriteError
 
 
@@ -33,7 +34,12 @@ EXIT_IO = 74  # a file could not be written (sysexits' EX_IOERR)
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (and exit code 2)."""
+    """argparse, but a usage error is one line (and exit code 2), and an
+    option must be spelled out (``--epoch`` is not taken for ``--epochs``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -82,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="phalanx",
         description="Data-parallel training for Equinox models on JAX.",
     )
+    parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
     commands = parser.add_subparsers(
         dest="command", required=True, parser_class=_Parser
     )
