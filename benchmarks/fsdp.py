@@ -29,11 +29,10 @@ of batch 64, 1 repeat.
 
 import argparse
 import json
-import pathlib
 import sys
 from typing import Any
 
-from children import interleaved, per_device_count
+from children import interleaved, parse as parse_options, per_device_count, write_json
 
 
 SIDES = ("sharding", "fsdp", "fsdp-optimizer")
@@ -58,22 +57,18 @@ DEFAULTS = {
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", help="device counts, comma-separated")
-    parser.add_argument("--width", type=int, help="hidden width of the memory model")
-    parser.add_argument("--layers", type=int, help="hidden layers of the memory model")
-    parser.add_argument("--time-devices", type=int, help="device count of the timing")
-    parser.add_argument("--batch", type=int, help="global batch of the timing")
-    parser.add_argument("--steps", type=int, help="steps per timed run")
-    parser.add_argument("--repeats", type=int, help="timed runs per side")
-    parser.add_argument("--out", default="benchmarks/fsdp.json")
-    parser.add_argument("--tiny", action="store_true", help="a smoke-test run")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    for name, default in (TINY if args.tiny else DEFAULTS).items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
-    return args
+    return parse_options(
+        argv,
+        __doc__,
+        out="benchmarks/fsdp.json",
+        tiny=TINY,
+        defaults=DEFAULTS,
+        extra=(
+            ("--width", int, "hidden width of the memory model"),
+            ("--layers", int, "hidden layers of the memory model"),
+            ("--time-devices", int, "device count of the timing"),
+        ),
+    )
 
 
 def make_strategy(side: str) -> Any:
@@ -201,21 +196,14 @@ def main(argv: list[str] | None = None) -> int:
         child(args)
         return 0
     counts = [int(n) for n in args.devices.split(",")]
-    passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--tiny"]
-    if args.tiny:
-        passed.append("--tiny")
     rows: list[dict[str, Any]] = []
     timed = None
-    for n, result in zip(
-        counts, per_device_count(__file__, passed, counts), strict=True
-    ):
+    for n, result in zip(counts, per_device_count(__file__, argv, counts), strict=True):
         rows += result["memory"]
         if "timing" in result:
             timed = {**result["timing"], "devices": n, "batch": args.batch}
     report(rows, timed)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"memory": rows, "timing": timed}, indent=1))
+    write_json(args.out, {"memory": rows, "timing": timed})
     return 0
 
 

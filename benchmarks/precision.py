@@ -21,11 +21,10 @@ units the same program runs its dot products at their speed. ``--tiny``
 
 import argparse
 import json
-import pathlib
 import sys
 from typing import Any
 
-from children import interleaved, per_device_count
+from children import interleaved, parse as parse_options, per_device_count, write_json
 
 
 POLICIES = ("fp32", "bf16", "fp16")
@@ -34,19 +33,9 @@ DEFAULTS = {"devices": "1,8", "batch": 2048, "steps": 20, "repeats": 5}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", help="device counts, comma-separated")
-    parser.add_argument("--batch", type=int, help="global batch")
-    parser.add_argument("--steps", type=int, help="steps per timed run")
-    parser.add_argument("--repeats", type=int, help="timed runs per policy")
-    parser.add_argument("--out", default="benchmarks/precision.json")
-    parser.add_argument("--tiny", action="store_true", help="a smoke-test run")
-    parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    for name, default in (TINY if args.tiny else DEFAULTS).items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
-    return args
+    return parse_options(
+        argv, __doc__, out="benchmarks/precision.json", tiny=TINY, defaults=DEFAULTS
+    )
 
 
 def child(args: argparse.Namespace) -> None:
@@ -120,14 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         child(args)
         return 0
     counts = [int(n) for n in args.devices.split(",")]
-    passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--tiny"]
-    if args.tiny:
-        passed.append("--tiny")
-    rows = [row for rows in per_device_count(__file__, passed, counts) for row in rows]
+    rows = [row for rows in per_device_count(__file__, argv, counts) for row in rows]
     report(rows, args.batch)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1))
+    write_json(args.out, rows)
     return 0
 
 

@@ -9,6 +9,7 @@ import os
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 import jax
 import pytest
@@ -96,14 +97,19 @@ def test_each_device_count_runs_in_its_own_process(tmp_path):
     assert "sharding" in result.stdout  # the merged table
 
 
+def tiny_run(script: str, tmp_path: pathlib.Path) -> Any:
+    """The results of ``benchmarks/SCRIPT --tiny`` on 2 devices."""
+    out = tmp_path / "results.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / script), "--tiny"]
+    command += ["--devices", "2", "--out", str(out)]
+    result = subprocess.run(command, **SUBPROCESS, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(out.read_text())
+
+
 @pytest.mark.slow
 def test_tiny_fsdp_benchmark_run(tmp_path):
-    out = tmp_path / "fsdp.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "fsdp.py"), "--tiny"]
-    command += ["--devices", "2"]
-    result = subprocess.run([*command, "--out", out], **SUBPROCESS, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    results = json.loads(out.read_text())
+    results = tiny_run("fsdp.py", tmp_path)
     rows = {(row["devices"], row["side"]): row for row in results["memory"]}
     assert set(rows) == {(2, side) for side in ("sharding", "fsdp", "fsdp-optimizer")}
     for row in rows.values():
@@ -115,12 +121,7 @@ def test_tiny_fsdp_benchmark_run(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_precision_benchmark_run(tmp_path):
-    out = tmp_path / "precision.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "precision.py"), "--tiny"]
-    command += ["--devices", "2"]
-    result = subprocess.run([*command, "--out", out], **SUBPROCESS, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    rows = json.loads(out.read_text())
+    rows = tiny_run("precision.py", tmp_path)
     assert [(row["devices"], row["precision"]) for row in rows] == [
         (2, policy) for policy in ("fp32", "bf16", "fp16")
     ]
