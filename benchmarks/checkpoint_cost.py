@@ -79,7 +79,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def make_trainer(args, callbacks) -> px.DataParallelTrainer:
     hidden = tuple(int(w) for w in args.hidden.split(","))
     model = px.models.MLP(784, 10, hidden=hidden, key=jax.random.key(0))
-    return px.DataParallelTrainer(model, optax.adam(1e-3), callbacks=callbacks)
+    return px.DataParallelTrainer(
+        model, optax.adam(1e-3), callbacks=callbacks, progress=False
+    )
 
 
 def timed_fit(trainer: px.DataParallelTrainer, loader, steps: int) -> float:

@@ -97,7 +97,7 @@ def memory(args: argparse.Namespace) -> list[dict[str, Any]]:
             args.width, 10, hidden=(args.width,) * args.layers, key=jax.random.key(0)
         )
         trainer = px.DataParallelTrainer(
-            model, optax.adam(1e-3), strategy=make_strategy(side)
+            model, optax.adam(1e-3), strategy=make_strategy(side), progress=False
         )
         state = eqx.filter((trainer.state.model, trainer.state.opt_state), eqx.is_array)
         held: dict[Any, int] = {}
@@ -137,6 +137,7 @@ def timing(args: argparse.Namespace) -> dict[str, Any]:
             px.models.MLP(784, 10, hidden=(256, 128), key=jax.random.key(0)),
             optax.adam(1e-3),
             strategy=make_strategy(side),
+            progress=False,
         )
         for side in ("fsdp", "sharding")
     }

@@ -55,6 +55,7 @@ def child(args: argparse.Namespace) -> None:
             px.models.MLP(784, 10, hidden=(256, 128), key=jax.random.key(0)),
             optax.adam(1e-3),
             precision=policy,
+            progress=False,
         )
         for policy in POLICIES
     }

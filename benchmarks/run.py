@@ -399,7 +399,11 @@ class PhalanxSide(Side):
 
     def build(self) -> None:
         self.trainer = px.DataParallelTrainer(
-            make_model(), make_optimizer(), strategy=self.make_strategy(), **self.kwargs
+            make_model(),
+            make_optimizer(),
+            strategy=self.make_strategy(),
+            progress=False,
+            **self.kwargs,
         )
         self.placed = self.place(host_batches(self.batch))
         self.loader = loader(self.batch)
@@ -649,7 +653,9 @@ def accumulation_memory(devices: int, batch: int) -> list[dict[str, Any]]:
             if k > 1:
                 strategy = px.AccumulatingStrategy(strategy, k)
             model, optimizer = make_model(), make_optimizer()
-            trainer = px.DataParallelTrainer(model, optimizer, strategy=strategy)
+            trainer = px.DataParallelTrainer(
+                model, optimizer, strategy=strategy, progress=False
+            )
             stats = memory_stats(trainer.lower((x, y)).compile())
             rows.append({"side": inner.__name__, "microbatches": k, "memory": stats})
     for k in MEMORY_MICROBATCHES:

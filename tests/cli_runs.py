@@ -26,8 +26,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 import phalanx as px
+from phalanx._cli_args import TrainArgs
 from phalanx._cli_run import make_optimizer, make_schedule, make_strategy
-from phalanx._cli_train import TrainArgs, load_dataset
+from phalanx._cli_train import load_dataset
 from phalanx.cli import build_parser
 
 
@@ -193,7 +194,7 @@ def refused(cwd: pathlib.Path, *args: str) -> str:
 
 
 def cli_args(*args: str) -> TrainArgs:
-    return TrainArgs.from_namespace(build_parser().parse_args(["train", *args]))
+    return TrainArgs.from_options(vars(build_parser().parse_args(["train", *args])))
 
 
 def state_arrays(trainer: px.DataParallelTrainer) -> list[np.ndarray]:

@@ -153,6 +153,95 @@ def test_progress_live_bar_is_stopped_on_exception():
     assert not isinstance(sys.stdout, rich.file_proxy.FileProxy)
 
 
+class WithError(px.DataParallelTrainer):
+    """A subclass with a metric of its own."""
+
+    @override
+    def metrics(self, outputs, targets):
+        error = 1.0 - (jnp.argmax(outputs, axis=-1) == targets).astype(jnp.float32)
+        return {**super().metrics(outputs, targets), "error": error}
+
+
+def test_fit_shows_progress_by_default_one_row_per_epoch(capsys):
+    trainer = WithError(make_model(), optax.adam(1e-2))
+    trainer.fit(batches(4), epochs=2, eval_data=batches(2, seed=1))
+    lines = capsys.readouterr().out.splitlines()
+    # Not a terminal: no step lines, a heading and a row per epoch.
+    assert [line.split() for line in lines[:1]] == [
+        [
+            "epoch",
+            "loss",
+            "accuracy",
+            "error",
+            "ex/s",
+            "eval",
+            "loss",
+            "eval",
+            "acc",
+            "eval",
+            "error",
+            "time",
+        ]
+    ]
+    rows = [line.split() for line in lines[1:]]
+    assert [row[0] for row in rows] == ["1/2", "2/2"]
+    for row, epoch in zip(rows, trainer.history, strict=True):
+        assert float(row[3]) == pytest.approx(epoch["error"], abs=1e-4)
+        assert float(row[3]) == pytest.approx(1 - epoch["accuracy"], abs=1e-4)
+        assert float(row[7]) == pytest.approx(epoch["eval_error"], abs=1e-4)
+
+
+def test_progress_false_prints_nothing(capsys):
+    trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2), progress=False)
+    trainer.fit(batches(4), epochs=2, eval_data=batches(2, seed=1))
+    trainer.evaluate(batches(2))
+    assert capsys.readouterr() == ("", "")
+
+
+def test_a_progress_bar_of_ones_own_replaces_the_default(capsys):
+    con = console(terminal=False)
+    bar = ProgressBar(log_every=2, console=con)
+    trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2), callbacks=[bar])
+    trainer.fit(batches(4), epochs=1)
+    assert capsys.readouterr().out == ""
+    assert "step 4/4" in output(con)
+    # Replacing the callbacks brings the default back (and keeps it out of
+    # the callbacks' list and their saved state).
+    trainer.callbacks = []
+    assert trainer.callbacks == ()
+    trainer.fit(batches(4), epochs=1)
+    assert "epoch" in capsys.readouterr().out
+
+
+def test_epoch_table_heading_follows_the_metrics():
+    class EveryOtherEpoch(px.Callback):
+        @override
+        def on_epoch_end(self, info):
+            if info.epoch % 2 == 1:
+                info.metrics["lr"] = 1e-4
+
+    con = console(terminal=False)
+    trainer = px.DataParallelTrainer(
+        make_model(),
+        optax.adam(1e-2),
+        callbacks=[EveryOtherEpoch(), ProgressBar(console=con, plain_steps=False)],
+    )
+    trainer.fit(batches(2), epochs=3)
+    lines = output(con).splitlines()
+    headings = [line.split() for line in lines if line.split()[0] == "epoch"]
+    assert headings == [
+        ["epoch", "loss", "accuracy", "ex/s", "time"],
+        ["epoch", "loss", "accuracy", "lr", "ex/s", "time"],
+        ["epoch", "loss", "accuracy", "ex/s", "time"],
+    ]
+    assert "1.000e-04" in lines[3]
+
+
+def test_progress_argument_is_checked():
+    with pytest.raises(TypeError, match="progress"):
+        px.DataParallelTrainer(make_model(), optax.adam(1e-2), progress="yes")  # pyright: ignore[reportArgumentType]
+
+
 # ------------------------------------------------------------------- Throughput
 
 

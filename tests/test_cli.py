@@ -45,9 +45,14 @@ OPTIONS = (
     "--checkpoint-every",
     "--resume",
     "--distributed",
+    "--model-arg",
+    "--config",
+    "--logger",
+    "--profile",
 )
 RUN_FILES = [
     "checkpoints",
+    "config.toml",
     "history.png",
     "metrics.csv",
     "metrics.jsonl",
@@ -57,7 +62,10 @@ NOTICE = (
     "phalanx: no accelerator found; using 8 fake CPU devices (--devices N to change)"
 )
 EPOCHS, LOG_EVERY, BATCH = 3, 5, 64
-TABLE_COLUMNS = ["epoch", "loss", "accuracy", "ex/s", "eval loss", "eval acc", "time"]
+# Every epoch metric: the learning rate (LearningRateMonitor's) included.
+TABLE_COLUMNS = [
+    "epoch", "loss", "accuracy", "lr", "ex/s", "eval loss", "eval acc", "time"
+]  # fmt: skip
 FINAL_LINE = re.compile(r"test loss (\d+\.\d{4}), test accuracy (\d+\.\d{4}); logs in")
 # ProgressBar's plain line, printed every --log-every steps when stdout is not
 # a terminal: "epoch 1/3  step 5/69  loss 2.1358  450 ex/s  eta 0:00:09".
@@ -158,9 +166,10 @@ def test_run_prints_table_and_test_accuracy(default_run, steps_per_epoch):
     for row, logs in zip(rows, logged, strict=True):
         assert row[1] == f"{logs['loss']:.4f}"
         assert row[2] == f"{logs['accuracy']:.4f}"
-        assert row[4] == f"{logs['eval_loss']:.4f}"
-        assert row[5] == f"{logs['eval_accuracy']:.4f}"
-        assert row[6].endswith("s")
+        assert row[3] == f"{logs['lr']:.4f}"
+        assert row[5] == f"{logs['eval_loss']:.4f}"
+        assert row[6] == f"{logs['eval_accuracy']:.4f}"
+        assert row[7].endswith("s")
 
     final = FINAL_LINE.match(lines[-1])
     assert final is not None, lines[-1]

@@ -2,6 +2,7 @@
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +32,26 @@ def test_readme_example_runs(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith("(5, 3)"), done.stdout
+
+
+@pytest.mark.slow
+def test_readme_own_model_on_the_command_line(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(
+        r"With `mymodels.py`:\n\n```python\n(.*?)```\n\n```bash\n(.*?)```", readme, re.S
+    )
+    assert match, "README lost its command-line model example"
+    (tmp_path / "mymodels.py").write_text(match.group(1))
+    command = shlex.split(match.group(2).replace("\\\n", " "))
+    assert command[:2] == ["phalanx", "train"]
+    done = subprocess.run(
+        [sys.executable, "-m", "phalanx", *command[1:], "--run-dir", "RUN"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NPROC": "16", "JAX_PLATFORMS": "cpu"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    accuracy = re.search(r"test accuracy (\d\.\d+)", done.stdout)
+    assert accuracy and float(accuracy[1]) > 0.9, done.stdout

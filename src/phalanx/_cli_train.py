@@ -1,88 +1,36 @@
 """``phalanx train``: arguments checked up front, then one data-parallel run."""
 
-import argparse
-import dataclasses
-import datetime
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
-from .distributed._env import COORDINATOR, LAUNCH_STAMP, NUM_PROCESSES
-
-
-class UsageError(Exception):
-    """A bad command: reported in one line with exit code 2."""
+from ._cli_args import CONFIG_FILE, UsageError
+from ._cli_model import is_reference, user_dataset
+from ._env import COORDINATOR, NUM_PROCESSES
 
 
 # Files `phalanx train` writes into a run folder; --overwrite replaces only these.
 RUN_FILES = (
+    CONFIG_FILE,
     "metrics.csv",
     "metrics.jsonl",
     "history.png",
     "tensorboard",
     "checkpoints",
+    "profile",
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainArgs:
-    model: str
-    hidden: tuple[int, ...]
-    dataset: str
-    strategy: str
-    microbatches: int
-    devices: int | None
-    batch_size: int
-    epochs: int
-    lr: float
-    optimizer: str
-    schedule: str
-    clip_norm: float | None
-    seed: int
-    run_dir: Path
-    overwrite: bool
-    checkpoint_every: int | None
-    resume: bool
-    log_every: int
-    steps_per_call: int = 1
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    distributed: bool = False
-    # FullyShardedStrategy's (None: its default, "all").
-    shard: Literal["all", "optimizer"] | None = None
-
-    @classmethod
-    def from_namespace(cls, ns: argparse.Namespace) -> "TrainArgs":
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in vars(ns).items() if k in fields}
-        values["run_dir"] = Path(ns.run_dir) if ns.run_dir else _new_run_dir()
-        values["distributed"] = values.get("distributed") or bool(
-            os.environ.get(NUM_PROCESSES)
-        )
-        return cls(**values)
-
-
-def _new_run_dir() -> Path:
-    """runs/<date-time>, with a suffix if a run started in the same second;
-    under phalanx launch, the launch's time (the same in every process)."""
-    if LAUNCH_STAMP in os.environ:
-        return Path("runs") / os.environ[LAUNCH_STAMP]
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path, n = Path("runs") / stamp, 1
-    while path.exists():
-        n += 1
-        path = Path("runs") / f"{stamp}-{n}"
-    return path
 
 
 Split = tuple[np.ndarray, np.ndarray]
 
 
-def load_dataset(spec: str) -> tuple[Split, Split]:
-    """``digits``, ``mnist:PATH`` or ``npz:PATH`` as float features and int labels.
+def load_dataset(spec: str, *, flatten: bool = True) -> tuple[Split, Split]:
+    """``digits``, ``mnist:PATH``, ``npz:PATH`` or ``MODULE:FUNCTION`` as
+    standardised float32 examples (one row each with `flatten`, else in
+    their own shape) and int labels.
 
     Raises:
         UsageError: unknown dataset, unreadable file, bad arrays or labels.
@@ -99,11 +47,15 @@ def load_dataset(spec: str) -> tuple[Split, Split]:
             raise UsageError(f"--dataset {spec}: {error}") from None
     elif kind == "npz" and path:
         train, test = _load_npz(spec, Path(path))
+    elif kind not in ("digits", "mnist", "npz") and is_reference(spec):
+        x_train, y_train, x_test, y_test = user_dataset(spec)
+        train, test = (x_train, y_train), (x_test, y_test)
     else:
         raise UsageError(
-            f"--dataset {spec!r} is not one of digits, mnist:PATH, npz:PATH"
+            f"--dataset {spec!r} is not one of digits, mnist:PATH, npz:PATH, "
+            "MODULE:FUNCTION"
         )
-    return _check_split(spec, train, test)
+    return _check_split(spec, train, test, flatten)
 
 
 def _load_npz(spec: str, path: Path) -> tuple[Split, Split]:
@@ -129,9 +81,11 @@ def _load_npz(spec: str, path: Path) -> tuple[Split, Split]:
     return (arrays[0], arrays[1]), (arrays[2], arrays[3])
 
 
-def _check_split(spec: str, train: Split, test: Split) -> tuple[Split, Split]:
-    """Flatten features to standardised float32 rows; labels must be ints in
-    one class range."""
+def _check_split(
+    spec: str, train: Split, test: Split, flatten: bool
+) -> tuple[Split, Split]:
+    """Standardise features to float32 (flattened to rows with `flatten`);
+    labels must be ints in one class range."""
     out = []
     for name, (x, y) in (("train", train), ("test", test)):
         if len(x) != len(y):
@@ -154,7 +108,12 @@ def _check_split(spec: str, train: Split, test: Split) -> tuple[Split, Split]:
                 f"--dataset {spec}: x_{name} holds NaN or inf (first at row {row}); "
                 "clean or impute the data"
             )
-        out.append((x.reshape(len(x), -1).astype(np.float32), y.astype(np.int32)))
+        if x.ndim < 2:
+            raise UsageError(
+                f"--dataset {spec}: x_{name} has shape {x.shape}; it needs one "
+                "row per example, with that example's features after it"
+            )
+        out.append((x.astype(np.float32), y.astype(np.int32)))
     (x_train, y_train), (x_test, y_test) = out
     classes = int(y_train.max()) + 1
     for name, y in (("y_train", y_train), ("y_test", y_test)):
@@ -163,15 +122,18 @@ def _check_split(spec: str, train: Split, test: Split) -> tuple[Split, Split]:
                 f"--dataset {spec}: {name} has labels from {y.min()} to {y.max()}, "
                 f"outside the classes 0..{classes - 1} seen in y_train"
             )
-    if x_train.shape[1] != x_test.shape[1]:
+    if x_train.shape[1:] != x_test.shape[1:]:
         raise UsageError(
-            f"--dataset {spec}: x_train has {x_train.shape[1]} features per example "
-            f"but x_test has {x_test.shape[1]}"
+            f"--dataset {spec}: x_train's examples have shape {x_train.shape[1:]} "
+            f"but x_test's have {x_test.shape[1:]}"
         )
     # Standardise each feature with the training set's statistics.
     mean, std = x_train.mean(axis=0), x_train.std(axis=0)
     std = np.where(std > 0, std, 1.0).astype(np.float32)
-    return ((x_train - mean) / std, y_train), ((x_test - mean) / std, y_test)
+    x_train, x_test = (x_train - mean) / std, (x_test - mean) / std
+    if flatten:
+        x_train, x_test = (x.reshape(len(x), -1) for x in (x_train, x_test))
+    return (x_train, y_train), (x_test, y_test)
 
 
 def check_run_dir(run_dir: Path, overwrite: bool, resume: bool = False) -> None:

@@ -12,6 +12,7 @@ from ._callback import Callback, overrides
 from ._placement import stacked
 from ._precision import precision_of
 from ._validate import (
+    boolean,
     integer,
     one_of,
     optional_int_at_least,
@@ -36,6 +37,7 @@ def check_config(
     prefetch: Any,
     steps_per_call: Any = 1,
     precision: Any = "fp32",
+    progress: Any = True,
 ) -> None:
     """Raise TypeError / ValueError naming the first bad trainer argument."""
     if not callable(model):
@@ -78,6 +80,7 @@ def check_config(
     positive_int("sync_every", sync_every, example="16")
     positive_int("steps_per_call", steps_per_call, example="8")
     precision_of(precision)
+    boolean("progress", progress)
     if steps_per_call > 1 and strategy is not None:
         stacked(strategy.batch_sharding)  # the strategy can stack batches
     optional_int_at_least(

@@ -15,13 +15,22 @@ class Callbacks:
     its step. In a multi-process run, callbacks marked `main_process_only`
     (loggers, displays) run on process 0 only; every callback's state is
     kept everywhere.
+
+    A `display` the trainer adds (its default progress bar) runs after the
+    user's callbacks and before the stores, but is not one of `all`: it
+    keeps no state in snapshots, and the user's callbacks keep their
+    indices whether it is shown or not.
     """
 
-    def __init__(self, callbacks: Sequence[Callback]):
+    def __init__(self, callbacks: Sequence[Callback], display: Callback | None = None):
         self.all: tuple[Callback, ...] = tuple(
             sorted(callbacks, key=lambda c: isinstance(c, SnapshotStore))
         )
-        self.here = tuple(c for c in self.all if runs_here(c))
+        ordered = self.all
+        if display is not None:
+            split = sum(not isinstance(c, SnapshotStore) for c in self.all)
+            ordered = (*self.all[:split], display, *self.all[split:])
+        self.here = tuple(c for c in ordered if runs_here(c))
         # Only callbacks that do something after a step are called per step.
         self.step_hooks = tuple(c for c in self.here if overrides(c, "on_step_end"))
         self.stores: tuple[SnapshotStore, ...] = tuple(

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import IO
 
-from .distributed._env import COORDINATOR, LAUNCH_STAMP, NUM_PROCESSES, PROCESS_ID
+from ._env import COORDINATOR, LAUNCH_STAMP, NUM_PROCESSES, PROCESS_ID
 
 
 # After a process fails (or a signal arrives), the others get SIGTERM, then

@@ -39,6 +39,7 @@ from ._progress import RunPlan, RunProgress
 from ._snapshot import Snapshot
 from ._state import DynamicScale, TrainState
 from ._step import StepParts
+from ._summary import ModelSummary, summarize
 from ._sums import EpochSums, StepSums, means
 from ._typing import (
     ChecksMode,
@@ -49,6 +50,7 @@ from ._typing import (
     validates_own_arguments,
 )
 from ._validate import optional_positive_int
+from .callbacks import ProgressBar
 from .checkpoint._resume import read_checkpoint
 from .data import Resumable
 from .strategies import ShardingStrategy, Strategy
@@ -107,6 +109,7 @@ class DataParallelTrainer(Generic[_Model]):
         prefetch: int | None = None,
         steps_per_call: int = 1,
         precision: PrecisionName | Precision = "fp32",
+        progress: bool = True,
     ):
         """Args:
         model: a per-example Equinox model; it may take a ``key`` keyword
@@ -184,13 +187,15 @@ class DataParallelTrainer(Generic[_Model]):
             prefetch=prefetch,
             steps_per_call=steps_per_call,
             precision=precision,
+            progress=progress,
         )
+        self.show_progress = progress
         self.precision = precision_of(precision)
         if self.precision.mixed:  # the master weights' dtype
             model = cast_floating(model, self.precision.params)
         self.strategy: Strategy = ShardingStrategy() if strategy is None else strategy
         self.optimizer = optimizer
-        self._callbacks = Callbacks(callbacks)
+        self._callbacks = self._dispatch(callbacks)
         self.checks = checks
         self.nan_policy: NanPolicy = nan_policy
         self.sync_every = sync_every
@@ -334,7 +339,7 @@ class DataParallelTrainer(Generic[_Model]):
     def callbacks(self, callbacks: Sequence[Callback]) -> None:
         """Replace the callbacks (between fits)."""
         check_callbacks(callbacks)
-        self._callbacks = Callbacks(callbacks)
+        self._callbacks = self._dispatch(callbacks)
 
     @property
     def progress(self) -> RunProgress:
@@ -561,6 +566,19 @@ class DataParallelTrainer(Generic[_Model]):
             self.strategy.batch_sharding,
         )
 
+    def summary(self) -> ModelSummary:
+        """The model's parameters and the memory the state takes per device.
+
+        Each parameter leaf's path, shape, dtype, size and bytes (whole, and
+        on each device under the strategy: `FullyShardedStrategy` shows its
+        saving), the totals, and the optimizer state's and model state's
+        bytes. Printed with rich (``rich.print(trainer.summary())``) it is a
+        table; ``str()`` is the same table as plain text; ``.short()`` one
+        line. Arrays at rest only: activations, gradients and the parameters
+        a fully sharded step gathers come on top.
+        """
+        return summarize(self._layout, self.state, self.strategy)
+
     def lower(self, batch: PyTree) -> jax.stages.Lowered:
         """The train step lowered for `batch`, to inspect what it compiles to.
 
@@ -579,6 +597,14 @@ class DataParallelTrainer(Generic[_Model]):
         )
 
     # --------------------------------------------------------------- private
+
+    def _dispatch(self, callbacks: Sequence[Callback]) -> Callbacks:
+        """The calls into `callbacks`, with the default progress bar where the
+        trainer shows one and they hold none."""
+        shown = self.show_progress and not any(
+            isinstance(c, ProgressBar) for c in callbacks
+        )
+        return Callbacks(callbacks, ProgressBar(plain_steps=False) if shown else None)
 
     def _current_leaves(self) -> list[jax.Array]:
         return self._leaves if self._fit is None else self._fit.leaves

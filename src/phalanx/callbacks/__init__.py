@@ -8,7 +8,10 @@ from ._csv_logger import CSVLogger as CSVLogger
 from ._early_stopping import EarlyStopping as EarlyStopping
 from ._json_logger import JSONLogger as JSONLogger
 from ._lr_monitor import LearningRateMonitor as LearningRateMonitor
+from ._mlflow import MLflowLogger as MLflowLogger
 from ._plot import PlotHistory as PlotHistory
+from ._profiler import Profiler as Profiler
 from ._progress import ProgressBar as ProgressBar
 from ._tensorboard import TensorBoardLogger as TensorBoardLogger
 from ._throughput import Throughput as Throughput
+from ._wandb import WandbLogger as WandbLogger

@@ -1,4 +1,6 @@
 import datetime
+import math
+import time
 
 from rich.console import Console
 from rich.progress import (
@@ -14,22 +16,18 @@ from typing_extensions import override
 
 from .._callback import Callback, StepInfo
 from .._typing import HostMetrics, validates_own_arguments
-from .._validate import positive_int
+from .._validate import boolean, positive_int
 from ._throughput import RateMeter
 
 
-# The per-epoch table: (heading, metric, width). Optional columns show only if
-# the first epoch of a fit has the metric; "ex/s" and "time" are measured here.
-_COLUMNS = (
-    ("epoch", "epoch", 7),
-    ("loss", "loss", 8),
-    ("accuracy", "accuracy", 8),
-    ("ex/s", "ex/s", 9),
-    ("eval loss", "eval_loss", 9),
-    ("eval acc", "eval_accuracy", 8),
-    ("time", "time", 7),
-)
-_OPTIONAL = ("accuracy", "eval_loss", "eval_accuracy")
+# The per-epoch table's headings where they are not the metric's own name.
+_HEADINGS = {"eval_loss": "eval loss", "eval_accuracy": "eval acc"}
+# Not columns of their own: Throughput's rates are the "ex/s" column.
+_HIDDEN = ("examples_per_sec", "steps_per_sec", "ex/s", "time")
+# Seconds between two reads of the step's metrics by the live bar: each read
+# waits for the device, so the bar refreshes at most this often (the step
+# count still moves at every log point).
+_REFRESH_SECONDS = 0.25
 
 
 class ProgressBar(Callback):
@@ -45,10 +43,25 @@ class ProgressBar(Callback):
     (those present) and the epoch's time, evaluation included. Examples per
     second are measured here, or taken from a `Throughput` placed before it.
 
+    A `DataParallelTrainer` shows one of these by default (with
+    ``plain_steps=False``: outside a terminal, one row per epoch, as Keras'
+    ``verbose=2``), unless its callbacks hold one or it was made with
+    ``progress=False``.
+
+    After each epoch it prints a row of every metric the epoch has: the loss,
+    each of the model's metrics (a subclass's own included), values other
+    callbacks add (e.g. ``lr``), examples per second, every ``eval_`` metric
+    and the epoch's time, evaluation included. The heading is printed again
+    when the metrics change (e.g. an epoch that also evaluates). The live
+    bar reads the step's metrics at most every 0.25 s, so a fast run does
+    not wait for the device at every log point.
+
     Args:
         log_every: steps between refreshes.
         console: where to draw; default a new `rich.console.Console()`
             (standard output). Its ``is_terminal`` picks the bar or plain lines.
+        plain_steps: outside a terminal, also print a line every `log_every`
+            steps (False: only the epoch rows).
 
     Raises:
         TypeError, ValueError: an argument is invalid (the message names it).
@@ -67,8 +80,15 @@ class ProgressBar(Callback):
     main_process_only = True  # written once, by process 0
 
     @validates_own_arguments
-    def __init__(self, *, log_every: int = 10, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        log_every: int = 10,
+        console: Console | None = None,
+        plain_steps: bool = True,
+    ) -> None:
         self.log_every = positive_int("log_every", log_every, example="log_every=10")
+        self.plain_steps = boolean("plain_steps", plain_steps)
         if console is not None and not isinstance(console, Console):
             raise TypeError(
                 f"console={console!r} is not a rich.console.Console; pass one, or "
@@ -86,7 +106,8 @@ class ProgressBar(Callback):
         self._first_epoch = 0
         self._total: int | None = None
         self._max_epochs: int | None = None
-        self._columns: tuple[tuple[str, str, int], ...] | None = None
+        self._columns: tuple[str, ...] | None = None
+        self._read_at = -math.inf  # when the live bar last read the metrics
 
     @override
     def on_fit_start(self, info: StepInfo) -> None:
@@ -134,14 +155,21 @@ class ProgressBar(Callback):
         self._fit.add(info.examples)
         if info.step % self.log_every != 0:
             return
+        # Steps of the run (a resumed run goes on counting), and of this fit.
+        done, fit_done = info.step - self._run_start, info.step - self._first_step
+        if self._progress is None and not self.plain_steps:
+            return
+        bar = self._progress
+        if bar is not None and time.perf_counter() - self._read_at < _REFRESH_SECONDS:
+            bar.update(self._task, completed=done)
+            return
         metrics = info.metrics  # waits for this step: the rate is real
         # An earlier Throughput's figure, if any, so the two agree.
         rate = metrics.get("examples_per_sec", self._window.rates()[0])
         loss = metrics["loss"]
         self._window.restart()
-        # Steps of the run (a resumed run goes on counting), and of this fit.
-        done, fit_done = info.step - self._run_start, info.step - self._first_step
         if self._progress is not None:
+            self._read_at = time.perf_counter()
             self._progress.update(
                 self._task, completed=done, loss=f"{loss:.4f}", rate=f"{rate:,.0f}"
             )
@@ -161,15 +189,12 @@ class ProgressBar(Callback):
         values: HostMetrics = dict(info.metrics)
         values["ex/s"] = values.get("examples_per_sec", self._epoch.rates()[0])
         values["time"] = self._epoch.seconds()
-        if self._columns is None:
-            self._columns = tuple(
-                column
-                for column in _COLUMNS
-                if column[1] not in _OPTIONAL or column[1] in values
-            )
-            heading = "  ".join(f"{name:>{width}}" for name, _, width in self._columns)
+        columns = _columns(values)
+        if columns != self._columns:
+            self._columns = columns
+            heading = "  ".join(f"{_heading(c):>{_width(c)}}" for c in columns)
             self._print(Text(heading, style="bold"))
-        cells = [self._cell(info.epoch, values, column) for column in self._columns]
+        cells = [self._cell(info.epoch, values, column) for column in columns]
         self._print(Text("  ".join(cells)))
         if self._progress is not None:
             self._progress.update(self._task, completed=info.step - self._run_start)
@@ -204,19 +229,42 @@ class ProgressBar(Callback):
     def _epoch_name(self, epoch: int) -> str:
         return f"epoch {self._epoch_number(epoch)}"
 
-    def _cell(
-        self, epoch: int, values: HostMetrics, column: tuple[str, str, int]
-    ) -> str:
-        _, metric, width = column
-        if metric == "epoch":
+    def _cell(self, epoch: int, values: HostMetrics, column: str) -> str:
+        if column == "epoch":
             text = self._epoch_number(epoch)
-        elif metric not in values:
-            text = "-"
-        elif metric == "ex/s":
-            text = f"{values[metric]:,.0f}"
-        elif metric == "time":
-            seconds = values[metric]
+        elif column == "ex/s":
+            text = f"{values[column]:,.0f}"
+        elif column == "time":
+            seconds = values[column]
             text = f"{seconds:.2f}s" if seconds < 10 else f"{seconds:,.0f}s"
         else:
-            text = f"{values[metric]:.4f}"
-        return f"{text:>{width}}"
+            text = _number(values[column])
+        return f"{text:>{_width(column)}}"
+
+
+def _columns(values: HostMetrics) -> tuple[str, ...]:
+    """The epoch table's columns for an epoch's metrics: the epoch, the
+    loss, the other training metrics (in the order they came), examples
+    per second, the evaluation's loss and metrics, and the time."""
+    shown = [name for name in values if name not in _HIDDEN]
+    train = [name for name in shown if not name.startswith("eval_")]
+    evals = [name for name in shown if name.startswith("eval_")]
+    first = [name for name in ("loss", "eval_loss") if name in shown]
+    train.sort(key=lambda name: name not in first)
+    evals.sort(key=lambda name: name not in first)
+    return ("epoch", *train, "ex/s", *evals, "time")
+
+
+def _heading(column: str) -> str:
+    return _HEADINGS.get(column, column.replace("eval_", "eval ", 1))
+
+
+def _width(column: str) -> int:
+    return max(len(_heading(column)), 7 if column in ("epoch", "time") else 8)
+
+
+def _number(value: float) -> str:
+    """Four decimals, or three significant digits where those would hide it."""
+    if value == 0 or 1e-3 <= abs(value) < 1e5 or not math.isfinite(value):
+        return f"{value:.4f}"
+    return f"{value:.3e}"

@@ -6,9 +6,9 @@ from typing import Any
 
 import jax
 
+from .._env import COORDINATOR, NUM_PROCESSES, PROCESS_ID
 from .._typing import validates_own_arguments
 from .._validate import int_at_least, positive_int
-from ._env import COORDINATOR, NUM_PROCESSES, PROCESS_ID
 
 
 @validates_own_arguments

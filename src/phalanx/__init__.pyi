@@ -1,0 +1,27 @@
+"""The public API of phalanx, imported on first use (see __init__.py)."""
+
+from . import (
+    callbacks as callbacks,
+    checkpoint as checkpoint,
+    data as data,
+    distributed as distributed,
+    models as models,
+    strategies as strategies,
+)
+from ._devices import fake_cpu_devices as fake_cpu_devices
+from ._history import History as History
+from ._precision import Precision as Precision
+from ._progress import RunPlan as RunPlan, RunProgress as RunProgress
+from ._snapshot import Snapshot as Snapshot
+from ._state import DynamicScale as DynamicScale, TrainState as TrainState
+from ._trainer import DataParallelTrainer as DataParallelTrainer
+from ._version import __version__ as __version__
+from .callbacks import Callback as Callback, StepInfo as StepInfo
+from .checkpoint import load_model as load_model, save_model as save_model
+from .strategies import (
+    AccumulatingStrategy as AccumulatingStrategy,
+    FullyShardedStrategy as FullyShardedStrategy,
+    PmapStrategy as PmapStrategy,
+    ShardingStrategy as ShardingStrategy,
+    Strategy as Strategy,
+)

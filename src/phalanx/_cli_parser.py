@@ -1,0 +1,338 @@
+"""The ``phalanx`` command line's parser: options, their types and help."""
+
+import argparse
+import math
+from typing import Any, NoReturn
+
+from ._cli_args import UsageError
+from ._cli_model import is_reference, parse_model_arg
+from ._version import __version__
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit code 2), and an
+    option must be spelled out (``--epoch`` is not taken for ``--epochs``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class RaisingParser(_Parser):
+    """A parser of a config file's options: an error is raised, to be
+    reported with the file's name."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer, got {text!r}"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(
+            f"must be a positive finite number, got {text}"
+        )
+    return value
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of widths, e.g. 256,128"
+        ) from None
+    if not widths or any(w < 1 for w in widths):
+        raise argparse.ArgumentTypeError(
+            f"widths must be positive integers, e.g. 256,128; got {text!r}"
+        )
+    return widths
+
+
+def _model(text: str) -> str:
+    if text in ("linear", "mlp") or is_reference(text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not linear, mlp or MODULE:FACTORY (e.g. mymodels:cnn, a "
+        "function in mymodels.py)"
+    )
+
+
+def _model_arg(text: str) -> str:
+    try:
+        parse_model_arg(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def _steps(text: str) -> tuple[int, int]:
+    start, colon, end = text.partition(":")
+    try:
+        steps = int(start), int(end)
+    except ValueError:
+        steps = (0, 0)
+    if not colon or not 1 <= steps[0] < steps[1]:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not START:END with 1 <= START < END, e.g. 10:20"
+        )
+    return steps
+
+
+LOGGERS = ("csv", "jsonl", "tensorboard", "wandb", "mlflow")
+
+
+def build_parser(
+    *, explicit_only: bool = False, parser_class: type[_Parser] = _Parser
+) -> argparse.ArgumentParser:
+    """The ``phalanx`` parser. With `explicit_only`, ``train``'s options have
+    no defaults: parsing gives only the options given."""
+    parser = parser_class(
+        prog="phalanx",
+        description="Data-parallel training for Equinox models on JAX.",
+    )
+    parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, parser_class=parser_class
+    )
+    train = commands.add_parser(
+        "train",
+        help="train a model on a dataset across devices",
+        description=(
+            "Train a classifier data-parallel on every device, with a progress "
+            "bar, a per-epoch table and logs (metrics.csv, metrics.jsonl, "
+            "TensorBoard events, history.png, config.toml) in the run folder. "
+            "With no arguments: an MLP on the bundled digits data on 8 fake CPU "
+            "devices."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = train.add_argument
+    add(
+        "--model",
+        type=_model,
+        default="mlp",
+        metavar="linear|mlp|MODULE:FACTORY",
+        help="a built-in model, or FACTORY(*, in_shape, out_size, key, "
+        "**model_args) in MODULE (imported from the current folder or "
+        "PYTHONPATH) returning an Equinox module; in_shape is one example's "
+        "shape, out_size the number of classes",
+    )
+    add(
+        "--model-arg",
+        type=_model_arg,
+        action="append",
+        metavar="NAME=VALUE",
+        help="a keyword argument for --model MODULE:FACTORY, VALUE a Python "
+        "literal (repeatable), e.g. --model-arg channels=16",
+    )
+    add(
+        "--hidden",
+        type=_widths,
+        default="256,128",
+        metavar="W1,W2,...",
+        help="hidden layer widths of the MLP",
+    )
+    add(
+        "--dataset",
+        default="digits",
+        metavar="digits|mnist:PATH|npz:PATH|MODULE:FUNCTION",
+        help="bundled digits, MNIST IDX files in PATH, an .npz with x_train, "
+        "y_train, x_test, y_test, or FUNCTION() in MODULE returning those four "
+        "NumPy arrays",
+    )
+    add(
+        "--config",
+        metavar="FILE",
+        help="read options from a TOML file (as the config.toml a run writes); "
+        "options given on the command line override it",
+    )
+    add(
+        "--strategy",
+        choices=("sharding", "pmap", "fsdp"),
+        default="sharding",
+        help="ShardingStrategy (jit over sharded arrays), PmapStrategy "
+        "(per-device program) or FullyShardedStrategy (the state split over "
+        "the devices)",
+    )
+    add(
+        "--shard",
+        choices=("all", "optimizer"),
+        default=None,
+        help="with --strategy fsdp: split parameters and optimizer state (all, "
+        "the default) or the optimizer state only",
+    )
+    add(
+        "--microbatches",
+        type=_positive_int,
+        default=1,
+        metavar="K",
+        help="gradient accumulation: split each device's batch in K parts",
+    )
+    add(
+        "--devices",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="devices to train on; on a CPU-only host this fakes N CPU devices "
+        "(default 8), on accelerators the default is all of them",
+    )
+    add(
+        "--batch-size",
+        type=_positive_int,
+        default=64,
+        help="global batch size (a multiple of devices x microbatches)",
+    )
+    add("--epochs", type=_positive_int, default=30, help="passes over the data")
+    add("--lr", type=_positive_float, default=0.1, help="peak learning rate")
+    add(
+        "--optimizer",
+        choices=("adam", "adamw", "sgd"),
+        default="sgd",
+        help="optax optimizer (sgd uses momentum 0.9)",
+    )
+    add(
+        "--schedule",
+        choices=("constant", "cosine", "warmup-cosine"),
+        default="cosine",
+        help="learning-rate schedule over the run",
+    )
+    add(
+        "--clip-norm",
+        type=_positive_float,
+        default=None,
+        metavar="C",
+        help="clip gradients to this global norm",
+    )
+    add("--seed", type=int, default=0, help="seeds initialisation, shuffling, dropout")
+    add(
+        "--run-dir",
+        default=None,
+        metavar="DIR",
+        help="where logs go (default runs/<date-time>); must be new or empty",
+    )
+    add(
+        "--overwrite",
+        action="store_true",
+        help="allow a non-empty --run-dir (files phalanx writes are replaced; "
+        "others are left alone)",
+    )
+    add(
+        "--checkpoint-every",
+        type=_positive_int,
+        default=None,
+        metavar="STEPS",
+        help="also checkpoint every this many steps (a checkpoint is always "
+        "written at each epoch end, into RUN_DIR/checkpoints)",
+    )
+    add(
+        "--distributed",
+        action="store_true",
+        help="join a multi-process run (phalanx.distributed.initialize: the "
+        "environment phalanx launch sets, or the cluster's, e.g. SLURM); "
+        "implied under phalanx launch. --batch-size is then the global batch",
+    )
+    add(
+        "--resume",
+        action="store_true",
+        help="continue the run in --run-dir from its newest checkpoint, exactly "
+        "as if it had never stopped",
+    )
+    add(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="float32 throughout, or float32 weights with the forward and "
+        "backward pass in bfloat16 or float16 (fp16: with a dynamic loss scale)",
+    )
+    add(
+        "--steps-per-call",
+        type=_positive_int,
+        default=1,
+        metavar="K",
+        help="run K steps per compiled call (lax.scan): for small models, "
+        "where the host's work per step would otherwise set the speed",
+    )
+    add(
+        "--log-every",
+        type=_positive_int,
+        default=10,
+        metavar="STEPS",
+        help="log training metrics every this many steps",
+    )
+    add(
+        "--logger",
+        dest="loggers",
+        action="append",
+        choices=LOGGERS,
+        help="where metrics go (repeatable; default: csv, jsonl and "
+        "tensorboard); wandb and mlflow need pip install 'phalanx[wandb]' / "
+        "'phalanx[mlflow]' and take their settings from the environment "
+        "(WANDB_PROJECT, WANDB_MODE, MLFLOW_TRACKING_URI, ...)",
+    )
+    add(
+        "--profile",
+        type=_steps,
+        metavar="START:END",
+        help="record a jax.profiler trace of steps START to END into "
+        "RUN_DIR/profile (TensorBoard's profile plugin or ui.perfetto.dev)",
+    )
+    if explicit_only:
+        for action in train._actions:
+            action.default = argparse.SUPPRESS
+    _add_launch(commands)
+    return parser
+
+
+def _add_launch(commands: "argparse._SubParsersAction[_Parser]") -> None:
+    launch = commands.add_parser(
+        "launch",
+        help="run a program in N local processes on JAX's multi-process runtime",
+        description=(
+            "Start COMMAND in N processes on this machine, joined through a "
+            "coordinator on 127.0.0.1 (phalanx.distributed.initialize() reads "
+            "the environment this sets). Output lines are prefixed with the "
+            "rank; Ctrl-C and SIGTERM reach every process; if one fails, the "
+            "others are stopped and launch exits non-zero."
+        ),
+        usage="phalanx launch --nproc N [options] -- COMMAND [ARGS ...]",
+    )
+    launch.add_argument(
+        "--nproc", type=_positive_int, required=True, help="processes to start"
+    )
+    launch.add_argument(
+        "--devices-per-process",
+        type=_positive_int,
+        metavar="M",
+        help="fake M CPU devices in each process (CPU platform only)",
+    )
+    launch.add_argument(
+        "--port", type=_positive_int, help="coordinator port (default: a free one)"
+    )
+    launch.add_argument(
+        "--verbose",
+        action="store_true",
+        help="keep gloo's connection notes ('[Gloo] Rank r is connected to n "
+        "peer ranks...') in the output",
+    )
+    launch.add_argument(
+        "program", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS ...]"
+    )
