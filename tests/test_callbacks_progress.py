@@ -17,6 +17,7 @@ import rich.file_proxy
 from typing_extensions import override
 
 import phalanx as px
+import phalanx.callbacks._progress as progress_module
 from helpers import make_data, make_model, params_of
 from phalanx.callbacks import (
     EarlyStopping,
@@ -189,6 +190,20 @@ def test_fit_shows_progress_by_default_one_row_per_epoch(capsys):
         assert float(row[3]) == pytest.approx(epoch["error"], abs=1e-4)
         assert float(row[3]) == pytest.approx(1 - epoch["accuracy"], abs=1e-4)
         assert float(row[7]) == pytest.approx(epoch["eval_error"], abs=1e-4)
+        assert float(row[4].replace(",", "")) > 0  # ex/s
+
+
+def test_default_rows_cost_the_loop_no_call_per_step(capsys, monkeypatch):
+    steps = []
+    monkeypatch.setattr(ProgressBar, "on_step_end", lambda _, i: steps.append(i.step))
+    trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
+    trainer.fit(batches(4), epochs=1)
+    assert steps == [] and "1/1" in capsys.readouterr().out
+    # A live bar is drawn from the steps.
+    terminal = console(terminal=True)
+    monkeypatch.setattr(progress_module, "Console", lambda: terminal)
+    trainer.fit(batches(4), epochs=1)
+    assert steps == [5, 6, 7, 8] and "\x1b[" in output(terminal)
 
 
 def test_progress_false_prints_nothing(capsys):

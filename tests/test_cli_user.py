@@ -304,6 +304,10 @@ def test_config_values_are_the_flags_values(tmp_path):
     assert args.hidden == (32, 16) and args.seed == -3 and args.lr == 0.25
     assert args.loggers == ("csv", "jsonl") and args.profile == (3, 7)
     assert args.model == "m:f" and args.model_arg == ("a=(1, 2)",)
+    # Empty lists, as a run without --model-arg writes them.
+    (tmp_path / "c.toml").write_text("model_arg = []\n")
+    argv = ["train", "--config", str(tmp_path / "c.toml")]
+    assert resolve_train(argv, build_parser().parse_args(argv)).model_arg == ()
 
 
 @pytest.mark.slow

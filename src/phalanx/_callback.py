@@ -49,7 +49,8 @@ class StepInfo:
         step: optimizer updates made so far (counted on the host: no sync).
         epoch: the current epoch, from 0.
         examples: at `on_step_end`, the examples in the step's batch (all
-            processes').
+            processes'); at `on_epoch_end`, those the fit trained on in the
+            epoch (after a resume, in its part of the epoch).
         max_epochs: the epochs `fit` was asked for, if given.
         start_epoch: the epoch the run began at (kept across a resume), from
             which `max_epochs` count.

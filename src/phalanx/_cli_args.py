@@ -103,7 +103,7 @@ class TrainArgs:
         out: dict[str, Any] = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.name in PER_COMMAND or value is None:
+            if field.name in PER_COMMAND or value is None or value == ():
                 continue
             if field.name == "hidden" and self.model != "mlp":
                 continue  # the MLP's widths only

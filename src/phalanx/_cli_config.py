@@ -66,7 +66,9 @@ def _config_options(table: dict[str, Any], where: str) -> dict[str, Any]:
             parsed = vars(parser.parse_args(["train", *tokens]))
         except UsageError as error:
             raise UsageError(f"{where}: {name} = {value!r}: {error}") from None
-        out[name] = parsed.get(name, False)
+        # Absent where no token was given: an empty list, or a false flag.
+        empty = [] if isinstance(actions[name], argparse._AppendAction) else False
+        out[name] = parsed.get(name, empty)
     return out
 
 

@@ -76,6 +76,8 @@ class FitLoop:
         self.progress = progress
         self.data = data
         self.feed: Feed | None = None
+        # Examples (all processes') this fit has trained on in the epoch.
+        self.epoch_examples = 0
         # The epoch's flags at the last sync point (not donated by the steps).
         self.waiting: jax.Array | None = None
         # The signal that asked the run to stop (set by the handler; noted
@@ -141,6 +143,7 @@ class FitLoop:
         # was trained on (a Resumable loader resumes by itself).
         skip = 0 if isinstance(data, Resumable) else progress.epoch_steps
         self.waiting = None  # the epoch's end waits for every step
+        self.epoch_examples = 0
         self.feed = feed = Feed(
             self.pipeline,
             () if done else data,
@@ -164,7 +167,7 @@ class FitLoop:
         if eval_data is not None:
             logs.update({f"eval_{k}": v for k, v in self.evaluate(eval_data).items()})
         self.history.append(logs)
-        info = self.info(logs)
+        info = self.info(logs, self.epoch_examples)
         self.progress = self.progress.next_epoch()
         self.callbacks.epoch_end(info)
 
@@ -187,6 +190,7 @@ class FitLoop:
                 acc = steps.train_acc()
                 progress = dataclasses.replace(progress, sum_names=steps.sum_names)
             before = progress.step
+            self.epoch_examples += sum(placed.n for placed in group) * examples
             if len(group) > 1 and len(group) == k:
                 leaves, weight, total = self.pipeline.stack(group)
                 self.leaves, acc, sums = steps.train_many(

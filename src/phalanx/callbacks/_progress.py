@@ -38,23 +38,22 @@ class ProgressBar(Callback):
     and the time left. Elsewhere (CI, captured or piped output) it prints a
     plain line instead. Both are refreshed every `log_every` steps, the only
     points at which it reads the step's metrics (each read waits for the
-    device; rates are measured between those points). After each epoch it
-    prints a row: epoch, loss, accuracy, examples/s, eval loss, eval accuracy
-    (those present) and the epoch's time, evaluation included. Examples per
-    second are measured here, or taken from a `Throughput` placed before it.
+    device; rates are measured between those points); the live bar reads
+    them at most every 0.25 s, so a fast run does not wait for the device
+    at every log point.
+
+    After each epoch it prints a row of every metric the epoch has: the loss,
+    each of the model's metrics (a subclass's own included), values other
+    callbacks add (e.g. ``lr``), examples per second, every ``eval_`` metric
+    and the epoch's time, evaluation included. Examples per second are
+    measured here, or taken from a `Throughput` placed before it (its
+    ``steps_per_sec`` is not shown). The heading is printed again when the
+    metrics change (e.g. an epoch that also evaluates).
 
     A `DataParallelTrainer` shows one of these by default (with
     ``plain_steps=False``: outside a terminal, one row per epoch, as Keras'
     ``verbose=2``), unless its callbacks hold one or it was made with
     ``progress=False``.
-
-    After each epoch it prints a row of every metric the epoch has: the loss,
-    each of the model's metrics (a subclass's own included), values other
-    callbacks add (e.g. ``lr``), examples per second, every ``eval_`` metric
-    and the epoch's time, evaluation included. The heading is printed again
-    when the metrics change (e.g. an epoch that also evaluates). The live
-    bar reads the step's metrics at most every 0.25 s, so a fast run does
-    not wait for the device at every log point.
 
     Args:
         log_every: steps between refreshes.
@@ -148,10 +147,16 @@ class ProgressBar(Callback):
         if self._progress is not None:
             self._progress.update(self._task, description=self._epoch_name(info.epoch))
 
+    @property
+    def needs_steps(self) -> bool:
+        """Whether the current fit's display is drawn from its steps (a live
+        bar, or step lines): with only epoch rows, the trainer's default bar
+        is not called after each step."""
+        return self._progress is not None or self.plain_steps
+
     @override
     def on_step_end(self, info: StepInfo) -> None:
         self._window.add(info.examples)
-        self._epoch.add(info.examples)
         self._fit.add(info.examples)
         if info.step % self.log_every != 0:
             return
@@ -187,8 +192,9 @@ class ProgressBar(Callback):
     @override
     def on_epoch_end(self, info: StepInfo) -> None:
         values: HostMetrics = dict(info.metrics)
-        values["ex/s"] = values.get("examples_per_sec", self._epoch.rates()[0])
-        values["time"] = self._epoch.seconds()
+        seconds = self._epoch.seconds()
+        values["ex/s"] = values.get("examples_per_sec", info.examples / seconds)
+        values["time"] = seconds
         columns = _columns(values)
         if columns != self._columns:
             self._columns = columns
