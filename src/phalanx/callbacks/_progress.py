@@ -266,7 +266,8 @@ def _heading(column: str) -> str:
 
 
 def _width(column: str) -> int:
-    return max(len(_heading(column)), 7 if column in ("epoch", "time") else 8)
+    # Room for "-1.234e-05" (a value `_number` writes in scientific notation).
+    return max(len(_heading(column)), 7 if column in ("epoch", "time") else 10)
 
 
 def _number(value: float) -> str:
