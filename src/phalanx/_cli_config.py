@@ -95,9 +95,7 @@ def _tokens(action: argparse.Action, value: Any) -> list[str] | None:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return None
         return [f"{flag}={','.join(map(str, value))}"]
-    if isinstance(value, bool | list | dict) or not isinstance(
-        value, str | int | float
-    ):
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
         return None
     return [f"{flag}={value}"]
 
@@ -128,7 +126,9 @@ _WHAT = {
 }
 
 
-def _check_resumable(given: dict[str, Any], stored: dict[str, Any], source: Path):
+def _check_resumable(
+    given: dict[str, Any], stored: dict[str, Any], source: Path
+) -> None:
     """Refuse a flag that would make the resumed run another run than the
     one its checkpoint holds."""
     for name, value in given.items():
@@ -136,12 +136,10 @@ def _check_resumable(given: dict[str, Any], stored: dict[str, Any], source: Path
             continue
         old = stored.get(name)
         if _shown(value) != _shown(old):
-            flag = "--" + name.replace("_", "-").removesuffix("s")
-            if name == "model_arg":
-                flag = "--model-arg"
+            flag, what = "--" + name.replace("_", "-"), _WHAT.get(name, "run")
             raise UsageError(
                 f"--resume: {flag} {_shown(value)} differs from this run's "
-                f"{_shown(old)} ({source}): it would be another {_WHAT[name]} than "
+                f"{_shown(old)} ({source}): it would be another {what} than "
                 f"the checkpoint holds; drop {flag} to continue the run, or start "
                 "a new run in another --run-dir"
             )
@@ -150,10 +148,7 @@ def _check_resumable(given: dict[str, Any], stored: dict[str, Any], source: Path
 def _shown(value: Any) -> str:
     if value is None:
         return "(unset)"
-    if isinstance(value, tuple | list):
-        return (
-            " ".join(map(str, value))
-            if value and isinstance(value[0], str)
-            else (",".join(map(str, value)))
-        )
+    if isinstance(value, tuple | list):  # --model-arg's as given, --hidden's
+        separator = " " if value and isinstance(value[0], str) else ","
+        return separator.join(map(str, value))
     return str(value)
