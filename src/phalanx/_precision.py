@@ -44,7 +44,7 @@ class Precision:
             differentiation (and the gradients divided by after); or
             ``"dynamic"``: a factor that halves on a non-finite gradient
             (that step's update is skipped) and doubles after
-            `DYNAMIC_PERIOD` good steps in a row, for float16.
+            `DynamicScale.PERIOD` (2000) good steps in a row, for float16.
     """
 
     params: Any

@@ -111,64 +111,65 @@ class DataParallelTrainer(Generic[_Model]):
         precision: PrecisionName | Precision = "fp32",
         progress: bool = True,
     ):
-        """Args:
-        model: a per-example Equinox model; it may take a ``key`` keyword
-            (the trainer passes a fresh one per example and step) and, with
-            ``model_state``, be called as ``model(x, state) -> (y, state)``.
-        optimizer: any optax gradient transformation.
-        strategy: how steps run across devices; default
-            `ShardingStrategy()` over all local devices.
-        loss: ``"cross_entropy"`` (integer labels; reports accuracy),
-            ``"mse"``, or ``fn(outputs, targets) -> per-example losses``.
-        callbacks: host-side `Callback`s, called in order.
-        seed: seeds the PRNG key of the run (dropout, ...).
-        model_state: the `eqx.nn.State` of stateful layers, from
-            `eqx.nn.make_with_state`.
-        checks: ``"on"`` checks every batch on the host (structure and
-            shapes once per signature, values every batch); ``"off"`` skips
-            the value checks. Batches of `jax.Array`s (already on devices)
-            get the structure and shape checks only: reading their values
-            would copy them back to the host every step.
-        nan_policy: on a non-finite gradient, ``"raise"`` (naming the leaf and
-            step; state kept as before that step), ``"skip"`` the update
-            (counted in the ``skipped_steps`` metric), or ``"off"``.
-        sync_every: at every multiple of this many steps the host waits for
-            the device to finish the steps up to the previous multiple (and
-            raises there for a non-finite gradient under ``"raise"``): at
-            most twice this many steps are in flight, bounding memory and
-            error latency, and the device never runs dry while it waits.
-        prefetch: batches checked and padded this many ahead in `fit` and
-            `evaluate`, on a background thread of the lowest priority (it
-            runs on cores XLA leaves idle; `split_batch` and `sample_weight`
-            run there too); 0 prepares each batch on the calling thread.
-            None (the default) is 2, or 0 where the strategy runs on a
-            single CPU device, whose step XLA spreads over every core: no
-            core is left for the thread, and preparing on the calling thread
-            costs less there. Data is read ahead only where nothing is lost:
-            a loader with `state_dict` and `load_state_dict` is rewound to
-            the batch last used when a pass stops early; a one-shot iterator
-            (a generator) and every multi-process run are not read ahead.
-        steps_per_call: consecutive steps run by one compiled call (Keras'
-            ``steps_per_execution``): their batches are stacked (host
-            batches on the host, in one transfer) and a `jax.lax.scan` makes
-            the steps, so the host's fixed cost per call is paid once per
-            this many steps. The update is the same as one step per call;
-            `on_step_end` still fires for every step, with that step's
-            metrics, but only after the call, so the state, a checkpoint,
-            a preemption and a stop act where a call ends (see
-            `StepInfo.last_in_call`). Where fewer steps are left in a pass
-            or the plan, or the step size changes (a short last batch),
-            those steps run one per call (compiled once more). Raise it
-            when a step takes well under a millisecond (small models on an
-            accelerator); 1 (the default) otherwise.
-        precision: the dtypes a step computes in: ``"fp32"`` (the default:
-            everything in the model's own dtype); ``"bf16"``: float32
-            parameters and optimizer state, the forward and backward pass in
-            bfloat16, the loss and the gradient reduction in float32;
-            ``"fp16"``: as ``"bf16"`` with float16 and a dynamic loss scale
-            (logged as ``loss_scale``; a step whose scaled gradient
-            overflows is skipped, counted in ``skipped_steps``, and halves
-            the scale); or a `px.Precision` naming each dtype.
+        """
+        Args:
+            model: a per-example Equinox model; it may take a ``key`` keyword
+                (the trainer passes a fresh one per example and step) and, with
+                ``model_state``, be called as ``model(x, state) -> (y, state)``.
+            optimizer: any optax gradient transformation.
+            strategy: how steps run across devices; default
+                `ShardingStrategy()` over all local devices.
+            loss: ``"cross_entropy"`` (integer labels; reports accuracy),
+                ``"mse"``, or ``fn(outputs, targets) -> per-example losses``.
+            callbacks: host-side `Callback`s, called in order.
+            seed: seeds the PRNG key of the run (dropout, ...).
+            model_state: the `eqx.nn.State` of stateful layers, from
+                `eqx.nn.make_with_state`.
+            checks: ``"on"`` checks every batch on the host (structure and
+                shapes once per signature, values every batch); ``"off"`` skips
+                the value checks. Batches of `jax.Array`s (already on devices)
+                get the structure and shape checks only: reading their values
+                would copy them back to the host every step.
+            nan_policy: on a non-finite gradient, ``"raise"`` (naming the leaf and
+                step; state kept as before that step), ``"skip"`` the update
+                (counted in the ``skipped_steps`` metric), or ``"off"``.
+            sync_every: at every multiple of this many steps the host waits for
+                the device to finish the steps up to the previous multiple (and
+                raises there for a non-finite gradient under ``"raise"``): at
+                most twice this many steps are in flight, bounding memory and
+                error latency, and the device never runs dry while it waits.
+            prefetch: batches checked and padded this many ahead in `fit` and
+                `evaluate`, on a background thread of the lowest priority (it
+                runs on cores XLA leaves idle; `split_batch` and `sample_weight`
+                run there too); 0 prepares each batch on the calling thread.
+                None (the default) is 2, or 0 where the strategy runs on a
+                single CPU device, whose step XLA spreads over every core: no
+                core is left for the thread, and preparing on the calling thread
+                costs less there. Data is read ahead only where nothing is lost:
+                a loader with `state_dict` and `load_state_dict` is rewound to
+                the batch last used when a pass stops early; a one-shot iterator
+                (a generator) and every multi-process run are not read ahead.
+            steps_per_call: consecutive steps run by one compiled call (Keras'
+                ``steps_per_execution``): their batches are stacked (host
+                batches on the host, in one transfer) and a `jax.lax.scan` makes
+                the steps, so the host's fixed cost per call is paid once per
+                this many steps. The update is the same as one step per call;
+                `on_step_end` still fires for every step, with that step's
+                metrics, but only after the call, so the state, a checkpoint,
+                a preemption and a stop act where a call ends (see
+                `StepInfo.last_in_call`). Where fewer steps are left in a pass
+                or the plan, or the step size changes (a short last batch),
+                those steps run one per call (compiled once more). Raise it
+                when a step takes well under a millisecond (small models on an
+                accelerator); 1 (the default) otherwise.
+            precision: the dtypes a step computes in: ``"fp32"`` (the default:
+                everything in the model's own dtype); ``"bf16"``: float32
+                parameters and optimizer state, the forward and backward pass in
+                bfloat16, the loss and the gradient reduction in float32;
+                ``"fp16"``: as ``"bf16"`` with float16 and a dynamic loss scale
+                (logged as ``loss_scale``; a step whose scaled gradient
+                overflows is skipped, counted in ``skipped_steps``, and halves
+                the scale); or a `px.Precision` naming each dtype.
 
         Raises:
             TypeError, ValueError: an argument is invalid (the message names it).

@@ -69,17 +69,18 @@ class Checkpoint(Callback):
         monitor: str | None = None,
         mode: Literal["min", "max"] = "min",
     ):
-        """Args:
-        directory: the folder of this run's checkpoints (created if needed).
-        every_n_steps: save after every this many steps (None: never);
-            with ``steps_per_call > 1``, at the end of the compiled call
-            that reaches such a step.
-        every_n_epochs: save after every this many epochs (None: never).
-        keep: how many checkpoints to keep.
-        monitor: an epoch metric (e.g. ``"eval_loss"``): keep the best
-            `keep` epoch-end checkpoints by it, and the newest checkpoint
-            of any kind (to resume from), instead of the newest `keep`.
-        mode: ``"min"`` or ``"max"``: which `monitor` values are best.
+        """
+        Args:
+            directory: the folder of this run's checkpoints (created if needed).
+            every_n_steps: save after every this many steps (None: never);
+                with ``steps_per_call > 1``, at the end of the compiled call
+                that reaches such a step.
+            every_n_epochs: save after every this many epochs (None: never).
+            keep: how many checkpoints to keep.
+            monitor: an epoch metric (e.g. ``"eval_loss"``): keep the best
+                `keep` epoch-end checkpoints by it, and the newest checkpoint
+                of any kind (to resume from), instead of the newest `keep`.
+            mode: ``"min"`` or ``"max"``: which `monitor` values are best.
 
         Raises:
             TypeError, ValueError: a bad argument (the message names it).
@@ -285,7 +286,8 @@ class Checkpoint(Callback):
             ``resume="latest"`` finds no checkpoint yet.
 
         Raises:
-            As `restore`.
+            FileNotFoundError: as `restore`.
+            ValueError: as `restore`.
         """
         restored = self._read(trainer.snapshot(), resume)
         return None if restored is None else restored.path
@@ -317,7 +319,8 @@ class Checkpoint(Callback):
         the run starts fresh) where ``"latest"`` finds none yet.
 
         Raises:
-            As `restore`.
+            FileNotFoundError: as `restore`.
+            ValueError: as `restore`.
         """
         restored = self._read(like, resume)
         if restored is None:

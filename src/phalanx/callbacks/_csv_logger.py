@@ -49,9 +49,10 @@ class CSVLogger(RowLogger[dict[str, Any]]):
 
     @validates_own_arguments
     def __init__(self, path: str | os.PathLike[str], *, log_every: int = 10):
-        """Args:
-        path: the CSV file; its folder is created if needed.
-        log_every: write a step row after every this many steps.
+        """
+        Args:
+            path: the CSV file; its folder is created if needed.
+            log_every: write a step row after every this many steps.
 
         Raises:
             ValueError: `log_every` is not a positive int.

@@ -43,9 +43,10 @@ class JSONLogger(RowLogger[str]):
 
     @validates_own_arguments
     def __init__(self, path: str | os.PathLike[str], *, log_every: int = 10):
-        """Args:
-        path: the JSON Lines file; its folder is created if needed.
-        log_every: write a step line after every this many steps.
+        """
+        Args:
+            path: the JSON Lines file; its folder is created if needed.
+            log_every: write a step line after every this many steps.
 
         Raises:
             ValueError: `log_every` is not a positive int.

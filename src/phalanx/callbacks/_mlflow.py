@@ -80,16 +80,17 @@ class MLflowLogger(Callback):
         config: Mapping[str, Any] | None = None,
         log_every: int = 10,
     ):
-        """Args:
-        experiment: the experiment's name (created if missing); None:
-            ``MLFLOW_EXPERIMENT_NAME``, else MLflow's default experiment.
-        tracking_uri: where runs are stored (``http://...``,
-            ``sqlite:///mlflow.db``, ``file:///...``, or a folder, read as a
-            ``file:`` URI); None: MLflow's (``MLFLOW_TRACKING_URI``).
-        run_name: the new run's name; None: MLflow picks one.
-        config: the run's own settings (e.g. the command line's options),
-            logged with the trainer's `hyperparameters`.
-        log_every: log the step's metrics after every this many steps.
+        """
+        Args:
+            experiment: the experiment's name (created if missing); None:
+                ``MLFLOW_EXPERIMENT_NAME``, else MLflow's default experiment.
+            tracking_uri: where runs are stored (``http://...``,
+                ``sqlite:///mlflow.db``, ``file:///...``, or a folder, read as a
+                ``file:`` URI); None: MLflow's (``MLFLOW_TRACKING_URI``).
+            run_name: the new run's name; None: MLflow picks one.
+            config: the run's own settings (e.g. the command line's options),
+                logged with the trainer's `hyperparameters`.
+            log_every: log the step's metrics after every this many steps.
 
         Raises:
             ImportError: mlflow is not installed.

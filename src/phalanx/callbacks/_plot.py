@@ -43,10 +43,11 @@ class PlotHistory(Callback):
         *,
         metrics: Sequence[str] | None = None,
     ):
-        """Args:
-        path: the image file; its folder is created if needed.
-        metrics: train metric names to draw, a panel each (their ``eval_``
-            curves come along); default every metric in the history.
+        """
+        Args:
+            path: the image file; its folder is created if needed.
+            metrics: train metric names to draw, a panel each (their ``eval_``
+                curves come along); default every metric in the history.
 
         Raises:
             ImportError: matplotlib is not installed.

@@ -63,11 +63,12 @@ class Profiler(Callback):
     def __init__(
         self, logdir: str | os.PathLike[str], *, steps: tuple[int, int] = (10, 20)
     ):
-        """Args:
-        logdir: the folder the traces are written under; created (with the
-            folders above it) when the first trace is written.
-        steps: ``(start, end)``, the first and last step traced (both
-            included, ``1 <= start <= end``; ``(n, n)`` traces step n).
+        """
+        Args:
+            logdir: the folder the traces are written under; created (with the
+                folders above it) when the first trace is written.
+            steps: ``(start, end)``, the first and last step traced (both
+                included, ``1 <= start <= end``; ``(n, n)`` traces step n).
 
         Raises:
             TypeError: `logdir` is not a str or path, or `steps` is not a

@@ -44,10 +44,11 @@ class TensorBoardLogger(Callback):
 
     @validates_own_arguments
     def __init__(self, logdir: str | os.PathLike[str], *, log_every: int = 10):
-        """Args:
-        logdir: the folder for event files; created (with the folders
-            above it) at the first fit if missing.
-        log_every: log the step's metrics after every this many steps.
+        """
+        Args:
+            logdir: the folder for event files; created (with the folders
+                above it) at the first fit if missing.
+            log_every: log the step's metrics after every this many steps.
 
         Raises:
             ImportError: tensorboardX is not installed.

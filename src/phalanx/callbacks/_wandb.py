@@ -84,17 +84,18 @@ class WandbLogger(Callback):
         log_every: int = 10,
         **init_kwargs: Any,
     ):
-        """Args:
-        project: the W&B project; None: W&B's default (``WANDB_PROJECT``).
-        mode: ``"online"``, ``"offline"`` (written under ``WANDB_DIR`` for
-            ``wandb sync``), ``"disabled"`` or ``"shared"``; None: W&B's
-            default (``WANDB_MODE``, else online).
-        config: the run's own settings (e.g. the command line's options),
-            logged with the trainer's `hyperparameters`.
-        log_every: log the step's metrics after every this many steps.
-        init_kwargs: passed on to `wandb.init` (e.g. ``entity``, ``name``,
-            ``group``, ``tags``, ``dir``, ``settings``; ``id``: the new
-            run's id).
+        """
+        Args:
+            project: the W&B project; None: W&B's default (``WANDB_PROJECT``).
+            mode: ``"online"``, ``"offline"`` (written under ``WANDB_DIR`` for
+                ``wandb sync``), ``"disabled"`` or ``"shared"``; None: W&B's
+                default (``WANDB_MODE``, else online).
+            config: the run's own settings (e.g. the command line's options),
+                logged with the trainer's `hyperparameters`.
+            log_every: log the step's metrics after every this many steps.
+            init_kwargs: passed on to `wandb.init` (e.g. ``entity``, ``name``,
+                ``group``, ``tags``, ``dir``, ``settings``; ``id``: the new
+                run's id).
 
         Raises:
             ImportError: wandb is not installed.

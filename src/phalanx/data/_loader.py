@@ -66,16 +66,17 @@ class ArrayLoader:
         process_index: int | None = None,
         process_count: int | None = None,
     ):
-        """Args:
-        arrays: a tuple or list, e.g. ``(x, y)``, or a dict of NumPy arrays
-            with the same leading (examples) axis.
-        batch_size: examples in a global batch, over all processes.
-        shuffle: a new permutation every epoch; False keeps the given order.
-        seed: with the epoch number, fixes each permutation.
-        drop_last: drop a short last batch instead of padding it.
-        process_index: this process, default ``jax.process_index()``.
-        process_count: processes sharing each batch, default
-            ``jax.process_count()``; must divide `batch_size`.
+        """
+        Args:
+            arrays: a tuple or list, e.g. ``(x, y)``, or a dict of NumPy arrays
+                with the same leading (examples) axis.
+            batch_size: examples in a global batch, over all processes.
+            shuffle: a new permutation every epoch; False keeps the given order.
+            seed: with the epoch number, fixes each permutation.
+            drop_last: drop a short last batch instead of padding it.
+            process_index: this process, default ``jax.process_index()``.
+            process_count: processes sharing each batch, default
+                ``jax.process_count()``; must divide `batch_size`.
 
         Raises:
             TypeError, ValueError: an argument is invalid (the message names it).

@@ -26,11 +26,12 @@ class Linear(eqx.Module):
     def __init__(
         self, in_size: int, out_size: int, *, use_bias: bool = True, key: PRNGKeyArray
     ):
-        """Args:
-        in_size: features of one input example.
-        out_size: features of one output.
-        use_bias: whether to add a learned bias.
-        key: initialises the weights.
+        """
+        Args:
+            in_size: features of one input example.
+            out_size: features of one output.
+            use_bias: whether to add a learned bias.
+            key: initialises the weights.
         """
         self.layer = eqx.nn.Linear(in_size, out_size, use_bias=use_bias, key=key)
         self.in_size = in_size
@@ -38,5 +39,6 @@ class Linear(eqx.Module):
 
     @jaxtyped(typechecker=beartype)
     def __call__(self, x: Float[Array, " in"]) -> Float[Array, " out"]:
+        """The output for one example (no batch axis)."""
         check_features(x, self.in_size, "Linear")
         return self.layer(x.astype(jnp.result_type(self.layer.weight)))

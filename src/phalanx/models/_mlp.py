@@ -36,12 +36,13 @@ class MLP(eqx.Module):
         activation: Callable[[Array], Array] = jax.nn.relu,
         key: PRNGKeyArray,
     ):
-        """Args:
-        in_size: features of one input example.
-        out_size: features of one output (e.g. classes, for logits).
-        hidden: the width of each hidden layer, input side first; () for none.
-        activation: applied after every hidden layer.
-        key: initialises the weights.
+        """
+        Args:
+            in_size: features of one input example.
+            out_size: features of one output (e.g. classes, for logits).
+            hidden: the width of each hidden layer, input side first; () for none.
+            activation: applied after every hidden layer.
+            key: initialises the weights.
         """
         widths = [in_size, *hidden, out_size]
         if any(not is_int(w) or w < 1 for w in widths):
@@ -60,6 +61,7 @@ class MLP(eqx.Module):
 
     @jaxtyped(typechecker=beartype)
     def __call__(self, x: Float[Array, " in"]) -> Float[Array, " out"]:
+        """The output for one example (no batch axis)."""
         check_features(x, self.in_size, "MLP")
         x = x.astype(self.layers[0].weight.dtype)
         for layer in self.layers[:-1]:

@@ -36,9 +36,10 @@ class AccumulatingStrategy(Strategy):
 
     @validates_own_arguments
     def __init__(self, inner: PerDeviceStrategy, microbatches: int):
-        """Args:
-        inner: the strategy that places arrays and reduces across devices.
-        microbatches: how many parts each device's slice is split into.
+        """
+        Args:
+            inner: the strategy that places arrays and reduces across devices.
+            microbatches: how many parts each device's slice is split into.
         """
         if isinstance(inner, AccumulatingStrategy):
             raise TypeError(

@@ -73,15 +73,16 @@ class FullyShardedStrategy(PerDeviceStrategy):
         shard: Shard = "all",
         min_size: int = 2**12,
     ):
-        """Args:
-        devices: None for all local devices (every process's in a
-            multi-process run), an int for the first n, or a sequence of
-            devices.
-        shard: ``"all"``: parameters, gradients and optimizer state split
-            (ZeRO-3, FSDP); ``"optimizer"``: gradients and optimizer state
-            split, parameters replicated (ZeRO-2: no gather before the
-            forward pass, a whole copy of the parameters per device).
-        min_size: leaves with fewer elements stay replicated.
+        """
+        Args:
+            devices: None for all local devices (every process's in a
+                multi-process run), an int for the first n, or a sequence of
+                devices.
+            shard: ``"all"``: parameters, gradients and optimizer state split
+                (ZeRO-3, FSDP); ``"optimizer"``: gradients and optimizer state
+                split, parameters replicated (ZeRO-2: no gather before the
+                forward pass, a whole copy of the parameters per device).
+            min_size: leaves with fewer elements stay replicated.
         """
         if not is_int(min_size) or min_size < 1:
             raise ValueError(

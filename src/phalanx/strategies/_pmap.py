@@ -48,16 +48,17 @@ class PmapStrategy(PerDeviceStrategy):
         *,
         deterministic: bool = False,
     ):
-        """Args:
-        devices: None for all local devices (every process's in a
-            multi-process run), an int for the first n, or a sequence of
-            devices.
-        axis_name: the name collectives use for the device axis.
-        deterministic: sum the devices' gradients in a fixed order (an
-            all-gather, then additions in device order) instead of an
-            all-reduce: bitwise the same result however the devices are
-            spread over processes, for debugging and reproducibility; costs
-            memory and time in proportion to the device count.
+        """
+        Args:
+            devices: None for all local devices (every process's in a
+                multi-process run), an int for the first n, or a sequence of
+                devices.
+            axis_name: the name collectives use for the device axis.
+            deterministic: sum the devices' gradients in a fixed order (an
+                all-gather, then additions in device order) instead of an
+                all-reduce: bitwise the same result however the devices are
+                spread over processes, for debugging and reproducibility; costs
+                memory and time in proportion to the device count.
         """
         if not isinstance(axis_name, str) or not axis_name or axis_name == "batch":
             raise ValueError(

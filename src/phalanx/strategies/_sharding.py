@@ -39,15 +39,16 @@ class ShardingStrategy(PerDeviceStrategy):
 
     @validates_own_arguments
     def __init__(self, devices: Devices = None, *, deterministic: bool = False):
-        """Args:
-        devices: None for all local devices (every process's in a
-            multi-process run), an int for the first n, or a sequence of
-            devices.
-        deterministic: sum the devices' gradients in a fixed order (an
-            all-gather, then additions in device order) instead of an
-            all-reduce: bitwise the same result however the devices are
-            spread over processes, for debugging and reproducibility; costs
-            memory and time in proportion to the device count.
+        """
+        Args:
+            devices: None for all local devices (every process's in a
+                multi-process run), an int for the first n, or a sequence of
+                devices.
+            deterministic: sum the devices' gradients in a fixed order (an
+                all-gather, then additions in device order) instead of an
+                all-reduce: bitwise the same result however the devices are
+                spread over processes, for debugging and reproducibility; costs
+                memory and time in proportion to the device count.
         """
         self.axis_name = "data"
         self.mesh = make_mesh(devices, self.axis_name)
