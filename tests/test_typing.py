@@ -67,3 +67,57 @@ def test_model_type_flows_through_the_trainer(tmp_path):
     assert 'Type of "t.model" is "Linear"' in output, output
     assert 'Type of "t.state" is "TrainState[Linear]"' in output, output
     assert "0 errors" in output, output
+
+
+USER_SUBCLASS = """
+import equinox as eqx
+import jax
+import optax
+import phalanx as px
+
+
+class Net(eqx.Module):
+    layer: eqx.nn.Linear
+
+    def __call__(self, x):
+        return self.layer(x)
+
+
+class NetTrainer(px.DataParallelTrainer[Net]):
+    def loss(self, model, outputs, targets):
+        reveal_type(model)
+        return super().loss(model, outputs, targets)
+
+    def gradients(self, grads, state):
+        reveal_type(state.model)
+        return grads
+
+
+class Watch(px.Callback[Net]):
+    def on_step_end(self, info):
+        reveal_type(info.trainer.model)
+        reveal_type(info.state.model)
+
+
+net = Net(eqx.nn.Linear(2, 2, key=jax.random.key(0)))
+trainer = NetTrainer(net, optax.adam(1e-3), callbacks=[Watch()])
+reveal_type(trainer.predict(jax.numpy.zeros((3, 2))))
+reveal_type(trainer.fit([]).model)
+"""
+
+
+@pytest.mark.slow
+def test_a_subclass_sees_its_own_model_in_hooks_callbacks_and_predict(tmp_path):
+    usage = tmp_path / "usage.py"
+    usage.write_text(USER_SUBCLASS)
+    output = pyright(str(usage))
+    for expression, shown in (
+        ("model", "Net"),
+        ("state.model", "Net"),
+        ("info.trainer.model", "Net"),
+        ("info.state.model", "Net"),
+        ("trainer.predict(jax.numpy.zeros((3, 2)))", "Array"),
+        ("trainer.fit([]).model", "Net"),
+    ):
+        assert f'Type of "{expression}" is "{shown}"' in output, output
+    assert "0 errors" in output, output

@@ -7,6 +7,7 @@ from . import (
     distributed as distributed,
     models as models,
     strategies as strategies,
+    testing as testing,
 )
 from ._devices import fake_cpu_devices as fake_cpu_devices
 from ._history import History as History

@@ -3,8 +3,9 @@ part of the trainer a hook may use (`TrainerLike`)."""
 
 import dataclasses
 import functools
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
+import equinox as eqx
 import jax
 
 from ._history import History
@@ -14,22 +15,32 @@ from ._sums import StepSums
 from ._typing import HostMetrics
 
 
+# The model class of a run: `DataParallelTrainer[M]` is a `TrainerLike[M]`,
+# whose callbacks may be `Callback[M]`, told `StepInfo[M]`.
+_Model = TypeVar("_Model", bound=eqx.Module)
+
+
 @runtime_checkable
-class TrainerLike(Protocol):
+class TrainerLike(Protocol[_Model]):
     """What a callback may use of the trainer that runs it
-    (`phalanx.DataParallelTrainer` is one)."""
+    (`phalanx.DataParallelTrainer` is one), typed by its model class."""
 
     history: History
     # Set to True to end `fit` after the current step (Keras' idiom).
     stop_training: bool
 
     @property
-    def state(self) -> TrainState:
+    def state(self) -> TrainState[_Model]:
         """The current `TrainState`."""
         ...
 
     @state.setter
-    def state(self, state: TrainState) -> None: ...
+    def state(self, state: TrainState[_Model]) -> None: ...
+
+    @property
+    def model(self) -> _Model:
+        """The current model."""
+        ...
 
     def snapshot(self) -> Snapshot:
         """Everything needed to continue the run exactly, as it is now."""
@@ -41,7 +52,7 @@ class TrainerLike(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
-class StepInfo:
+class StepInfo(Generic[_Model]):
     """What a callback hook is told about the run.
 
     Attributes:
@@ -65,7 +76,7 @@ class StepInfo:
             `fit` there. (`Checkpoint` saves only there.)
     """
 
-    trainer: TrainerLike
+    trainer: TrainerLike[_Model]
     step: int
     epoch: int
     device_metrics: StepSums | HostMetrics = dataclasses.field(
@@ -96,7 +107,7 @@ class StepInfo:
         return metrics
 
     @property
-    def state(self) -> TrainState:
+    def state(self) -> TrainState[_Model]:
         """The trainer's current `TrainState`."""
         return self.trainer.state
 
@@ -116,7 +127,7 @@ class StepInfo:
         return self.trainer.snapshot()
 
 
-class Callback:
+class Callback(Generic[_Model]):
     """Host-side hooks into `DataParallelTrainer.fit`; each does nothing by default.
 
     Subclass and override the hooks you need (mark them
@@ -136,6 +147,9 @@ class Callback:
     A callback with state to keep across a resume (counters, best values)
     overrides `state_dict` and `load_state_dict`; checkpoints store it.
 
+    ``Callback[M]`` (M the model class) types its hooks' `StepInfo`:
+    ``info.trainer.model`` and ``info.state.model`` are then an ``M``.
+
     Example:
         ```python
         class PrintLoss(px.Callback):
@@ -151,28 +165,28 @@ class Callback:
     # (checkpoints) run everywhere; their inputs are the same global values.
     main_process_only: ClassVar[bool] = False
 
-    def on_fit_start(self, info: StepInfo) -> None:
+    def on_fit_start(self, info: StepInfo[_Model]) -> None:
         """Called once when `fit` begins, before the first batch is read."""
 
-    def on_fit_end(self, info: StepInfo) -> None:
+    def on_fit_end(self, info: StepInfo[_Model]) -> None:
         """Called once when `fit` returns."""
 
-    def on_epoch_start(self, info: StepInfo) -> None:
+    def on_epoch_start(self, info: StepInfo[_Model]) -> None:
         """Called before the first batch of each epoch."""
 
-    def on_epoch_end(self, info: StepInfo) -> None:
+    def on_epoch_end(self, info: StepInfo[_Model]) -> None:
         """Called after each epoch (and its evaluation); metrics are the epoch's."""
 
-    def on_step_end(self, info: StepInfo) -> None:
+    def on_step_end(self, info: StepInfo[_Model]) -> None:
         """Called after each optimizer update has been dispatched."""
 
-    def on_eval_start(self, info: StepInfo) -> None:
+    def on_eval_start(self, info: StepInfo[_Model]) -> None:
         """Called when an evaluation begins (in `fit`, after the epoch's steps)."""
 
-    def on_eval_end(self, info: StepInfo) -> None:
+    def on_eval_end(self, info: StepInfo[_Model]) -> None:
         """Called when an evaluation finishes; metrics are its results."""
 
-    def on_exception(self, info: StepInfo, error: BaseException) -> None:
+    def on_exception(self, info: StepInfo[_Model], error: BaseException) -> None:
         """Called when `fit` raises, before the error propagates."""
 
     def state_dict(self) -> dict[str, Any] | None:

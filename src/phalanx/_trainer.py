@@ -2,7 +2,7 @@ import dataclasses
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 import equinox as eqx
 import jax
@@ -57,6 +57,12 @@ from .strategies import ShardingStrategy, Strategy
 
 
 _Model = TypeVar("_Model", bound=eqx.Module)
+if TYPE_CHECKING:
+    # What `predict` returns, as an IDE shows it: the common case of a model
+    # returning one array (a model returning a pytree gets that pytree).
+    Outputs: TypeAlias = Array
+else:  # what is checked at run time
+    Outputs = PyTree[Shaped[Array, "rows ..."]]
 _DICT_KEYS = {"x", "y", "sample_weight"}
 
 
@@ -296,7 +302,7 @@ class DataParallelTrainer(Generic[_Model]):
         return None
 
     def loss(
-        self, model: eqx.Module, outputs: PyTree, targets: PyTree
+        self, model: _Model, outputs: PyTree, targets: PyTree
     ) -> Float[Array, " batch"]:
         """Per-example loss; ``model`` is there for regularisers."""
         del model
@@ -310,7 +316,7 @@ class DataParallelTrainer(Generic[_Model]):
             return {"accuracy": _losses.accuracy(outputs, targets)}
         return {}
 
-    def gradients(self, grads: PyTree, state: TrainState) -> PyTree:
+    def gradients(self, grads: PyTree, state: TrainState[_Model]) -> PyTree:
         """Transform the global mean gradient before the optimizer (default: none)."""
         del state
         return grads
@@ -537,7 +543,7 @@ class DataParallelTrainer(Generic[_Model]):
     @validates_own_arguments
     def predict(
         self, x: PyTree[Shaped[Leaf, "rows ..."]], *, batch_size: int | None = None
-    ) -> PyTree[Shaped[Array, "rows ..."]]:
+    ) -> Outputs:
         """Model outputs (inference mode) for every row of `x`, in order.
 
         Rows are split across devices; any number works (padding is added
