@@ -265,7 +265,9 @@ def test_bad_model_and_dataset(user_dir, capsys, monkeypatch, case):
     monkeypatch.chdir(user_dir)
     monkeypatch.syspath_prepend(str(user_dir))
     before = snapshot(user_dir)
-    refused_in_process(user_dir, capsys, ["train", "--devices", "2", *args], needles)
+    # No --devices: in this process JAX may not have started yet, and
+    # --devices 2 would start it with 2 devices for every later test here.
+    refused_in_process(user_dir, capsys, ["train", *args], needles)
     assert snapshot(user_dir) == before
 
 
