@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import optax
+from typing_extensions import override
 
 import phalanx as px
 from phalanx._launch import _GLOO_NOTE
@@ -118,3 +119,15 @@ def is_gloo_note(line: str) -> bool:
     if "[Gloo]" in line or "peer ranks" in line or not content:
         return True
     return re.sub(r"\d+", "#", content) in _GLOO_NOTE
+
+
+class RaiseAt(px.Callback):
+    """Raises RuntimeError at the end of step `step` (a crash mid-fit)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    @override
+    def on_step_end(self, info):
+        if info.step == self.step:
+            raise RuntimeError(f"boom at step {info.step}")

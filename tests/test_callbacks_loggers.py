@@ -18,7 +18,7 @@ from tensorboardX.proto import event_pb2
 from typing_extensions import override
 
 import phalanx as px
-from helpers import make_data, make_model
+from helpers import RaiseAt, make_data, make_model
 from phalanx.callbacks import CSVLogger, JSONLogger, PlotHistory, TensorBoardLogger
 
 
@@ -89,16 +89,6 @@ def read_scalars(logdir: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
 
 def cells(row: dict[str, str], names: list[str]) -> dict[str, float]:
     return {name: float(row[name]) for name in names}
-
-
-class RaiseAt(px.Callback):
-    def __init__(self, step: int):
-        self.step = step
-
-    @override
-    def on_step_end(self, info):
-        if info.step == self.step:
-            raise RuntimeError(f"boom at step {info.step}")
 
 
 class AddHostValues(px.Callback):

@@ -17,7 +17,7 @@ import wandb
 from typing_extensions import override
 
 import phalanx as px
-from helpers import make_data, make_model
+from helpers import RaiseAt, make_data, make_model
 from phalanx._preemption import Preempted
 from phalanx.callbacks import Checkpoint, MLflowLogger, WandbLogger
 from phalanx.callbacks._hparams import hyperparameters
@@ -50,16 +50,6 @@ def batches():
 
 def eval_batches():
     return [make_data(24, seed=1)]
-
-
-class RaiseAt(px.Callback):
-    def __init__(self, step: int):
-        self.step = step
-
-    @override
-    def on_step_end(self, info):
-        if info.step == self.step:
-            raise RuntimeError(f"boom at step {info.step}")
 
 
 class Record(px.Callback):

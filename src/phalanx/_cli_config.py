@@ -48,6 +48,7 @@ def _config_options(table: dict[str, Any], where: str) -> dict[str, Any]:
     """A config file's options, each checked as its flag would be."""
     actions = _train_actions()
     known = sorted(name for name in actions if name not in PER_COMMAND)
+    parser = build_parser(explicit_only=True, parser_class=RaisingParser)
     out: dict[str, Any] = {}
     for name, value in table.items():
         if name not in known:
@@ -61,7 +62,6 @@ def _config_options(table: dict[str, Any], where: str) -> dict[str, Any]:
                 f"{where}: {name} = {value!r} is a {type(value).__name__}; "
                 f"write it as {_expected(actions[name])}"
             )
-        parser = build_parser(explicit_only=True, parser_class=RaisingParser)
         try:
             parsed = vars(parser.parse_args(["train", *tokens]))
         except UsageError as error:

@@ -75,7 +75,8 @@ def check_arguments(args: TrainArgs) -> None:
 
 
 def run_train(args: TrainArgs) -> int:
-    """Validate, then train; returns the exit code."""
+    """Validate what needs the data and the devices, then train; returns the
+    exit code (`args` has passed `check_arguments`)."""
     from ._cli_train import (
         check_batch_size,
         check_run_dir,
@@ -83,7 +84,6 @@ def run_train(args: TrainArgs) -> int:
         select_devices,
     )
 
-    check_arguments(args)
     train, test = load_dataset(args.dataset, flatten=not args.user_model)
     check_run_dir(args.run_dir, args.overwrite, args.resume)
     for logger in args.loggers:
