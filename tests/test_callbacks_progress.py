@@ -429,10 +429,20 @@ def test_early_stopping_state_dict_round_trip():
     )
     trainer.fit(batches(2), epochs=3)
     state = stopper.state_dict()
-    assert state == {"best": 1.0, "best_epoch": 1, "wait": 1, "stopped_epoch": None}
+    assert state == {
+        "best": 1.0,
+        "best_epoch": 1,
+        "best_step": 4,
+        "wait": 1,
+        "stopped_epoch": None,
+    }
     fresh = EarlyStopping(patience=4)
     fresh.load_state_dict(state)
     assert fresh.state_dict() == state
+    # A state saved before best_step existed still loads.
+    older = EarlyStopping(patience=4)
+    older.load_state_dict({k: v for k, v in state.items() if k != "best_step"})
+    assert older.state_dict() == {**state, "best_step": None}
 
 
 # ------------------------------------------------------------------- arguments

@@ -74,6 +74,12 @@ class StepInfo(Generic[_Model]):
             of a call's steps run after the whole call: `state` and
             `snapshot()` are those after its last step, and `stop()` ends
             `fit` there. (`Checkpoint` saves only there.)
+        eval_every: in `fit`, its ``eval_every=``: `eval_data` is evaluated
+            after every this many steps (each evaluation's `on_eval_end`
+            comes before its step's `on_step_end`), not at epoch ends. None
+            where it is evaluated at epoch ends (the evaluation's metrics
+            then join the epoch's), and at the hooks of `trainer.evaluate`:
+            loggers write an evaluation of their own only where it is set.
     """
 
     trainer: TrainerLike[_Model]
@@ -88,14 +94,18 @@ class StepInfo(Generic[_Model]):
     start_epoch: int = 0
     start_step: int = 0
     last_in_call: bool = True
+    eval_every: int | None = None
 
     @functools.cached_property
     def metrics(self) -> HostMetrics:
         """The metrics of this point as floats: fetched from device on first read.
 
         At `on_step_end` these are the step's own; at `on_epoch_end` the
-        epoch's (eval metrics prefixed ``eval_``); at `on_eval_end` the
-        evaluation's. A callback that reads them only every n steps makes
+        epoch's (with `fit`'s evaluation at epoch ends, its metrics
+        prefixed ``eval_``); at `on_eval_end` the evaluation's: in `fit`,
+        every set's, prefixed as named there (``eval_loss``, or
+        ``eval_<set>_loss`` for named sets); from `trainer.evaluate`, its
+        results as it returns them. A callback that reads them only every n steps makes
         the device wait only every n steps. Callbacks may add host values
         (e.g. ``"lr"``); callbacks later in the list see them.
         """
@@ -136,13 +146,17 @@ class Callback(Generic[_Model]):
     ```
     on_fit_start
       on_epoch_start
+        on_eval_start, on_eval_end   (eval_every=N: after every N-th step)
         on_step_end            (after every optimizer update)
-        on_eval_start, on_eval_end   (if eval_data)
+        on_eval_start, on_eval_end   (eval_data at epoch ends: the default)
       on_epoch_end
       ...                      (every `evaluate` fires on_eval_start/end)
     on_fit_end
     on_exception               (instead of the rest, if fit raises)
     ```
+
+    An evaluation in `fit` calls `on_eval_start` and `on_eval_end` once,
+    for all of `eval_data`'s sets.
 
     A callback with state to keep across a resume (counters, best values)
     overrides `state_dict` and `load_state_dict`; checkpoints store it.
@@ -181,10 +195,13 @@ class Callback(Generic[_Model]):
         """Called after each optimizer update has been dispatched."""
 
     def on_eval_start(self, info: StepInfo[_Model]) -> None:
-        """Called when an evaluation begins (in `fit`, after the epoch's steps)."""
+        """Called when an evaluation begins (in `fit`: after the epoch's
+        steps, or with ``eval_every=N`` after every N-th step)."""
 
     def on_eval_end(self, info: StepInfo[_Model]) -> None:
-        """Called when an evaluation finishes; metrics are its results."""
+        """Called when an evaluation finishes; metrics are its results (in
+        `fit`, every set's, prefixed ``eval_``; ``info.eval_every`` says
+        whether it is one of ``fit(eval_every=)``'s)."""
 
     def on_exception(self, info: StepInfo[_Model], error: BaseException) -> None:
         """Called when `fit` raises, before the error propagates."""

@@ -1,6 +1,7 @@
 """Validation of the trainer's arguments, before any device work."""
 
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -11,6 +12,7 @@ import optax
 from ._callback import Callback, overrides
 from ._placement import stacked
 from ._precision import precision_of
+from ._typing import EvalSets
 from ._validate import (
     boolean,
     integer,
@@ -105,6 +107,53 @@ def check_callbacks(callbacks: Any) -> None:
             )
 
 
+_SET_NAME = re.compile(r"[A-Za-z0-9_]+")
+
+
+def eval_sets(eval_data: Any, *, default_split: bool = True) -> EvalSets | None:
+    """`fit`'s `eval_data` as its sets, checked: one iterable of batches
+    (metrics ``eval_loss``, ...), or a mapping of names to them (metrics
+    ``eval_<name>_loss``, ...); None for none."""
+    if eval_data is None:
+        return None
+    if not isinstance(eval_data, Mapping):
+        check_iterable(eval_data, "eval_data", default_split=default_split)
+        return (("eval_", eval_data),)
+    if not eval_data:
+        raise ValueError(
+            "eval_data={} has no sets; pass batches, or a mapping of names to "
+            "batches, e.g. eval_data={'val': val_batches, 'test': test_batches}"
+        )
+    if default_split and set(eval_data) <= {"x", "y", "sample_weight"}:
+        raise TypeError(
+            f"eval_data is one dict batch with keys {sorted(eval_data)}, not "
+            f"batches; pass [batch], or {_BATCHES}"
+        )
+    sets = []
+    for name, data in eval_data.items():
+        if not (isinstance(name, str) and _SET_NAME.fullmatch(name)):
+            raise ValueError(
+                f"eval_data has a set named {name!r}; name each set with letters, "
+                "digits and underscores (its metrics are eval_<name>_loss, ...), "
+                "e.g. eval_data={'val': val_batches}"
+            )
+        check_iterable(data, f"eval_data[{name!r}]", default_split=default_split)
+        sets.append((f"eval_{name}_", data))
+    return tuple(sets)
+
+
+def check_eval_every(eval_every: Any, sets: EvalSets | None) -> int | None:
+    """Validate fit's `eval_every` (steps between evaluations, or None)."""
+    eval_every = optional_positive_int("eval_every", eval_every)
+    if eval_every is not None and sets is None:
+        raise ValueError(
+            f"eval_every={eval_every} evaluates eval_data every {eval_every} steps, "
+            "but fit was given no eval_data; pass eval_data=..., or leave "
+            "eval_every=None"
+        )
+    return eval_every
+
+
 def check_duration(epochs: Any, steps: Any) -> tuple[int | None, int | None]:
     """Validate fit's `epochs` and `steps`; default to one epoch."""
     epochs = optional_positive_int("epochs", epochs)
@@ -161,27 +210,36 @@ def check_iterable(
         )
 
 
-def check_monitors(callbacks: Sequence[Any], eval_data: Any) -> None:
+def check_monitors(callbacks: Sequence[Any], sets: EvalSets | None) -> None:
     """Raise ValueError, before training, for a callback that monitors an
-    ``eval_`` metric in a fit without `eval_data` (it would fail at the
-    first epoch's end, after that epoch trained) - unless a callback of the
-    user's own comes before it and may add that metric at each epoch's end
-    (phalanx's own callbacks add no ``eval_`` metric)."""
-    if eval_data is not None:
-        return
+    ``eval_`` metric that `fit`'s evaluation sets cannot give: in a fit
+    without `eval_data` (it would fail at the first epoch's end, after that
+    epoch trained), or one not of any named set - unless a callback of the
+    user's own comes before it and may add that metric (phalanx's own
+    callbacks add no ``eval_`` metric)."""
+    prefixes = [prefix for prefix, _ in sets or ()]
     for i, callback in enumerate(callbacks):
         monitor = getattr(callback, "monitor", None)
         if not (isinstance(monitor, str) and monitor.startswith("eval_")):
             continue
+        if any(monitor.startswith(prefix) for prefix in prefixes):
+            continue
         if any(
-            overrides(earlier, "on_epoch_end")
+            (overrides(earlier, "on_epoch_end") or overrides(earlier, "on_eval_end"))
             and not type(earlier).__module__.startswith("phalanx.")
             for earlier in callbacks[:i]
         ):
             continue
+        name = f"{type(callback).__name__}(monitor={monitor!r})"
+        if not prefixes:
+            raise ValueError(
+                f"{name} watches a metric of eval_data, but fit was given no "
+                "eval_data; pass eval_data=..., or monitor a training metric "
+                f"(e.g. monitor={monitor.removeprefix('eval_')!r})"
+            )
+        names = ", ".join(f"{prefix}<metric>" for prefix in prefixes)
         raise ValueError(
-            f"{type(callback).__name__}(monitor={monitor!r}) watches a metric "
-            "of eval_data, but fit was given no eval_data; pass "
-            f"eval_data=..., or monitor a training metric (e.g. "
-            f"monitor={monitor.removeprefix('eval_')!r})"
+            f"{name} watches no metric of fit's eval_data sets, whose metrics are "
+            f"named {names}; monitor one of those, e.g. "
+            f"monitor={prefixes[0] + 'loss'!r}"
         )

@@ -18,7 +18,7 @@ from ._placement import to_host
 from ._prefetch import Feed
 from ._progress import RunPlan, RunProgress
 from ._sums import FLAGS, EpochSums, StepSums, means
-from ._typing import HostMetrics, NanPolicy
+from ._typing import EvalSets, HostMetrics, NanPolicy
 from .data import Resumable
 
 
@@ -49,6 +49,8 @@ class FitLoop:
         progress: the current `RunProgress`.
         feed: the pass being trained on (where its loader stands is what a
             snapshot records while batches are read ahead), or None.
+        eval_sets: the sets to evaluate (`fit`'s `eval_data`), or None.
+        eval_every: evaluate after every this many steps; None: at epoch ends.
     """
 
     def __init__(
@@ -59,11 +61,13 @@ class FitLoop:
         pipeline: BatchPipeline,
         callbacks: Callbacks,
         history: History,
-        evaluate: Callable[[Iterable[Any]], HostMetrics],
+        evaluate: Callable[[EvalSets], HostMetrics],
         settings: LoopSettings,
         leaves: list[jax.Array],
         progress: RunProgress,
         data: Iterable[Any],
+        eval_sets: EvalSets | None = None,
+        eval_every: int | None = None,
     ):
         self.trainer = trainer
         self.steps = steps
@@ -75,6 +79,8 @@ class FitLoop:
         self.leaves = leaves
         self.progress = progress
         self.data = data
+        self.eval_sets = eval_sets
+        self.eval_every = eval_every
         self.feed: Feed | None = None
         # Examples (all processes') this fit has trained on in the epoch.
         self.epoch_examples = 0
@@ -106,6 +112,7 @@ class FitLoop:
             start_epoch=progress.plan.start_epoch,
             start_step=progress.plan.start_step,
             last_in_call=last_in_call,
+            eval_every=self.eval_every,
         )
 
     def data_state(self) -> Any:
@@ -122,17 +129,18 @@ class FitLoop:
         self.signal = signum
         self.trainer.stop_training = True
 
-    def run(self, eval_data: Iterable[Any] | None) -> None:
+    def run(self) -> None:
         """Epochs until the plan is done, a callback stops training, or a
         signal came."""
         while not (self.trainer.stop_training or self.progress.done()):
-            self.run_epoch(eval_data)
+            self.run_epoch()
         # (A restored snapshot may carry the signal that stopped its own run.)
         self.progress = dataclasses.replace(self.progress, preempted=self.signal)
 
-    def run_epoch(self, eval_data: Iterable[Any] | None) -> None:
+    def run_epoch(self) -> None:
         """Train on one pass over the data (or its rest, after a resume),
-        then evaluate, log the epoch and call `on_epoch_end`; return early
+        then evaluate (at epoch ends), log the epoch and call `on_epoch_end`;
+        return early
         when the plan is done, a callback stops training, or a signal came."""
         data, progress = self.data, self.progress
         epoch = progress.epoch
@@ -164,25 +172,41 @@ class FitLoop:
         if sums is None:
             raise ValueError(empty_data_message("data", epoch))
         logs = self.epoch_logs(jax.device_get(sums))
-        if eval_data is not None:
-            logs.update({f"eval_{k}": v for k, v in self.evaluate(eval_data).items()})
+        if self.eval_sets is not None and self.eval_every is None:
+            logs.update(self.evaluation())
         self.history.append(logs)
         info = self.info(logs, self.epoch_examples)
         self.progress = self.progress.next_epoch()
         self.callbacks.epoch_end(info)
 
+    def evaluation(self) -> HostMetrics:
+        """Evaluate every set now (after `progress.step`): recorded in the
+        history and told to the callbacks, its metrics the same dict."""
+        self.callbacks.eval_start(self.info())
+        assert self.eval_sets is not None
+        metrics = self.evaluate(self.eval_sets)
+        progress = self.progress
+        self.history.append_evaluation(progress.step, progress.epoch, metrics)
+        self.callbacks.eval_end(self.info(metrics))
+        return metrics
+
     def train_pass(self, feed: Feed) -> None:
         """Compiled calls of `steps_per_call` steps (single steps where the
         pass or the plan has fewer left, or the step size changes) until the
         pass ends, the plan is done, a callback stops training, or a signal
-        came; each of those is acted on where a call ends."""
+        came; each of those is acted on where a call ends, and a call ends
+        at each step ``eval_every`` evaluates after."""
         steps, trainer, callbacks = self.steps, self.trainer, self.callbacks
         sync_every, k = self.settings.sync_every, self.settings.steps_per_call
+        every = self.eval_every
         examples = jax.process_count()  # every process's slice of a batch
         while True:
             progress = self.progress
             left = progress.steps_left()
-            group = feed.take(k if left is None else min(k, left))
+            size = k if left is None else min(k, left)
+            if every is not None:  # up to the next evaluation
+                size = min(size, every - progress.step % every)
+            group = feed.take(size)
             if not group:
                 return
             acc = progress.sums
@@ -209,9 +233,16 @@ class FitLoop:
                     rows.append((sums, None))
             if progress.step // sync_every > before // sync_every:
                 self.sync(acc)
-            if callbacks.step_hooks:
+            # An evaluation after this call's last step comes before that
+            # step's hooks: a checkpoint saved there holds it.
+            evaluates = every is not None and progress.step % every == 0
+            if callbacks.step_hooks or evaluates:
                 names, last = steps.step_names, len(group) - 1
                 for i, (placed, row) in enumerate(zip(group, rows, strict=True)):
+                    if i == last and evaluates:
+                        self.evaluation()
+                    if not callbacks.step_hooks:
+                        continue
                     # The slices are equal but for the last batch of a pass,
                     # at most one example apart.
                     info = self.info(

@@ -1,6 +1,6 @@
 import dataclasses
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
@@ -21,8 +21,10 @@ from ._config import (
     check_callbacks,
     check_config,
     check_duration,
+    check_eval_every,
     check_iterable,
     check_monitors,
+    eval_sets,
 )
 from ._dispatch import Callbacks
 from ._forward import takes_key
@@ -43,6 +45,7 @@ from ._summary import ModelSummary, summarize
 from ._sums import EpochSums, StepSums, means
 from ._typing import (
     ChecksMode,
+    EvalSets,
     HostMetrics,
     LossFn,
     LossName,
@@ -408,7 +411,8 @@ class DataParallelTrainer(Generic[_Model]):
         *unexpected: Any,
         epochs: int | None = None,
         steps: int | None = None,
-        eval_data: Iterable[Any] | None = None,
+        eval_data: Iterable[Any] | Mapping[str, Iterable[Any]] | None = None,
+        eval_every: int | None = None,
         resume: str | os.PathLike[str] | None = None,
     ) -> TrainState[_Model]:
         """Train on `data`, a re-iterable of host batches, in the order given.
@@ -422,8 +426,20 @@ class DataParallelTrainer(Generic[_Model]):
             epochs: passes over `data` (default 1 when `steps` is not given).
             steps: optimizer updates to make, re-iterating `data` as needed.
                 With both, training stops at whichever comes first.
-            eval_data: batches to `evaluate` after every epoch (metrics
-                reported with an ``eval_`` prefix).
+            eval_data: batches to evaluate during training (as `evaluate`
+                does), their metrics prefixed ``eval_`` (``eval_loss``, ...);
+                or a mapping of names to batches, for several sets, each
+                set's metrics prefixed ``eval_<name>_`` (``eval_val_loss``,
+                ``eval_test_loss``, ...). Each evaluation of every set is
+                recorded in ``history.evaluations`` and reported once to the
+                callbacks' `on_eval_end`.
+            eval_every: evaluate `eval_data` after every this many steps
+                (counted from the run's start, as ``info.step``: the steps
+                that are multiples of it), not at epoch ends; the epochs'
+                metrics then hold no ``eval_`` ones. None (the default):
+                after every epoch, the results joining the epoch's metrics.
+                With ``steps_per_call > 1``, a compiled call ends at each
+                evaluation's step (choose a multiple of `steps_per_call`).
             resume: ``"latest"`` to continue from the newest readable
                 checkpoint of the `callbacks.Checkpoint` in `callbacks` (with
                 none yet, the fit starts fresh and says so; an unreadable one
@@ -444,9 +460,9 @@ class DataParallelTrainer(Generic[_Model]):
         epochs, steps = check_duration(epochs, steps)
         default_split = self._splits_by_default
         check_iterable(data, "data", unexpected, default_split=default_split)
-        if eval_data is not None:
-            check_iterable(eval_data, "eval_data", default_split=default_split)
-        check_monitors(self.callbacks, eval_data)
+        sets = eval_sets(eval_data, default_split=default_split)
+        eval_every = check_eval_every(eval_every, sets)
+        check_monitors(self.callbacks, sets)
         self._leaves = self._copy(self._leaves)
         # A fit that ended early (an error, steps=) may have left a part-done
         # epoch behind: a new fit starts a new epoch, unless it continues a
@@ -471,20 +487,22 @@ class DataParallelTrainer(Generic[_Model]):
             pipeline=self._batches,
             callbacks=self._callbacks,
             history=self.history,
-            evaluate=self.evaluate,
+            evaluate=self._evaluate_sets,
             settings=LoopSettings(
                 self.prefetch, self.sync_every, self.nan_policy, self.steps_per_call
             ),
             leaves=self._leaves,
             progress=self._progress,
             data=data,
+            eval_sets=sets,
+            eval_every=eval_every,
         )
         self._fit, self._totals = fit, (fit.max_epochs, fit.total_steps)
         try:
             self._callbacks.fit_start(fit.info())
             try:
                 with preemption(fit.preempt):
-                    fit.run(eval_data)
+                    fit.run()
                 signum = fit.progress.preempted
                 if signum is not None:
                     saved = [
@@ -514,11 +532,31 @@ class DataParallelTrainer(Generic[_Model]):
             call="evaluate",
             default_split=self._splits_by_default,
         )
-        self._callbacks.eval_start(self._info())
+        # Told apart from fit's own evaluations by eval_every=None.
+        info = dataclasses.replace(self._info(), eval_every=None)
+        self._callbacks.eval_start(info)
+        results = self._evaluation(data, "data")
+        self._callbacks.eval_end(dataclasses.replace(info, device_metrics=results))
+        return results
+
+    def _evaluate_sets(self, sets: EvalSets) -> HostMetrics:
+        """Every set's results, prefixed as its metrics are named in `fit`."""
+        results: HostMetrics = {}
+        for prefix, data in sets:
+            where = "eval_data" if prefix == "eval_" else f"eval_data[{prefix[5:-1]!r}]"
+            metrics = self._evaluation(data, where)
+            results.update({prefix + name: value for name, value in metrics.items()})
+        return results
+
+    def _evaluation(self, data: Iterable[Any], name: str) -> HostMetrics:
+        """Loss and metrics over every example of `data` (called `name` in errors)."""
         acc: Any = None
         leaves = self._current_leaves()
         feed = Feed(
-            self._batches, data, depth=self.prefetch, where=lambda i: f"batch {i}"
+            self._batches,
+            data,
+            depth=self.prefetch,
+            where=lambda i: f"batch {i}" if name == "data" else f"{name} batch {i}",
         )
         with feed as batches:
             for i, placed in enumerate(batches):
@@ -528,17 +566,15 @@ class DataParallelTrainer(Generic[_Model]):
                 if (i + 1) % self.sync_every == 0:
                     jax.block_until_ready(acc)
         if acc is None:
-            raise ValueError(empty_data_message("data"))
+            raise ValueError(empty_data_message(name))
         sums = jax.device_get(acc)
         if sums[self.steps.sum_names.index("weight")] == 0:
             raise ValueError(
-                "data: every example has sample_weight 0 (total weight 0: "
+                f"{name}: every example has sample_weight 0 (total weight 0: "
                 "all weights 0, or only padding), so there is nothing to "
                 "average; give some examples a weight > 0"
             )
-        results = means(sums, self.steps.sum_names)
-        self._callbacks.eval_end(self._info(results))
-        return results
+        return means(sums, self.steps.sum_names)
 
     @validates_own_arguments
     def predict(

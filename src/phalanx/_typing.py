@@ -10,7 +10,7 @@ Device arrays are typed with jaxtyping; host batches are NumPy pytrees with a
 shared leading ``batch`` axis.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeAlias, TypeVar
 
 from jaxtyping import Array, Float, Int
@@ -19,6 +19,8 @@ from jaxtyping import Array, Float, Int
 ExampleIndex: TypeAlias = Int[Array, " batch"]
 PerExample: TypeAlias = Float[Array, " batch"]
 HostMetrics: TypeAlias = dict[str, float]
+# fit's evaluation sets: (the prefix of their metrics' names, their batches).
+EvalSets: TypeAlias = tuple[tuple[str, Iterable[Any]], ...]
 # ``loss=`` callables: (outputs, targets) -> one value per example.
 LossFn: TypeAlias = Callable[[Any, Any], PerExample]
 LossName: TypeAlias = Literal["cross_entropy", "mse"]

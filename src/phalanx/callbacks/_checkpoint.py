@@ -43,7 +43,9 @@ class Checkpoint(Callback):
     queues a copy of the arrays on the devices and returns, and a writer
     thread hands it to orbax, which writes while training goes on. They are
     atomic: a step folder appears only when complete. The newest `keep` are
-    kept, or with `monitor` the best `keep` epoch-end checkpoints.
+    kept, or with `monitor` the best `keep` by it: epoch-end checkpoints,
+    or in a fit evaluating every ``eval_every`` steps (an ``eval_`` monitor),
+    a checkpoint saved after each evaluation.
     Checkpoint callbacks run after all others, so a snapshot includes what
     the loggers wrote for its step.
 
@@ -80,6 +82,8 @@ class Checkpoint(Callback):
             monitor: an epoch metric (e.g. ``"eval_loss"``): keep the best
                 `keep` epoch-end checkpoints by it, and the newest checkpoint
                 of any kind (to resume from), instead of the newest `keep`.
+                An ``eval_`` metric of ``fit(eval_every=N)``: save after each
+                evaluation (at its step), and keep the best `keep` of those.
             mode: ``"min"`` or ``"max"``: which `monitor` values are best.
 
         Raises:
@@ -109,14 +113,19 @@ class Checkpoint(Callback):
         # Steps whose checkpoints a resume found unreadable: saved anew.
         self._damaged: set[int] = set()
         # A multiple of every_n_steps was reached inside a compiled call of
-        # several steps: saved when the call's last step is reported.
+        # several steps, or an evaluation ranks a save: saved when the call's
+        # last step is reported.
         self._due = False
+        # The metrics of fit's last evaluation every eval_every steps, and its
+        # step: the save at that step is ranked by them.
+        self._evaluation: tuple[int, HostMetrics] | None = None
 
     @override
     def on_fit_start(self, info: StepInfo) -> None:
         del info
         self._failure = None
         self._due = False
+        self._evaluation = None
         self._writable()
 
     @override
@@ -127,12 +136,33 @@ class Checkpoint(Callback):
             self._due = True
         if self._due and info.last_in_call:  # the state is this step's
             self._due = False
-            self.save_snapshot(info.snapshot())
+            self.save_snapshot(info.snapshot(), metrics=self._ranking(info))
+
+    @override
+    def on_eval_end(self, info: StepInfo) -> None:
+        # An evaluation every eval_every steps comes before its step's
+        # on_step_end, where the state (and every other callback) is saved.
+        monitor = self.monitor
+        if info.eval_every is not None and monitor and monitor in info.metrics:
+            self._evaluation = (info.step, dict(info.metrics))
+            self._due = True
 
     @override
     def on_epoch_end(self, info: StepInfo) -> None:
         if self.every_n_epochs and (info.epoch + 1) % self.every_n_epochs == 0:
-            self.save_snapshot(info.snapshot(), metrics=info.metrics)
+            metrics: HostMetrics | None = info.metrics
+            if (
+                info.eval_every is not None
+                and self.monitor is not None
+                and self.monitor not in info.metrics
+            ):  # ranked by the evaluations: this one only if it is one's step
+                metrics = self._ranking(info)
+            self.save_snapshot(info.snapshot(), metrics=metrics)
+
+    def _ranking(self, info: StepInfo) -> HostMetrics | None:
+        """The metrics ranking a save at this step: its evaluation's, if any."""
+        evaluation = self._evaluation
+        return evaluation[1] if evaluation and evaluation[0] == info.step else None
 
     @override
     def on_fit_end(self, info: StepInfo) -> None:

@@ -17,13 +17,15 @@ _KEYS = ("kind", "step", "epoch")
 class CSVLogger(RowLogger[dict[str, Any]]):
     """Writes metrics to a CSV file: a row per logged step and per epoch.
 
-    Columns are ``kind`` (``"step"`` or ``"epoch"``), ``step`` (updates made
-    so far), ``epoch`` (from 0), then each metric in the order first seen:
-    the step's own metrics every `log_every` steps; the epoch's train means
-    and ``eval_*`` results at each epoch end; values earlier callbacks add
-    (e.g. ``lr``). A cell a row lacks is empty. Floats are written exactly
-    (``repr``), ``nan`` and ``inf`` as Python spells them, so `float` reads
-    every cell back.
+    Columns are ``kind`` (``"step"``, ``"epoch"`` or ``"eval"``), ``step``
+    (updates made so far), ``epoch`` (from 0), then each metric in the order
+    first seen: the step's own metrics every `log_every` steps; the epoch's
+    train means and ``eval_*`` results at each epoch end; with
+    ``fit(eval_every=N)``, an ``"eval"`` row of the ``eval_*`` results after
+    every N-th step instead; values earlier callbacks add (e.g. ``lr``). A
+    cell a row lacks is empty. Floats are written exactly (``repr``),
+    ``nan`` and ``inf`` as Python spells them, so `float` reads every cell
+    back.
 
     Crash safety: each row is one flushed write, and when a new column appears
     the file is rewritten with the wider header into a temporary file that

@@ -13,13 +13,18 @@ from .._validate import boolean, finite_at_least, one_of, positive_int
 
 
 class EarlyStopping(Callback):
-    """Ends `fit` when a metric has stopped improving for `patience` epochs.
+    """Ends `fit` when a metric has stopped improving for `patience` epochs
+    (or evaluations).
 
-    After each epoch it reads `monitor` from the epoch's metrics. An epoch
-    improves on the best so far when the value is lower (``mode="min"``) or
-    higher (``mode="max"``) by more than `min_delta`; NaN never improves.
-    After `patience` epochs in a row without improvement it sets
-    ``trainer.stop_training``, and `fit` returns after that epoch.
+    After each epoch it reads `monitor` from the epoch's metrics; an
+    ``eval_`` metric of a fit that evaluates every ``eval_every`` steps it
+    reads after each of those evaluations instead (Lightning's
+    ``val_check_interval``), counting evaluations where this says epochs.
+    An epoch improves on the best so far when the value is lower
+    (``mode="min"``) or higher (``mode="max"``) by more than `min_delta`;
+    NaN never improves. After `patience` epochs in a row without improvement
+    it sets ``trainer.stop_training``, and `fit` returns after that epoch
+    (after that evaluation's step).
 
     With `restore_best_weights`, it keeps a device copy of the whole
     `TrainState` of the best epoch (one state's worth of device memory) and
@@ -38,7 +43,8 @@ class EarlyStopping(Callback):
         monitor: the epoch metric to watch, e.g. ``"eval_loss"`` (needs
             ``fit(eval_data=...)``) or ``"loss"``.
         mode: ``"min"`` if lower is better, ``"max"`` if higher is.
-        patience: stop after this many epochs in a row without improvement.
+        patience: stop after this many epochs (or evaluations) in a row
+            without improvement.
         min_delta: the least change that counts as an improvement.
         restore_best_weights: put the best epoch's state back at the end.
 
@@ -53,6 +59,15 @@ class EarlyStopping(Callback):
                                          callbacks=[stopper])
         trainer.fit(train, epochs=100, eval_data=test)
         stopper.best_epoch, stopper.best  # the model now holds that epoch's weights
+        ```
+
+        Every 500 steps, on one of several sets:
+
+        ```python
+        stopper = EarlyStopping("eval_val_loss", patience=4)
+        trainer.fit(train, steps=20_000, eval_every=500,
+                    eval_data={"val": val, "test": test})
+        stopper.best_step
         ```
     """
 
@@ -91,10 +106,11 @@ class EarlyStopping(Callback):
         )
         self.best = math.inf if mode == "min" else -math.inf
         self.best_epoch: int | None = None
+        self.best_step: int | None = None
         self.wait = 0
         self.stopped_epoch: int | None = None
         self._best_state: TrainState | None = None
-        self._last_epoch: int | None = None
+        self._last_step: int | None = None  # of the last value judged
 
     def improves(self, value: float) -> bool:
         """Whether `value` beats the best so far by more than `min_delta`."""
@@ -103,19 +119,31 @@ class EarlyStopping(Callback):
         return value > self.best + self.min_delta
 
     @override
+    def on_eval_end(self, info: StepInfo) -> None:
+        # Evaluations at epoch ends are judged with their epoch's metrics.
+        if info.eval_every is not None and self.monitor in info.metrics:
+            self._judge(info, float(info.metrics[self.monitor]))
+
+    @override
     def on_epoch_end(self, info: StepInfo) -> None:
         metrics = info.metrics
         if self.monitor not in metrics:
+            if info.eval_every is not None and self.monitor.startswith("eval_"):
+                return  # judged at each evaluation instead
             raise KeyError(
                 f"EarlyStopping(monitor={self.monitor!r}): epoch {info.epoch} has no "
                 f"such metric; it has {sorted(metrics)}. Pass one of those (eval_* "
                 "metrics need fit(eval_data=...); values from other callbacks need "
                 "those callbacks placed before EarlyStopping)"
             )
-        value = float(metrics[self.monitor])
-        self._last_epoch = info.epoch
+        self._judge(info, float(metrics[self.monitor]))
+
+    def _judge(self, info: StepInfo, value: float) -> None:
+        """Count `value`, the monitor's at this point; stop after `patience`."""
+        self._last_step = info.step
         if self.improves(value):
-            self.best, self.best_epoch, self.wait = value, info.epoch, 0
+            self.best, self.wait = value, 0
+            self.best_epoch, self.best_step = info.epoch, info.step
             if self.restore_best_weights:
                 # The next step donates the trainer's buffers: copy them now.
                 self._best_state = jax.tree.map(
@@ -126,27 +154,31 @@ class EarlyStopping(Callback):
         if self.wait >= self.patience:
             self.stopped_epoch = info.epoch
             info.stop()
-            self._restore(info)
+            if info.eval_every is None:
+                self._restore(info)
+            # else at fit's end, once this step's other hooks have run
 
     @override
     def on_fit_end(self, info: StepInfo) -> None:
         self._restore(info)
 
     def _restore(self, info: StepInfo) -> None:
-        """Put the best state back, unless the last epoch was the best."""
+        """Put the best state back, unless the last value judged was the best."""
         if (
             self.restore_best_weights
             and self._best_state is not None
-            and self._last_epoch != self.best_epoch
+            and self._last_step != self.best_step
         ):
             info.trainer.state = self._best_state
-            self._last_epoch = self.best_epoch
+            self._last_step = self.best_step
 
     def state_dict(self) -> dict[str, Any]:
-        """The best value, its epoch and the count of epochs since (no weights)."""
+        """The best value, its epoch and step, and the count of epochs (or
+        evaluations) since (no weights)."""
         return {
             "best": self.best,
             "best_epoch": self.best_epoch,
+            "best_step": self.best_step,
             "wait": self.wait,
             "stopped_epoch": self.stopped_epoch,
         }
@@ -155,6 +187,7 @@ class EarlyStopping(Callback):
         """Restore from `state_dict`; best weights are not restored (none kept)."""
         self.best = float(state["best"])
         self.best_epoch = state["best_epoch"]
+        self.best_step = state.get("best_step")  # None from earlier versions
         self.wait = int(state["wait"])
         self.stopped_epoch = state["stopped_epoch"]
         self._best_state = None

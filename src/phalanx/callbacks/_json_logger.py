@@ -16,10 +16,12 @@ from ._row_logger import RowLogger
 class JSONLogger(RowLogger[str]):
     """Writes metrics as JSON Lines: an object per logged step and per epoch.
 
-    Each line is ``{"kind": "step" | "epoch", "step": ..., "epoch": ...,
-    <metric>: ...}`` with the same content as `CSVLogger`'s rows: the step's
-    own metrics every `log_every` steps; the epoch's train means and
-    ``eval_*`` results at each epoch end; values earlier callbacks add.
+    Each line is ``{"kind": "step" | "epoch" | "eval", "step": ...,
+    "epoch": ..., <metric>: ...}`` with the same content as `CSVLogger`'s
+    rows: the step's own metrics every `log_every` steps; the epoch's train
+    means and ``eval_*`` results at each epoch end (with
+    ``fit(eval_every=N)``: an ``"eval"`` line after every N-th step
+    instead); values earlier callbacks add.
 
     The output is standard JSON (``json.loads`` and other languages' parsers
     read it): a non-finite float, which JSON cannot represent, is written as

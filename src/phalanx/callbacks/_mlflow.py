@@ -162,16 +162,13 @@ class MLflowLogger(Callback):
             self._log("train/", info.metrics, info.step)
 
     @override
+    def on_eval_end(self, info: StepInfo) -> None:
+        if info.eval_every is not None:  # else with the epoch's metrics
+            self._log_epoch(info)
+
+    @override
     def on_epoch_end(self, info: StepInfo) -> None:
-        metrics = info.metrics
-        train = {k: v for k, v in metrics.items() if not k.startswith("eval_")}
-        evaluation = {
-            k.removeprefix("eval_"): v
-            for k, v in metrics.items()
-            if k.startswith("eval_")
-        }
-        self._log("epoch/", train, info.step)
-        self._log("eval/", evaluation, info.step)
+        self._log_epoch(info)
 
     @override
     def on_fit_end(self, info: StepInfo) -> None:
@@ -231,6 +228,18 @@ class MLflowLogger(Callback):
         assert self.run_id is not None
         if new:
             client.log_batch(self.run_id, params=new)
+
+    def _log_epoch(self, info: StepInfo) -> None:
+        """An epoch's or evaluation's metrics: ``epoch/``, ``eval/`` ones."""
+        metrics = info.metrics
+        train = {k: v for k, v in metrics.items() if not k.startswith("eval_")}
+        evaluation = {
+            k.removeprefix("eval_"): v
+            for k, v in metrics.items()
+            if k.startswith("eval_")
+        }
+        self._log("epoch/", train, info.step)
+        self._log("eval/", evaluation, info.step)
 
     def _log(self, prefix: str, metrics: dict[str, Any], step: int) -> None:
         from mlflow.entities import Metric

@@ -48,7 +48,9 @@ class ProgressBar(Callback):
     and the epoch's time, evaluation included. Examples per second are
     measured here, or taken from a `Throughput` placed before it (its
     ``steps_per_sec`` is not shown). The heading is printed again when the
-    metrics change (e.g. an epoch that also evaluates).
+    metrics change (e.g. an epoch that also evaluates). With
+    ``fit(eval_every=N)`` it prints a line of each evaluation's metrics
+    after every N-th step.
 
     A `DataParallelTrainer` shows one of these by default (with
     ``plain_steps=False``: outside a terminal, one row per epoch, as Keras'
@@ -204,6 +206,19 @@ class ProgressBar(Callback):
         self._print(Text("  ".join(cells)))
         if self._progress is not None:
             self._progress.update(self._task, completed=info.step - self._run_start)
+
+    @override
+    def on_eval_end(self, info: StepInfo) -> None:
+        if info.eval_every is None:  # at epoch ends: in the epoch's row
+            return
+        total = "" if self._total is None else f"/{self._total}"
+        cells = "  ".join(
+            f"{_heading(name)} {_number(value)}" for name, value in info.metrics.items()
+        )
+        step = info.step - self._run_start
+        self._print(
+            Text(f"{self._epoch_name(info.epoch)}  step {step}{total}  {cells}")
+        )
 
     @override
     def on_fit_end(self, info: StepInfo) -> None:

@@ -17,11 +17,13 @@ class RowLogger(Callback, abc.ABC, Generic[_Row]):
     """Writes a row per logged step and per epoch to a file, crash-safely.
 
     Rows come from `log_row`: a step row every `log_every` steps, an epoch
-    row at each epoch end. Each row is one flushed write, so a crash leaves
-    complete rows only. The first `fit` starts a new file (replacing any old
-    one); later fits append. `state_dict` counts the rows written, so a
-    logger restored with `load_state_dict` drops the rows written after the
-    checkpoint when its first fit reopens the file.
+    row at each epoch end, and an eval row at each of ``fit(eval_every=)``'s
+    evaluations (evaluations at epoch ends are in the epoch's row). Each row
+    is one flushed write, so a crash leaves complete rows only. The first
+    `fit` starts a new file (replacing any old one); later fits append.
+    `state_dict` counts the rows written, so a logger restored with
+    `load_state_dict` drops the rows written after the checkpoint when its
+    first fit reopens the file.
 
     Subclasses say how the file is read (`_read`), rewritten and reopened
     (`_reopen`), appended to (`_append`), and what else a resume needs
@@ -49,6 +51,11 @@ class RowLogger(Callback, abc.ABC, Generic[_Row]):
     def on_step_end(self, info: StepInfo) -> None:
         if info.step % self.log_every == 0:
             self._write(log_row("step", info))
+
+    @override
+    def on_eval_end(self, info: StepInfo) -> None:
+        if info.eval_every is not None:
+            self._write(log_row("eval", info))
 
     @override
     def on_epoch_end(self, info: StepInfo) -> None:

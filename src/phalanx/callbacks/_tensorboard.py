@@ -8,6 +8,7 @@ from .._callback import Callback, StepInfo
 from .._typing import validates_own_arguments
 from .._validate import is_real, positive_int
 from ._files import check_file_path
+from ._names import tracker_names
 
 
 if TYPE_CHECKING:
@@ -79,14 +80,13 @@ class TensorBoardLogger(Callback):
             self._add({f"train/{k}": v for k, v in info.metrics.items()}, info)
 
     @override
+    def on_eval_end(self, info: StepInfo) -> None:
+        if info.eval_every is not None:  # else with the epoch's metrics
+            self._add(tracker_names(info.metrics), info)
+
+    @override
     def on_epoch_end(self, info: StepInfo) -> None:
-        scalars = {
-            f"eval/{name.removeprefix('eval_')}"
-            if name.startswith("eval_")
-            else f"epoch/{name}": value
-            for name, value in info.metrics.items()
-        }
-        self._add(scalars, info)
+        self._add(tracker_names(info.metrics), info)
         assert self._writer is not None
         self._writer.flush()
 

@@ -11,6 +11,7 @@ from .._preemption import Preempted
 from .._typing import validates_own_arguments
 from .._validate import is_real, one_of, positive_int
 from ._hparams import check_config, hyperparameters
+from ._names import tracker_names
 from ._wandb_log import last_step_on_disk, wait_until_written
 
 
@@ -178,17 +179,15 @@ class WandbLogger(Callback):
             self._log({f"train/{k}": v for k, v in info.metrics.items()}, info.step)
 
     @override
+    def on_eval_end(self, info: StepInfo) -> None:
+        # Evaluations at epoch ends are logged with their epoch's metrics.
+        if info.eval_every is not None and info.step > self._floor:
+            self._log(tracker_names(info.metrics), info.step)
+
+    @override
     def on_epoch_end(self, info: StepInfo) -> None:
         if info.step > self._floor:
-            self._log(
-                {
-                    f"eval/{name.removeprefix('eval_')}"
-                    if name.startswith("eval_")
-                    else f"epoch/{name}": value
-                    for name, value in info.metrics.items()
-                },
-                info.step,
-            )
+            self._log(tracker_names(info.metrics), info.step)
 
     @override
     def on_fit_end(self, info: StepInfo) -> None:
