@@ -43,6 +43,7 @@ OPTIONS = (
     "--overwrite",
     "--log-every",
     "--checkpoint-every",
+    "--eval-every",
     "--resume",
     "--distributed",
     "--model-arg",
@@ -372,6 +373,17 @@ def test_same_losses_as_the_default(default_run, tmp_path, args, banner):
     assert float(final.group(1)) == pytest.approx(expected[-1]["eval_loss"], abs=1e-4)
 
 
+@pytest.mark.slow
+def test_eval_every_writes_eval_rows(tmp_path, steps_per_epoch):
+    train(tmp_path, "--epochs", "1", "--eval-every", "5", "--run-dir", "RUN")
+    rows = read_jsonl(tmp_path / "RUN" / "metrics.jsonl")
+    evals = [row for row in rows if row["kind"] == "eval"]
+    assert [row["step"] for row in evals] == list(range(5, steps_per_epoch + 1, 5))
+    assert {"eval_loss", "eval_accuracy"} <= set(evals[0])
+    assert "eval_loss" not in epoch_rows(tmp_path / "RUN" / "metrics.jsonl")[0]
+    assert "eval_every = 5" in (tmp_path / "RUN" / "config.toml").read_text()
+
+
 # --- other data, --overwrite, --help ------------------------------------------
 
 
@@ -510,6 +522,7 @@ def refused_in_process(tmp_path, capsys, argv: list[str], needles: list[str]):
         (["--precision", "fp8"], ["--precision", "'fp8'", "fp32", "bf16", "fp16"]),
         (["--optimizer", "foo"], ["--optimizer", "'foo'", "adam", "sgd"]),
         (["--devices", "0"], ["--devices", "positive integer, got 0"]),
+        (["--eval-every", "0"], ["--eval-every", "positive integer, got 0"]),
         (["--dataset", "foo"], ["--dataset 'foo'", "digits, mnist:PATH, npz:PATH"]),
         (["--dataset", "npz:nope.npz"], ["--dataset npz:nope.npz", "No such file"]),
         (

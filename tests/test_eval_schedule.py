@@ -9,6 +9,7 @@ import os
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import matplotlib.image
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
@@ -18,6 +19,7 @@ from typing_extensions import override
 
 import phalanx as px
 from helpers import RaiseAt, make_data, make_model, max_abs_diff
+from phalanx.callbacks._plot import _curves
 from test_callbacks_loggers import read_scalars
 
 
@@ -311,3 +313,27 @@ def test_tensorboard_and_progress_show_evaluations(tmp_path):
     assert "epoch 1/2  step 5/14  eval val_loss " in text
     assert "epoch 2/2  step 10/14  eval val_loss " in text
     assert "eval test_accuracy" in text
+
+
+@pytest.mark.parametrize("eval_every", [None, 5])
+def test_plot_draws_each_set_beside_its_train_metric(tmp_path, eval_every):
+    plot = px.callbacks.PlotHistory(tmp_path / "history.png")
+    trainer = make_trainer([plot])
+    trainer.fit(loader(), epochs=2, eval_data=SETS, eval_every=eval_every)
+    history = trainer.history
+    assert history.steps == [7, 14]
+    assert plot._names(history) == ["loss", "accuracy"]  # a panel each
+    curves = {
+        label: (xs, ys)
+        for label, xs, ys in _curves(history, "loss", by_step=eval_every is not None)
+    }
+    assert list(curves) == ["train", "val", "test"]
+    evaluations = history.evaluations
+    if eval_every is None:  # against epochs
+        assert curves["train"] == ([1.0, 2.0], history["loss"])
+        assert curves["test"] == ([1.0, 2.0], history["eval_test_loss"])
+    else:  # against steps: the epochs' ends, the evaluations' steps
+        assert curves["train"] == ([7.0, 14.0], history["loss"])
+        assert curves["val"] == ([5.0, 10.0], [e["eval_val_loss"] for e in evaluations])
+    image = matplotlib.image.imread(tmp_path / "history.png")
+    assert image.shape == (300, 800, 4)  # 2 panels of 4 × 3 inches

@@ -464,3 +464,35 @@ def test_hyperparameters_of_a_wrapping_strategy_and_chained_optimizer():
         "optimizer_state": "TraceState",
     }
     assert hyperparameters(object()) == {}  # only what a trainer has
+
+
+def test_evaluations_every_n_steps_are_logged_at_their_steps(wandb_dir, tracking_uri):
+    """``fit(eval_every=3)`` with two named sets: each evaluation's metrics
+    under ``eval/<set>_<metric>`` at its step, in both trackers."""
+    loggers = [
+        offline_logger(wandb_dir, id="evals"),
+        MLflowLogger(tracking_uri=tracking_uri, log_every=LOG_EVERY),
+    ]
+    trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2), callbacks=loggers)
+    sets = {"val": eval_batches(), "train": batches()[:2]}
+    trainer.fit(batches(), epochs=EPOCHS, eval_data=sets, eval_every=3)
+    evaluations = trainer.history.evaluations
+    assert [e["step"] for e in evaluations] == [3, 6, 9, 12]
+    expected = {
+        f"eval/{name.removeprefix('eval_')}": [
+            (e["step"], e[name]) for e in evaluations
+        ]
+        for name in ("eval_val_loss", "eval_val_accuracy", "eval_train_loss")
+    }
+    [part] = wandb_parts(wandb_dir)
+    logged = {
+        tag: [
+            (step, row[tag]) for step, row in sorted(part["rows"].items()) if tag in row
+        ]
+        for tag in expected
+    }
+    assert logged == expected
+    client = mlflow.MlflowClient(tracking_uri)
+    history = mlflow_history(client, loggers[1].run_id)
+    assert {tag: history[tag] for tag in expected} == expected
+    assert "eval/loss" not in history  # the epochs' rows hold no evaluation

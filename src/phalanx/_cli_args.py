@@ -29,6 +29,7 @@ RESUMABLE = (
     "epochs",
     "log_every",
     "checkpoint_every",
+    "eval_every",
     "loggers",
     "profile",
     "strategy",
@@ -73,6 +74,7 @@ class TrainArgs:
     loggers: tuple[str, ...] = DEFAULT_LOGGERS
     # --profile START:END
     profile: tuple[int, int] | None = None
+    eval_every: int | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> "TrainArgs":

@@ -244,6 +244,14 @@ def build_parser(
         "written at each epoch end, into RUN_DIR/checkpoints)",
     )
     add(
+        "--eval-every",
+        type=_positive_int,
+        default=None,
+        metavar="STEPS",
+        help="evaluate on the test set every this many steps (its metrics as "
+        "eval rows in the logs) instead of at each epoch end",
+    )
+    add(
         "--distributed",
         action="store_true",
         help="join a multi-process run (phalanx.distributed.initialize: the "

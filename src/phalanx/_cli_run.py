@@ -179,7 +179,13 @@ def train_and_report(
         + ("" if args.precision == "fp32" else f", {args.precision}")
     )
     say(f"phalanx: {trainer.summary().short()}")
-    trainer.fit(loader, epochs=args.epochs, eval_data=test_loader, resume=resume)
+    trainer.fit(
+        loader,
+        epochs=args.epochs,
+        eval_data=test_loader,
+        eval_every=args.eval_every,
+        resume=resume,
+    )
     results = trainer.evaluate(test_loader)
     say(
         f"test loss {results['loss']:.4f}, test accuracy {results['accuracy']:.4f}; "

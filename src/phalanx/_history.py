@@ -12,7 +12,8 @@ class History:
     all epochs (NaN where an epoch lacks it, e.g. no evaluation that epoch).
     `evaluations` lists each evaluation of ``fit(eval_data=...)`` with its
     step: at epoch ends (whose metrics also hold them) or, with
-    ``eval_every=``, every that many steps (then only there).
+    ``eval_every=``, every that many steps (then only there). `steps` holds
+    the step each epoch ended at.
 
     Example:
         ```python
@@ -25,13 +26,17 @@ class History:
 
     def __init__(self, epochs: list[HostMetrics] | None = None):
         self.epochs: list[HostMetrics] = list(epochs or [])
+        # The step each epoch ended at (None: recorded by an earlier version).
+        self.steps: list[int | None] = [None] * len(self.epochs)
         # (step, epoch, metrics): the metrics are the dict callbacks see.
         self._evaluations: list[tuple[int, int, HostMetrics]] = []
 
-    def append(self, metrics: HostMetrics) -> None:
+    def append(self, metrics: HostMetrics, step: int | None = None) -> None:
         """Record one epoch's metrics (the same dict callbacks see at epoch end,
-        so a callback may add entries to it, e.g. the learning rate)."""
+        so a callback may add entries to it, e.g. the learning rate), and the
+        step it ended at."""
         self.epochs.append(metrics)
+        self.steps.append(step)
 
     def append_evaluation(self, step: int, epoch: int, metrics: HostMetrics) -> None:
         """Record one evaluation of `fit` at `step` (its metrics the same dict
@@ -86,12 +91,14 @@ class History:
         """Plain data for checkpoints."""
         return {
             "epochs": [dict(epoch) for epoch in self.epochs],
+            "steps": list(self.steps),
             "evaluations": self.evaluations,
         }
 
     def load_state_dict(self, state: dict[str, list[Any]]) -> None:
         """Restore from `state_dict` (of this or an earlier version)."""
         self.epochs = [dict(epoch) for epoch in state["epochs"]]
+        self.steps = list(state.get("steps", [None] * len(self.epochs)))
         self._evaluations = [
             (
                 int(row["step"]),

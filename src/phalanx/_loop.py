@@ -174,7 +174,7 @@ class FitLoop:
         logs = self.epoch_logs(jax.device_get(sums))
         if self.eval_sets is not None and self.eval_every is None:
             logs.update(self.evaluation())
-        self.history.append(logs)
+        self.history.append(logs, self.progress.step)
         info = self.info(logs, self.epoch_examples)
         self.progress = self.progress.next_epoch()
         self.callbacks.epoch_end(info)

@@ -11,13 +11,16 @@ from ._files import check_file_path, replace_atomically
 
 class PlotHistory(Callback):
     """Draws the trainer's `History` to an image: a panel per metric, train
-    and eval curves over epochs.
+    and eval curves over epochs (or steps).
 
     The image is redrawn at every epoch end and when `fit` returns, and
     replaced atomically (a viewer never sees half a file). Each panel shows a
     metric (``loss``, ``accuracy``, values earlier callbacks add such as
     ``lr``) against epochs completed, with its ``eval_`` counterpart beside
-    it when there is one; points are marked, so one epoch shows as a dot.
+    it when there is one (one per set, for named eval sets); points are
+    marked, so one epoch shows as a dot. After ``fit(eval_every=N)`` the
+    x-axis is steps: the epochs' train means at the steps they ended, each
+    evaluation at its step.
 
     Drawing uses matplotlib's Agg canvas directly, never pyplot: the user's
     backend and open figures are left alone, and it works without a display.
@@ -92,14 +95,13 @@ class PlotHistory(Callback):
         rows = -(-len(names) // columns)
         figure = Figure(figsize=(4 * columns, 3 * rows), layout="constrained")
         FigureCanvasAgg(figure)
-        epochs = range(1, len(history) + 1)
+        by_step = _evaluated_between_epochs(history)
         for i, name in enumerate(names):
             axes = figure.add_subplot(rows, columns, i + 1)
-            for label, key in (("train", name), ("eval", f"eval_{name}")):
-                if key in history.names:
-                    axes.plot(epochs, history[key], marker="o", ms=4, label=label)
+            for label, xs, ys in _curves(history, name, by_step=by_step):
+                axes.plot(xs, ys, marker="o", ms=4, label=label)
             axes.set_title(name)
-            axes.set_xlabel("epoch")
+            axes.set_xlabel("step" if by_step else "epoch")
             axes.xaxis.set_major_locator(MaxNLocator(integer=True))
             axes.grid(alpha=0.3)
             axes.legend()
@@ -109,15 +111,75 @@ class PlotHistory(Callback):
 
     def _names(self, history: History) -> list[str]:
         present = history.names
+        evals = _eval_names(history)
+        train = [name for name in present if not name.startswith("eval_")]
         if self.metrics is None:
-            return list(dict.fromkeys(name.removeprefix("eval_") for name in present))
+            alone = [
+                name.removeprefix("eval_")
+                for name in evals
+                if not any(_pairs(name, metric) for metric in train)
+            ]
+            return list(dict.fromkeys([*train, *alone]))
         for name in self.metrics:
-            if name not in present and f"eval_{name}" not in present:
+            if name not in present and not any(_pairs(e, name) for e in evals):
                 raise ValueError(
                     f"PlotHistory(metrics={self.metrics!r}): the history has no "
                     f"{name!r}; it has {present}; pass names from those"
                 )
         return self.metrics
+
+
+def _eval_names(history: History) -> list[str]:
+    """The history's eval metrics: the epochs' and the evaluations'."""
+    names = [*history.names, *(k for e in history.evaluations for k in e)]
+    return list(dict.fromkeys(k for k in names if k.startswith("eval_")))
+
+
+def _pairs(eval_name: str, metric: str) -> bool:
+    """Whether `eval_name` is `metric` evaluated: ``eval_<metric>``, or
+    ``eval_<set>_<metric>`` for a named set."""
+    return eval_name == f"eval_{metric}" or (
+        eval_name.startswith("eval_") and eval_name.endswith(f"_{metric}")
+    )
+
+
+def _evaluated_between_epochs(history: History) -> bool:
+    """Whether fit evaluated every N steps (metrics the epochs lack): then
+    the curves are drawn against steps."""
+    present = set(history.names)
+    return any(
+        name.startswith("eval_") and name not in present
+        for evaluation in history.evaluations
+        for name in evaluation
+    )
+
+
+def _curves(
+    history: History, name: str, *, by_step: bool
+) -> list[tuple[str, list[float], list[float]]]:
+    """A panel's curves (label, x, y): the train metric `name` over epochs
+    (by step: at the steps they ended), and each set's evaluation of it."""
+    curves = []
+    epochs = [float(e) for e in range(1, len(history) + 1)]
+    if name in history.names:
+        pairs = zip(history.steps, history[name], strict=True)
+        if by_step:  # (an epoch recorded by an earlier version has no step)
+            known = [(float(s), v) for s, v in pairs if s is not None]
+            curves.append(("train", [s for s, _ in known], [v for _, v in known]))
+        else:
+            curves.append(("train", epochs, history[name]))
+    for key in _eval_names(history):
+        if not _pairs(key, name):
+            continue
+        label = "eval" if key == f"eval_{name}" else key[5 : -len(name) - 1]
+        if by_step:
+            points = [
+                (float(e["step"]), e[key]) for e in history.evaluations if key in e
+            ]
+            curves.append((label, [s for s, _ in points], [v for _, v in points]))
+        else:
+            curves.append((label, epochs, history[key]))
+    return curves
 
 
 def _check_metrics(metrics: object) -> list[str] | None:
