@@ -5,6 +5,7 @@ checkpoints) and exact resume between two evaluations."""
 import io
 import json
 import os
+import time
 
 import equinox as eqx
 import jax
@@ -241,6 +242,7 @@ def _run(folder, *, crash=None, every=5, resume=None):
     callbacks = [
         px.callbacks.JSONLogger(folder / "metrics.jsonl", log_every=2),
         px.callbacks.CSVLogger(folder / "metrics.csv", log_every=2),
+        px.callbacks.EarlyStopping("eval_test_loss", mode="max", patience=10),
         px.callbacks.Checkpoint(
             folder / "checkpoints", every_n_steps=every, every_n_epochs=None
         ),
@@ -278,6 +280,12 @@ def test_resume_between_evaluations_writes_each_evaluation_once(tmp_path, every,
     resumed = _run(killed, every=every, resume="latest")
 
     assert resumed.history.evaluations == straight.history.evaluations
+    [stopper], [reference] = (
+        [c for c in t.callbacks if isinstance(c, px.callbacks.EarlyStopping)]
+        for t in (resumed, straight)
+    )
+    assert stopper.state_dict() == reference.state_dict()
+    assert reference.state_dict()["best_step"] in (4, 8, 12, 16, 20)
     assert resumed.history.epochs == straight.history.epochs
     assert max_abs_diff(resumed.model, straight.model) == 0
     for name in ("metrics.jsonl", "metrics.csv"):
@@ -337,3 +345,34 @@ def test_plot_draws_each_set_beside_its_train_metric(tmp_path, eval_every):
         assert curves["val"] == ([5.0, 10.0], [e["eval_val_loss"] for e in evaluations])
     image = matplotlib.image.imread(tmp_path / "history.png")
     assert image.shape == (300, 800, 4)  # 2 panels of 4 × 3 inches
+
+
+class SlowSet:
+    """An eval set that takes a second to read."""
+
+    def __iter__(self):
+        time.sleep(1.0)
+        yield VAL
+
+
+def test_throughput_leaves_evaluations_out_of_its_log_points():
+    throughput = px.callbacks.Throughput(log_every=4)
+    rates = Rates()
+    trainer = make_trainer([throughput, rates])
+    trainer.fit(loader(), steps=12, eval_data=SlowSet(), eval_every=4)
+    # Log points 8 and 12 follow an evaluation of a second: were it counted,
+    # their 4 steps would run at under 4 steps a second.
+    assert set(rates.steps_per_sec) == {4, 8, 12}
+    assert rates.steps_per_sec[8] > 10 and rates.steps_per_sec[12] > 10
+    # The epoch's figure is its wall-clock pace, evaluations included.
+    assert trainer.history[0]["steps_per_sec"] < 7  # 7 steps and 1 s of it
+
+
+class Rates(px.Callback):
+    def __init__(self):
+        self.steps_per_sec = {}
+
+    @override
+    def on_step_end(self, info):
+        if info.step % 4 == 0:
+            self.steps_per_sec[info.step] = info.metrics["steps_per_sec"]

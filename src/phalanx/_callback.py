@@ -105,9 +105,9 @@ class StepInfo(Generic[_Model]):
         prefixed ``eval_``); at `on_eval_end` the evaluation's: in `fit`,
         every set's, prefixed as named there (``eval_loss``, or
         ``eval_<set>_loss`` for named sets); from `trainer.evaluate`, its
-        results as it returns them. A callback that reads them only every n steps makes
-        the device wait only every n steps. Callbacks may add host values
-        (e.g. ``"lr"``); callbacks later in the list see them.
+        results as it returns them. A callback that reads them only every n
+        steps makes the device wait only every n steps. Callbacks may add
+        host values (e.g. ``"lr"``); callbacks later in the list see them.
         """
         metrics = self.device_metrics
         if isinstance(metrics, StepSums):

@@ -140,8 +140,8 @@ class FitLoop:
     def run_epoch(self) -> None:
         """Train on one pass over the data (or its rest, after a resume),
         then evaluate (at epoch ends), log the epoch and call `on_epoch_end`;
-        return early
-        when the plan is done, a callback stops training, or a signal came."""
+        return early when the plan is done, a callback stops training, or a
+        signal came."""
         data, progress = self.data, self.progress
         epoch = progress.epoch
         self.callbacks.epoch_start(self.info())

@@ -208,7 +208,13 @@ class ProgressBar(Callback):
             self._progress.update(self._task, completed=info.step - self._run_start)
 
     @override
+    def on_eval_start(self, info: StepInfo) -> None:
+        if info.eval_every is not None and self.needs_steps:  # between two steps
+            self._window.pause(info)
+
+    @override
     def on_eval_end(self, info: StepInfo) -> None:
+        self._window.resume()
         if info.eval_every is None:  # at epoch ends: in the epoch's row
             return
         total = "" if self._total is None else f"/{self._total}"

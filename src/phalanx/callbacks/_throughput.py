@@ -1,5 +1,6 @@
 import time
 
+import jax
 from typing_extensions import override
 
 from .._callback import Callback, StepInfo
@@ -19,12 +20,26 @@ class RateMeter:
         self.start = time.perf_counter()
         self.examples = 0
         self.steps = 0
+        self._paused: float | None = None
 
     def restart(self) -> None:
         """Count from zero, from now."""
         self.start = time.perf_counter()
         self.examples = 0
         self.steps = 0
+        self._paused = None
+
+    def pause(self, info: StepInfo) -> None:
+        """Stop the clock once the device has finished the steps so far
+        (while `fit` evaluates between steps: not the steps' pace)."""
+        jax.block_until_ready(info.state)
+        self._paused = time.perf_counter()
+
+    def resume(self) -> None:
+        """Restart the clock `pause` stopped, the time between left out."""
+        if self._paused is not None:
+            self.start += time.perf_counter() - self._paused
+            self._paused = None
 
     def add(self, examples: int) -> None:
         """Count one step of `examples` examples."""
@@ -48,8 +63,9 @@ class Throughput(Callback):
     device, so the figures are the device's real pace over the steps since the
     previous log point (the first window of a run includes compilation). At
     each epoch's end it adds the same two figures over the whole epoch, from
-    its first step to its end: the epoch-end evaluation, if any, is included.
-    The epoch figures land in `trainer.history`.
+    its first step to its end: evaluations, if any, are included (those of
+    ``fit(eval_every=)`` are left out of the log points' figures). The epoch
+    figures land in `trainer.history`.
 
     Place it **before** any logger in ``callbacks=``: callbacks see the values
     that earlier callbacks added, not those of later ones.
@@ -93,6 +109,16 @@ class Throughput(Callback):
             metrics["examples_per_sec"] = examples
             metrics["steps_per_sec"] = steps
             self._window.restart()
+
+    @override
+    def on_eval_start(self, info: StepInfo) -> None:
+        if info.eval_every is not None:  # between two steps
+            self._window.pause(info)
+
+    @override
+    def on_eval_end(self, info: StepInfo) -> None:
+        del info
+        self._window.resume()
 
     @override
     def on_epoch_end(self, info: StepInfo) -> None:
