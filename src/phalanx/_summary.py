@@ -13,7 +13,7 @@ from rich.table import Table
 
 from ._layout import StateLayout
 from ._state import TrainState
-from .strategies import Strategy
+from .strategies import AccumulatingStrategy, Strategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,8 @@ class ModelSummary:
 
     Attributes:
         model: the model's class name.
-        strategy: the strategy's class name.
+        strategy: the strategy's class name (with the strategy an
+            `AccumulatingStrategy` wraps).
         num_devices: the devices a step runs on.
         rows: one per floating-point array of the model, in tree order.
         total_params: elements of all the rows.
@@ -197,7 +198,7 @@ def summarize(
             )
     return ModelSummary(
         model=type(state.model).__name__,
-        strategy=type(strategy).__name__,
+        strategy=strategy_name(strategy),
         num_devices=strategy.num_devices,
         rows=tuple(rows),
         total_params=sum(row.size for row in rows),
@@ -215,3 +216,13 @@ def summarize(
 def _field(path: tuple[Any, ...]) -> str:
     """The `TrainState` field a leaf's path starts at (``"model"``, ...)."""
     return getattr(path[0], "name", "")
+
+
+def strategy_name(strategy: Strategy) -> str:
+    """The strategy's class, with what a wrapper wraps:
+    ``AccumulatingStrategy(PmapStrategy, microbatches=4)``."""
+    name = type(strategy).__name__
+    if isinstance(strategy, AccumulatingStrategy):
+        inner = strategy_name(strategy.inner)
+        return f"{name}({inner}, microbatches={strategy.microbatches})"
+    return name

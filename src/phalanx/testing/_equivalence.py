@@ -5,6 +5,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from .._summary import strategy_name
 from .._trainer import DataParallelTrainer
 from .._typing import validates_own_arguments
 from .._validate import is_int
@@ -188,7 +189,7 @@ def _setups(strategies: object) -> list[tuple[str, Strategy]]:
     setups = []
     for item in strategies:
         if isinstance(item, Strategy):
-            name = f"{type(item).__name__} on {item.num_devices} devices"
+            name = f"{strategy_name(item)} on {item.num_devices} devices"
             if any(name == seen for seen, _ in setups):
                 name = f"{name} (#{len(setups) + 1})"
             setups.append((name, item))
