@@ -17,20 +17,8 @@ import pytest
 from typing_extensions import override
 
 import phalanx as px
-from helpers import make_data, make_model, max_abs_diff
+from helpers import RaiseAt, make_data, make_model, max_abs_diff
 from phalanx.checkpoint._errors import OrbaxErrorFilter, write_error
-
-
-class Crash(px.Callback):
-    """Dies after `at` steps, like a killed process (no save on the way out)."""
-
-    def __init__(self, at: int):
-        self.at = at
-
-    @override
-    def on_step_end(self, info):
-        if info.step == self.at:
-            raise RuntimeError("killed")
 
 
 def run(directory, *, strategy=None, crash=None, resume=None, epochs=3, every=5):
@@ -38,7 +26,7 @@ def run(directory, *, strategy=None, crash=None, resume=None, epochs=3, every=5)
     loader = px.data.ArrayLoader((x, y), 16, seed=1)  # 7 steps per epoch
     callbacks = [px.callbacks.Checkpoint(directory, every_n_steps=every)]
     if crash is not None:
-        callbacks.insert(0, Crash(crash))
+        callbacks.insert(0, RaiseAt(crash))  # a killed process: no save on the way out
     trainer = px.DataParallelTrainer(
         make_model(),
         optax.adam(1e-2),
@@ -48,7 +36,7 @@ def run(directory, *, strategy=None, crash=None, resume=None, epochs=3, every=5)
     if crash is None:
         trainer.fit(loader, epochs=epochs, resume=resume)
     else:
-        with pytest.raises(RuntimeError, match="killed"):
+        with pytest.raises(RuntimeError, match=f"boom at step {crash}"):
             trainer.fit(loader, epochs=epochs, resume=resume)
     return trainer, loader
 

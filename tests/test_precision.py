@@ -13,7 +13,14 @@ import pytest
 from typing_extensions import override
 
 import phalanx as px
-from helpers import make_data, make_model, max_abs_diff, reference_fit, sqrt_loss
+from helpers import (
+    RaiseAt,
+    make_data,
+    make_model,
+    max_abs_diff,
+    reference_fit,
+    sqrt_loss,
+)
 from test_equivalence import make_strategy
 from test_models import BatchNormMLP, DropoutMLP
 
@@ -248,15 +255,6 @@ def test_fp16_scale_is_one_per_update_under_every_strategy(kind):
     assert record.steps == [(start, 0), (start, 1), (start / 2, 0), (start / 2, 0)]
 
 
-class Crash(px.Callback):
-    """Dies after step 6, like a killed process (no save on the way out)."""
-
-    @override
-    def on_step_end(self, info):
-        if info.step == 6:
-            raise RuntimeError("killed")
-
-
 def test_fp16_resume_restores_the_scale_exactly(tmp_path):
     def run(folder, *crash, resume=None):
         checkpoint = px.callbacks.Checkpoint(tmp_path / folder, every_n_steps=4)
@@ -271,8 +269,8 @@ def test_fp16_resume_restores_the_scale_exactly(tmp_path):
         return trainer
 
     straight = run("straight")
-    with pytest.raises(RuntimeError, match="killed"):
-        run("crashed", Crash())  # the newest checkpoint: step 4, scale halved
+    with pytest.raises(RuntimeError, match="boom at step 6"):
+        run("crashed", RaiseAt(6))  # the newest checkpoint: step 4, scale halved
     resumed = run("crashed", resume="latest")
     assert float(resumed.state.loss_scale.scale) == px.DynamicScale.INITIAL / 2
     for a, b in zip(

@@ -55,7 +55,7 @@ from cli_runs import (
     same_arrays,
     state_arrays,
 )
-from helpers import make_data, make_model
+from helpers import RaiseAt, make_data, make_model
 from phalanx.cli import main
 
 
@@ -334,12 +334,6 @@ def test_sigterm_at_an_epochs_last_step_resumes_exactly(tmp_path, reference_run)
 
 
 def test_resumed_table_numbers_epochs_as_the_run_does(tmp_path):
-    class Crash(px.Callback):
-        @override
-        def on_step_end(self, info):
-            if info.step == 10:  # in epoch 2 of 7 steps; last checkpoint: 7
-                raise RuntimeError("killed")
-
     def fit(callbacks, resume=None):
         x, y = make_data(100, seed=3)
         loader = px.data.ArrayLoader((x, y), 16, seed=1)  # 7 steps per epoch
@@ -349,8 +343,8 @@ def test_resumed_table_numbers_epochs_as_the_run_does(tmp_path):
         )
         trainer.fit(loader, epochs=3, resume=resume)
 
-    with pytest.raises(RuntimeError, match="killed"):
-        fit([Crash()])
+    with pytest.raises(RuntimeError, match="boom at step 10"):
+        fit([RaiseAt(10)])  # in epoch 2 of 7 steps; last checkpoint: 7
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=120)
     fit([px.callbacks.ProgressBar(log_every=100, console=console)], "latest")

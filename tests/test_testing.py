@@ -175,7 +175,7 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="make_trainer=.* is not callable"):
         px.testing.assert_equivalent(None, BATCHES)  # pyright: ignore[reportArgumentType]
     for steps in (0, -1, 1.5):
-        with pytest.raises(ValueError, match="steps=.* must be a positive int"):
+        with pytest.raises(ValueError, match=r"steps=.* must be an int >= 1, e.g. 10"):
             px.testing.assert_equivalent(maker(), BATCHES, steps=steps)  # pyright: ignore[reportArgumentType]
     with pytest.raises(ValueError, match="batches is empty"):
         px.testing.assert_equivalent(maker(), [])

@@ -8,7 +8,7 @@ import numpy as np
 from .._summary import strategy_name
 from .._trainer import DataParallelTrainer
 from .._typing import validates_own_arguments
-from .._validate import is_int
+from .._validate import positive_int
 from ..strategies import (
     AccumulatingStrategy,
     FullyShardedStrategy,
@@ -132,8 +132,7 @@ def assert_equivalent(
             "strategy -> DataParallelTrainer, e.g. lambda strategy: "
             "px.DataParallelTrainer(model, optimizer, strategy=strategy)"
         )
-    if not is_int(steps) or steps < 1:
-        raise ValueError(f"steps={steps!r} must be a positive int, e.g. 10")
+    positive_int("steps", steps, example="10")
     if not isinstance(atol, int | float) or not atol >= 0:
         raise ValueError(f"atol={atol!r} must be a non-negative number, e.g. 1e-5")
     data = _replayable(batches)
