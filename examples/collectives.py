@@ -88,7 +88,7 @@ def _axis_bound(axis: str) -> bool:
     return True
 
 
-class ContrastiveTrainer(px.DataParallelTrainer):
+class ContrastiveTrainer(px.DataParallelTrainer[TwoTower]):
     """InfoNCE over the global batch: each left view must pick its right view.
 
     A batch is what ``px.data.ArrayLoader({"left": ..., "right": ...})``
@@ -101,7 +101,7 @@ class ContrastiveTrainer(px.DataParallelTrainer):
     temperature = 0.1
 
     def __init__(
-        self, model: eqx.Module, optimizer: optax.GradientTransformation, **kwargs
+        self, model: TwoTower, optimizer: optax.GradientTransformation, **kwargs
     ):
         # The loss goes in as loss= rather than as an override of loss(): the
         # default loss="cross_entropy" would also check targets as class labels.

@@ -88,7 +88,11 @@ def main() -> None:
     )
     model = px.models.MLP(64, 10, hidden=(128,), key=jax.random.key(0))
     trainer = px.DataParallelTrainer(
-        model, optax.adam(1e-2), strategy=strategy, callbacks=[PrintEpochs(epochs)]
+        model,
+        optax.adam(1e-2),
+        strategy=strategy,
+        callbacks=[PrintEpochs(epochs)],
+        progress=False,  # PrintEpochs is this script's display
     )
     trainer.fit(
         Reiterable(train_batches),

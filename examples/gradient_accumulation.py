@@ -65,7 +65,11 @@ def main() -> None:
         # SGD with momentum: adam divides by sqrt(v) and so blows float
         # rounding in near-zero gradients (dead ReLUs) up to ~1e-5.
         trainer = px.DataParallelTrainer(
-            model, optax.sgd(0.1, momentum=0.9), strategy=strategy, seed=0
+            model,
+            optax.sgd(0.1, momentum=0.9),
+            strategy=strategy,
+            seed=0,
+            progress=False,  # each run's losses are one row of the table below
         )
         # The same shuffled order for each run: a fresh loader with the same seed.
         # 1000 examples in batches of 256: the last is padded with zero weights.

@@ -97,6 +97,7 @@ def main(default_strategy: str = "pmap") -> None:
         strategy=strategy,
         loss="cross_entropy",
         callbacks=[PrintProgress(epochs)],
+        progress=False,  # PrintProgress is this script's display
     )
     trainer.fit(train, epochs=epochs, steps=args.steps, eval_data=test)
 

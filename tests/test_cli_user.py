@@ -126,7 +126,7 @@ def cli_state(cwd: pathlib.Path, run: pathlib.Path, step: int) -> list[np.ndarra
     sys.path.insert(0, str(cwd))
     try:
         (x, y), _ = load_dataset(args.dataset, flatten=False)
-        model, _ = make_model(args, x.shape[1:], int(y.max()) + 1)
+        model, _ = make_model(args, x, y)
     finally:
         sys.path.remove(str(cwd))
     loader = px.data.ArrayLoader((x, y), args.batch_size, seed=args.seed)

@@ -46,6 +46,16 @@ def floats(pattern: str, text: str) -> list[float]:
     return [float(match) for match in re.findall(pattern, text)]
 
 
+# The header of the trainer's default progress table ("  epoch   loss ...").
+_PROGRESS_TABLE = re.compile(r"(?m)^\s+epoch\s+loss\b")
+
+
+def assert_epochs_printed_once(out: str) -> None:
+    """An example that prints its own line per epoch turns the trainer's
+    progress table off: otherwise each epoch shows twice."""
+    assert not _PROGRESS_TABLE.search(out), out
+
+
 def test_every_example_is_tested():
     assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(ARGS)
 
@@ -71,6 +81,7 @@ def test_linear_regression():
 def test_mlp_classifier():
     out = run_example("mlp_classifier.py", *ARGS["mlp_classifier.py"])
     assert "PmapStrategy on" in out, out
+    assert_epochs_printed_once(out)
     losses = floats(r"(?m)^epoch \d+/3\s+loss (\S+)", out)
     assert len(losses) == 3, out
     assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0], out
@@ -83,6 +94,7 @@ def test_mlp_sharding():
     # 20 steps of 16 per epoch: one full epoch and a partial second one.
     out = run_example("mlp_sharding.py", *ARGS["mlp_sharding.py"])
     assert "ShardingStrategy on" in out, out
+    assert_epochs_printed_once(out)
     losses = floats(r"(?m)^epoch \d+\s+loss (\S+)", out)
     assert len(losses) == 2 and losses[1] < losses[0], out
     assert "final test loss" in out, out
@@ -98,6 +110,7 @@ def test_mlp_sharding_from_examples_folder():
 @pytest.mark.slow
 def test_gradient_accumulation():
     out = run_example("gradient_accumulation.py", *ARGS["gradient_accumulation.py"])
+    assert_epochs_printed_once(out)
     differences = floats(r"max \|params\(.*?\)\| = (\S+)", out)
     assert len(differences) == 2, out
     assert max(differences) < 1e-5, out
@@ -138,6 +151,7 @@ def test_collectives():
 def test_custom_data():
     # The digits, fed from a generator function: a new shuffled pass per epoch.
     out = run_example("custom_data.py", *ARGS["custom_data.py"])
+    assert_epochs_printed_once(out)
     assert "1437 train / 360 test" in out, out
     losses = floats(r"(?m)^epoch \d+/3\s+loss (\S+)", out)
     assert len(losses) == 3 and losses == sorted(losses, reverse=True), out

@@ -171,6 +171,58 @@ time.sleep(600)
     assert "stopping" not in err and "were stopped" not in err  # expected exits
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie waiting for its reaper, as
+    an orphan may be where PID 1 does not reap, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl: Linux")
+def test_ranks_die_with_a_killed_launcher():
+    # Each rank ignores SIGTERM and runs in its own session: only the death
+    # signal the launcher set up can end it.
+    script = """
+import os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("pid", os.getpid(), flush=True)
+time.sleep(600)
+"""
+    command = [sys.executable, "-m", "phalanx", "launch", "--nproc", "3", "--"]
+    launcher = subprocess.Popen(
+        [*command, sys.executable, "-c", script],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert launcher.stdout is not None
+    pids: list[int] = []
+    try:
+        while len(pids) < 3:
+            line = launcher.stdout.readline()
+            assert line, f"the launcher ended first (code {launcher.wait()})"
+            if " pid " in line:
+                pids.append(int(line.split()[-1]))
+        launcher.kill()
+        launcher.wait(10)
+        deadline = time.monotonic() + 5
+        while any(map(alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in pids if alive(pid)], "ranks outlived launch"
+    finally:
+        launcher.kill()
+        launcher.wait(10)
+        launcher.stdout.close()
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_failing_rank_gives_its_exit_code():
     done = launch(
         "--nproc",

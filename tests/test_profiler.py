@@ -62,11 +62,39 @@ def test_the_trace_holds_the_steps_of_its_range(tmp_path):
     assert_no_trace_running(tmp_path)
 
 
-def test_with_steps_per_call_the_trace_holds_whole_calls(tmp_path):
+def test_with_steps_per_call_the_trace_holds_whole_calls(tmp_path, capsys):
     # Calls make steps 1-2, 3-4, 5-6: steps 3 and 4 are the second call.
     trainer = make_trainer(Profiler(tmp_path, steps=(3, 4)), steps_per_call=2)
     trainer.fit(batches(), epochs=1)
     assert traced_calls(tmp_path) == [1]
+    assert "Profiler" not in capsys.readouterr().err  # nothing missed
+
+
+def profiler_lines(capsys) -> list[str]:
+    return [
+        line for line in capsys.readouterr().err.splitlines() if "Profiler(" in line
+    ]
+
+
+def test_a_range_inside_the_first_call_says_so_once(tmp_path, capsys):
+    # The first call makes steps 1-4: no trace can begin before it ends.
+    trainer = make_trainer(Profiler(tmp_path, steps=(2, 3)), steps_per_call=4)
+    trainer.fit(batches(), epochs=2)
+    (line,) = profiler_lines(capsys)
+    assert line.startswith("phalanx: Profiler(steps=(2, 3)) records no trace: "), line
+    assert "steps 2 to 3 ran inside this fit's first compiled call" in line, line
+    assert "(steps 1 to 4, steps_per_call=4)" in line, line
+    assert line.endswith("Trace later calls, e.g. steps=(5, 8)"), line
+    assert not (tmp_path / "plugins").exists()
+
+
+def test_a_range_begun_inside_the_first_call_says_where_it_starts(tmp_path, capsys):
+    trainer = make_trainer(Profiler(tmp_path, steps=(2, 5)), steps_per_call=4)
+    trainer.fit(batches(), epochs=1)
+    (line,) = profiler_lines(capsys)
+    assert "Profiler(steps=(2, 5)) traces from step 5: steps 2 to 4 ran" in line
+    (calls,) = traced_calls(tmp_path)  # one trace, of step 5's call
+    assert calls > 0
 
 
 def test_a_fit_that_ends_inside_the_range_writes_its_trace(tmp_path):

@@ -8,6 +8,7 @@ import json
 import logging
 import pathlib
 import signal
+import socket
 import sys
 
 import mlflow
@@ -19,7 +20,13 @@ from typing_extensions import override
 import phalanx as px
 from helpers import RaiseAt, make_data, make_model
 from phalanx._preemption import Preempted
-from phalanx.callbacks import Checkpoint, MLflowLogger, WandbLogger
+from phalanx.callbacks import (
+    Checkpoint,
+    CSVLogger,
+    MLflowLogger,
+    TrackerError,
+    WandbLogger,
+)
 from phalanx.callbacks._hparams import hyperparameters
 from phalanx.callbacks._wandb_log import (
     history_steps,
@@ -426,6 +433,52 @@ def test_preempted_runs_are_marked(wandb_dir, tracking_uri):
     assert part.get("preempting") and part["exit_code"] == 128 + signal.SIGTERM
     client = mlflow.MlflowClient(tracking_uri)
     assert client.get_run(loggers[1].run_id).info.status == "KILLED"
+
+
+def closed_port() -> int:
+    """A local port nothing listens on."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        return listener.getsockname()[1]
+
+
+def test_a_tracker_failure_is_a_tracker_error(tmp_path, wandb_dir, monkeypatch):
+    """MLflow's or W&B's own error arrives as phalanx's TrackerError, theirs
+    kept as the cause; no step is taken, and the other callbacks that had
+    started (a CSV file open) are closed."""
+    # MLflow retries an unanswered request for minutes by default.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    uri = f"http://127.0.0.1:{closed_port()}"
+    failing = {
+        "mlflow": (
+            lambda: MLflowLogger(tracking_uri=uri),
+            mlflow.exceptions.MlflowException,
+            f"MLflowLogger could not start its run at {uri} (MlflowException: API "
+            "request to ",
+        ),
+        "wandb": (
+            # A bad setting (W&B validates its settings with pydantic).
+            lambda: WandbLogger(
+                mode="offline", dir=str(wandb_dir), settings={"console": "bogus"}
+            ),
+            ValueError,
+            "WandbLogger could not start its run (ValidationError: 1 validation "
+            "error for Settings console Input should be 'auto', ",
+        ),
+    }
+    for name, (make, cause, message) in failing.items():
+        csv = CSVLogger(tmp_path / f"{name}.csv")
+        trainer = px.DataParallelTrainer(
+            make_model(), optax.adam(1e-2), callbacks=[csv, make()]
+        )
+        with pytest.raises(TrackerError) as caught:
+            trainer.fit(batches(), epochs=1)
+        assert str(caught.value).startswith(message), caught.value
+        assert "\n" not in str(caught.value)
+        assert isinstance(caught.value.__cause__, cause)
+        assert int(trainer.state.step) == 0
+        assert csv._file is None  # closed: no ResourceWarning
 
 
 @pytest.mark.parametrize(

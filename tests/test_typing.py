@@ -3,6 +3,7 @@ the user's own model type through the trainer."""
 
 import importlib.resources
 import inspect
+import re
 import shutil
 import subprocess
 import sys
@@ -52,21 +53,32 @@ def test_pyright_clean_on_src():
 
 
 @pytest.mark.slow
-def test_model_type_flows_through_the_trainer(tmp_path):
+def test_model_type_flows_through_the_trainer_and_keras_calls_are_errors(tmp_path):
     usage = tmp_path / "usage.py"
     usage.write_text(
         "import jax, optax\n"
+        "import numpy as np\n"
         "import phalanx as px\n"
         "m = px.models.Linear(3, 1, key=jax.random.key(0))\n"
         "t = px.DataParallelTrainer(m, optax.sgd(0.1))\n"
         "reveal_type(t.model)\n"
         "reveal_type(t.state)\n"
         "reveal_type(t.fit([]))\n"
+        "x, y = np.zeros((4, 3), np.float32), np.zeros(4, np.int32)\n"
+        "t.fit([(x, y)], epochs=1, eval_data=[(x, y)])\n"
+        "t.evaluate([(x, y)])\n"
+        # Keras' calls, each an error (lines 12 to 14):
+        "t.fit(x, y)\n"
+        "t.evaluate(x, y)\n"
+        "t.fit([(x, y)], batch_size=128)\n"
     )
     output = pyright(str(usage))
     assert 'Type of "t.model" is "Linear"' in output, output
     assert 'Type of "t.state" is "TrainState[Linear]"' in output, output
-    assert "0 errors" in output, output
+    errors = re.findall(r"usage\.py:(\d+):\d+ - error", output)
+    assert errors == ["12", "13", "14"], output
+    assert "Expected 1 positional argument" in output, output
+    assert 'No parameter named "batch_size"' in output, output
 
 
 USER_SUBCLASS = """

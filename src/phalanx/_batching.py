@@ -13,14 +13,17 @@ from ._checks import (
     BatchSpec,
     Leaf,
     Signature,
+    check_class_labels,
     check_finite,
     check_labels,
     check_sample_weight,
     flatten_batch,
+    label_shape_hint,
     num_examples,
     signature,
     zero_weight_message,
 )
+from ._hook_checks import HookError
 from ._placement import local_share, put_batch, replicated, single_process, stacked
 from ._processes import check_same_slices
 from .strategies import Strategy
@@ -202,18 +205,20 @@ class BatchPipeline:
 
     def _first_spec(self, spec: BatchSpec, leaves: list[Leaf]) -> None:
         """Validate the first batch against the model and loss."""
+        labels = jax.tree.unflatten(spec.treedef, leaves)[1]
         if self.class_labels:
-            labels = jax.tree.unflatten(spec.treedef, leaves)[1]
-            if not isinstance(labels, Leaf) or labels.dtype.kind not in "iu":
-                raise TypeError(
-                    "data: labels y have dtype "
-                    f"{getattr(labels, 'dtype', type(labels))}; loss='cross_entropy' "
-                    "needs integer class labels, e.g. "
-                    "y.astype(np.int32) (or use loss='mse' for regression)"
-                )
+            check_class_labels(labels)
         # The step sees the global batch: every process's slice.
         size = self.step_size(leaves[0].shape[0], None) * self._processes
-        outputs = self.validate(spec, size)
+        try:
+            outputs = self.validate(spec, size)
+        except HookError:
+            raise  # a hook's own fault, named by its message
+        except (TypeError, ValueError) as error:
+            hint = label_shape_hint(labels) if self.class_labels else None
+            if hint is None:
+                raise
+            raise TypeError(hint) from error
         if self.class_labels:
             self.num_classes = int(outputs.shape[-1])
 

@@ -22,16 +22,31 @@ CONFIG_FILE = "config.toml"
 # Options that say how this command runs rather than what the run is: never
 # written to, nor read from, a config file.
 PER_COMMAND = ("config", "resume", "overwrite", "run_dir", "distributed")
-# Options a resumed run may change: how long it trains, how it logs and where
-# it runs. Every other option (the model, the data, the optimizer, the
-# numerics) must be the checkpointed run's.
+# Options a resumed run may change: each leaves every update of the run as it
+# was (invariant 5: a resumed run continues exactly as if never stopped, onto
+# any strategy and device count). Every other option (the model, the data,
+# the optimizer and its schedule, the seed, the numerics) must be the
+# checkpointed run's; _cli_config checks them.
 RESUMABLE = (
+    # How long it trains: the learning-rate schedule keeps the run's
+    # schedule_steps (written at the start), and epoch e's data order comes
+    # from the seed and e alone, so the steps both runs take are the same.
     "epochs",
+    # Output and cadence: what is logged, saved, evaluated or traced, and
+    # when. Evaluation reads the state and changes none of it (not its key).
     "log_every",
     "checkpoint_every",
     "eval_every",
     "loggers",
+    "no_plot",
     "profile",
+    # Where and how a step runs. Every strategy, device count and number of
+    # microbatches computes the same update: the gradient of the loss summed
+    # over the global batch and divided once by its size (weight-0 padding
+    # adds nothing), each example's dropout key folded from its index in the
+    # global batch; they differ only in float summation order. So does
+    # steps_per_call (the same steps in one lax.scan). A user model's
+    # per-device batch statistics (BatchNorm) are the documented exception.
     "strategy",
     "shard",
     "microbatches",
@@ -75,6 +90,15 @@ class TrainArgs:
     # --profile START:END
     profile: tuple[int, int] | None = None
     eval_every: int | None = None
+    # --no-plot: no history.png.
+    no_plot: bool = False
+    # The learning-rate schedule's length in steps; None until the run
+    # starts, when it becomes its epochs x steps per epoch (see
+    # `with_schedule_steps`) and is written to config.toml.
+    schedule_steps: int | None = None
+    # Not an option: for a run of an earlier phalanx, whose config.toml has no
+    # schedule_steps, the epochs it stored (its schedule spanned those).
+    schedule_epochs: int | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> "TrainArgs":
@@ -105,7 +129,7 @@ class TrainArgs:
         out: dict[str, Any] = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if field.name in PER_COMMAND or value is None or value == ():
+            if field.name in _NOT_WRITTEN or value is None or value == ():
                 continue
             if field.name == "hidden" and self.model != "mlp":
                 continue  # the MLP's widths only
@@ -113,6 +137,46 @@ class TrainArgs:
                 value = f"{value[0]}:{value[1]}"
             out[field.name] = list(value) if isinstance(value, tuple) else value
         return out
+
+    def schedule_length(self, steps_per_epoch: int) -> int:
+        """The steps the learning-rate schedule spans: --schedule-steps (or
+        the run's stored value), else the epochs the schedule is made for
+        (these, or an earlier phalanx's stored ones) x `steps_per_epoch`."""
+        if self.schedule_steps is not None:
+            return self.schedule_steps
+        return (self.schedule_epochs or self.epochs) * steps_per_epoch
+
+    def with_schedule_steps(self, steps_per_epoch: int) -> "TrainArgs":
+        """These options with `schedule_length` fixed as schedule_steps (as
+        the run's config.toml then holds it)."""
+        steps = self.schedule_length(steps_per_epoch)
+        return dataclasses.replace(self, schedule_steps=steps, schedule_epochs=None)
+
+    def schedule_note(self, steps_per_epoch: int) -> str | None:
+        """One line on how the schedule's length and the run's differ; None
+        where they agree, or the rate is constant."""
+        steps = self.schedule_length(steps_per_epoch)
+        total = self.epochs * steps_per_epoch
+        if steps == total or self.schedule == "constant":
+            return None
+        if total > steps:
+            after = f"from step {steps} on, the rate stays at its final value"
+        else:
+            after = f"the run stops before the schedule's end, at step {total}"
+        if self.resume:
+            after = f"the run's schedule, kept on --resume: {after}"
+        else:  # --schedule-steps, or a config file's
+            after += f" (--schedule-steps {total} fits it to the run)"
+        epochs = f"{self.epochs} epoch{'s' if self.epochs != 1 else ''}"
+        return (
+            f"phalanx: the {self.schedule} learning-rate schedule spans {steps} "
+            f"steps, the run {total} ({epochs} of {steps_per_epoch}); {after}"
+        )
+
+
+# Fields never written to a config file: the per-command options, and what is
+# no option.
+_NOT_WRITTEN = (*PER_COMMAND, "schedule_epochs")
 
 
 def write_config(args: TrainArgs) -> None:

@@ -15,6 +15,7 @@ from ._cli_args import (
     UsageError,
     read_config,
 )
+from ._cli_model import model_args
 from ._cli_parser import RaisingParser, build_parser
 
 
@@ -39,6 +40,9 @@ def resolve_train(argv: Sequence[str], namespace: argparse.Namespace) -> TrainAr
             return TrainArgs.from_options(options)
         stored = _config_options(read_config(source, "--resume"), f"--resume {source}")
         _check_resumable(given, stored, source)
+        if "schedule_steps" not in stored and "epochs" in stored:
+            # An earlier phalanx's run: its schedule spanned its stored epochs.
+            stored["schedule_epochs"] = stored["epochs"]
     else:
         return TrainArgs.from_options(options)
     return TrainArgs.from_options({**options, **stored, **given})
@@ -121,6 +125,7 @@ _WHAT = {
     "optimizer": "optimizer",
     "lr": "optimizer",
     "schedule": "optimizer",
+    "schedule_steps": "optimizer",
     "clip_norm": "optimizer",
     "precision": "numerics",
 }
@@ -132,17 +137,27 @@ def _check_resumable(
     """Refuse a flag that would make the resumed run another run than the
     one its checkpoint holds."""
     for name, value in given.items():
-        if name in PER_COMMAND or name in RESUMABLE:
-            continue
         old = stored.get(name)
-        if _shown(value) != _shown(old):
-            flag, what = "--" + name.replace("_", "-"), _WHAT.get(name, "run")
-            raise UsageError(
-                f"--resume: {flag} {_shown(value)} differs from this run's "
-                f"{_shown(old)} ({source}): it would be another {what} than "
-                f"the checkpoint holds; drop {flag} to continue the run, or start "
-                "a new run in another --run-dir"
-            )
+        if name in PER_COMMAND or name in RESUMABLE or _same(name, value, old):
+            continue
+        flag, what = "--" + name.replace("_", "-"), _WHAT.get(name, "run")
+        raise UsageError(
+            f"--resume: {flag} {_shown(value)} differs from this run's "
+            f"{_shown(old)} ({source}): it would be another {what} than "
+            f"the checkpoint holds; drop {flag} to continue the run, or start "
+            "a new run in another --run-dir"
+        )
+
+
+def _same(name: str, value: Any, old: Any) -> bool:
+    """Whether a flag's value is the stored one: --model-arg's as Python
+    values (``hidden=(64, 128)`` is ``hidden=(64,128)``), the rest as shown."""
+    if name == "model_arg":
+        try:
+            return model_args(tuple(value)) == model_args(tuple(old or ()))
+        except UsageError:  # a name given twice: told when the model is built
+            return False
+    return _shown(value) == _shown(old)
 
 
 def _shown(value: Any) -> str:

@@ -1,6 +1,11 @@
 """A user's own model and data for ``phalanx train``: ``--model
 MODULE:FACTORY`` (with ``--model-arg NAME=VALUE``) and ``--dataset
-MODULE:FUNCTION``, imported from the current folder or ``PYTHONPATH``."""
+MODULE:FUNCTION``, imported from the current folder or ``PYTHONPATH``.
+
+The user's code runs here (imported, called, and the model traced on one
+example) before the run folder is made: what it raises becomes a
+`UserCodeError` that keeps its traceback and adds one line of context.
+"""
 
 import ast
 import importlib
@@ -17,6 +22,19 @@ from ._cli_args import UsageError
 
 # The keywords phalanx passes a model factory itself.
 FACTORY_KEYWORDS = ("in_shape", "out_size", "key")
+# The likely cause when a user's model fails on the built-in data.
+DIGITS_HINT = (
+    "; the built-in digits (--dataset digits) are rows of 64 features, "
+    "in_shape=(64,): for images pass --dataset npz:PATH, mnist:PATH or "
+    "MODULE:FUNCTION"
+)
+
+
+class UserCodeError(Exception):
+    """The user's own code raised: the module or factory of --model, the
+    model it built (traced on one example) or the --dataset function. The
+    message is one line of context; the user's exception is the cause,
+    reported with its traceback."""
 
 
 def is_reference(text: str) -> bool:
@@ -77,22 +95,27 @@ def import_reference(spec: str, option: str) -> Any:
     folder or PYTHONPATH.
 
     Raises:
-        UsageError: the module or the name is missing (an error inside the
-            module while it is imported propagates, with its traceback).
+        UsageError: the module or the name is missing.
+        UserCodeError: importing the module raised.
     """
     module_name, _, name = spec.partition(":")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` does
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name is None or not module_name.startswith(error.name):
-            raise  # the module was found; something it imports was not
-        raise UsageError(
-            f"{option} {spec}: no module named {error.name!r} in the current "
-            f"folder ({os.getcwd()}) or on PYTHONPATH; run from the folder that "
-            "holds it, or add that folder to PYTHONPATH"
-        ) from None
+    except Exception as error:
+        missing = error.name if isinstance(error, ModuleNotFoundError) else None
+        if missing is not None and module_name.startswith(missing):
+            raise UsageError(
+                f"{option} {spec}: no module named {missing!r} in the current "
+                f"folder ({os.getcwd()}) or on PYTHONPATH; run from the folder "
+                "that holds it, or add that folder to PYTHONPATH"
+            ) from None
+        # The module was found, and raised (or something it imports is missing).
+        raise UserCodeError(
+            f"{option} {spec}: importing {module_name} raised {_brief(error)} "
+            "(traceback above)"
+        ) from error
     try:
         return getattr(module, name)
     except AttributeError:
@@ -140,11 +163,31 @@ def build_model(
     in_shape: tuple[int, ...],
     out_size: int,
     key: Any,
+    hint: str = "",
 ) -> Any:
-    """Call the factory; what it returns must be an Equinox module."""
+    """Call the factory; what it returns must be an Equinox module.
+
+    Raises:
+        UserCodeError: the factory raised (`hint`: the likely cause, if any).
+        UsageError: it returned something else than an Equinox module.
+    """
     import equinox as eqx
 
-    model = factory(in_shape=in_shape, out_size=out_size, key=key, **arguments)
+    try:
+        model = factory(in_shape=in_shape, out_size=out_size, key=key, **arguments)
+    except Exception as error:
+        given = ", ".join(
+            [
+                f"in_shape={in_shape}",
+                f"out_size={out_size}",
+                "key=<PRNG key>",
+                *(f"{name}={value!r}" for name, value in arguments.items()),
+            ]
+        )
+        raise UserCodeError(
+            f"--model {spec}: {spec.partition(':')[2]}({given}) raised "
+            f"{_brief(error)} (traceback above){hint}"
+        ) from error
     if not isinstance(model, eqx.Module):
         raise UsageError(
             f"--model {spec}: {spec.partition(':')[2]}(...) returned a "
@@ -163,7 +206,12 @@ def user_dataset(spec: str) -> list[np.ndarray]:
             f"--dataset {spec}: {name} is not callable ({type(function).__name__}); "
             "name a function () -> (x_train, y_train, x_test, y_test)"
         )
-    arrays = function()
+    try:
+        arrays = function()
+    except Exception as error:
+        raise UserCodeError(
+            f"--dataset {spec}: {name}() raised {_brief(error)} (traceback above)"
+        ) from error
     if not (isinstance(arrays, tuple | list) and len(arrays) == 4):
         raise UsageError(
             f"--dataset {spec}: {name}() returned "
@@ -177,6 +225,69 @@ def user_dataset(spec: str) -> list[np.ndarray]:
             f"--dataset {spec}: {name}() returned something that is not four "
             f"arrays ({error}); return NumPy arrays"
         ) from None
+
+
+def check_model(
+    spec: str, model: Any, x: np.ndarray, y: np.ndarray, hint: str = ""
+) -> None:
+    """Trace `model` on one example of `x` as the trainer calls it
+    (vmapped over the batch, with a ``key`` if it takes one): its output per
+    example must be one float logit per class of the labels `y`.
+
+    Raises:
+        UserCodeError: the model raised (`hint`: the likely cause, if any).
+        UsageError: its output does not fit the labels.
+    """
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    from ._forward import takes_key
+
+    pass_key = takes_key(model)
+
+    def one_batch(model: Any, x: Any) -> Any:
+        def one(x: Any, key: Any) -> Any:
+            return model(x, key=key) if pass_key else model(x)
+
+        keys = jax.random.split(jax.random.key(0), len(x))
+        return jax.vmap(one, axis_name="batch")(x, keys)
+
+    example = jax.ShapeDtypeStruct((1, *x.shape[1:]), x.dtype)
+    shown = f"one example of shape {tuple(x.shape[1:])}"
+    try:
+        out = eqx.filter_eval_shape(one_batch, model, example)
+    except Exception as error:
+        call = "model(x, key=key)" if pass_key else "model(x)"
+        raise UserCodeError(
+            f"--model {spec}: the {type(model).__name__} it built, called on "
+            f"{shown} as {call} (vmapped over the batch), raised "
+            f"{_brief(error)} (traceback above){hint}"
+        ) from error
+    classes, low, high = int(y.max()) + 1, int(y.min()), int(y.max())
+    if isinstance(out, jax.ShapeDtypeStruct):
+        got = f"an output of shape {tuple(out.shape[1:])}"
+        if out.shape[1:] == (classes,) and jnp.issubdtype(out.dtype, jnp.floating):
+            return
+        if out.shape[1:] == (classes,):
+            got += f" and dtype {out.dtype}"
+    else:
+        got = f"{_describe(out)} (not one array)"
+    raise UsageError(
+        f"--model {spec}: the model maps {shown} to {got}, but the labels run "
+        f"from {low} to {high}: phalanx train's cross-entropy needs one float "
+        f"logit per class, an output of shape ({classes},) per example (the "
+        f"factory's out_size={classes})"
+    )
+
+
+def _brief(error: BaseException, limit: int = 300) -> str:
+    """`error` on one line: its type and message, at most about `limit`
+    characters (its middle left out)."""
+    text = " ".join(str(error).split())
+    if len(text) > limit:  # its start says what failed, its end why
+        text = f"{text[: limit // 2].rstrip()} ... {text[-limit // 2 :].lstrip()}"
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _describe(value: Any) -> str:

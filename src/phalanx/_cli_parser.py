@@ -21,6 +21,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's help with its default, where it has one to show: not
+    for an unset option or a flag, nor where the help says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help = action.help or ""
+        if action.default is None or action.default is False or "default" in help:
+            return help
+        return super()._get_help_string(action)
+
+
 class RaisingParser(_Parser):
     """A parser of a config file's options: an error is raised, to be
     reported with the file's name."""
@@ -123,7 +134,7 @@ def build_parser(
             "With no arguments: an MLP on the bundled digits data on 8 fake CPU "
             "devices."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     add = train.add_argument
     add(
@@ -199,9 +210,18 @@ def build_parser(
         "--batch-size",
         type=_positive_int,
         default=64,
-        help="global batch size (a multiple of devices x microbatches)",
+        metavar="N",
+        help="global batch size: examples per step over every device, padded "
+        "with weight-0 examples up to a multiple of devices x microbatches (a "
+        "multiple wastes nothing)",
     )
-    add("--epochs", type=_positive_int, default=30, help="passes over the data")
+    add(
+        "--epochs",
+        type=_positive_int,
+        default=30,
+        metavar="N",
+        help="passes over the data",
+    )
     add("--lr", type=_positive_float, default=0.1, help="peak learning rate")
     add(
         "--optimizer",
@@ -213,7 +233,17 @@ def build_parser(
         "--schedule",
         choices=("constant", "cosine", "warmup-cosine"),
         default="cosine",
-        help="learning-rate schedule over the run",
+        help="learning-rate schedule over --schedule-steps",
+    )
+    add(
+        "--schedule-steps",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="steps the schedule spans (default: the run's epochs x steps per "
+        "epoch, fixed at its start and written to config.toml: a run resumed "
+        "with other --epochs keeps it; past its end the rate stays at the "
+        "schedule's final value)",
     )
     add(
         "--clip-norm",
@@ -262,7 +292,9 @@ def build_parser(
         "--resume",
         action="store_true",
         help="continue the run in --run-dir from its newest checkpoint, exactly "
-        "as if it had never stopped",
+        "as if it had never stopped; --epochs, logging, checkpointing, "
+        "evaluation and where it runs (strategy, devices) may change, options "
+        "that would change its updates may not",
     )
     add(
         "--precision",
@@ -292,9 +324,16 @@ def build_parser(
         action="append",
         choices=LOGGERS,
         help="where metrics go (repeatable; default: csv, jsonl and "
-        "tensorboard); wandb and mlflow need pip install 'phalanx[wandb]' / "
+        "tensorboard, the last where tensorboardX is installed: pip install "
+        "'phalanx[logs]'); wandb and mlflow need pip install 'phalanx[wandb]' / "
         "'phalanx[mlflow]' and take their settings from the environment "
         "(WANDB_PROJECT, WANDB_MODE, MLFLOW_TRACKING_URI, ...)",
+    )
+    add(
+        "--no-plot",
+        action="store_true",
+        help="draw no history.png (drawn by default where matplotlib is "
+        "installed: pip install 'phalanx[logs]')",
     )
     add(
         "--profile",
@@ -319,12 +358,17 @@ def _add_launch(commands: "argparse._SubParsersAction[_Parser]") -> None:
             "coordinator on 127.0.0.1 (phalanx.distributed.initialize() reads "
             "the environment this sets). Output lines are prefixed with the "
             "rank; Ctrl-C and SIGTERM reach every process; if one fails, the "
-            "others are stopped and launch exits non-zero."
+            "others are stopped and launch exits non-zero. On Linux they also "
+            "die with launch, even if it is killed with SIGKILL."
         ),
         usage="phalanx launch --nproc N [options] -- COMMAND [ARGS ...]",
     )
     launch.add_argument(
-        "--nproc", type=_positive_int, required=True, help="processes to start"
+        "--nproc",
+        type=_positive_int,
+        required=True,
+        metavar="N",
+        help="processes to start",
     )
     launch.add_argument(
         "--devices-per-process",
@@ -333,7 +377,10 @@ def _add_launch(commands: "argparse._SubParsersAction[_Parser]") -> None:
         help="fake M CPU devices in each process (CPU platform only)",
     )
     launch.add_argument(
-        "--port", type=_positive_int, help="coordinator port (default: a free one)"
+        "--port",
+        type=_positive_int,
+        metavar="PORT",
+        help="coordinator port (default: a free one)",
     )
     launch.add_argument(
         "--verbose",

@@ -1,17 +1,26 @@
 """The training run behind ``phalanx train``, once every argument is valid."""
 
-import shutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jax
+import numpy as np
 import optax
 
 from . import callbacks as cb, models
 from ._callback import Callback
 from ._cli_args import TrainArgs, UsageError, write_config
-from ._cli_model import build_model, model_args, model_factory
+from ._cli_folder import RunFolder
+from ._cli_model import (
+    DIGITS_HINT,
+    build_model,
+    check_model,
+    model_args,
+    model_factory,
+)
+from ._device_note import devices_said
 from ._trainer import DataParallelTrainer
 from .data import ArrayLoader
 from .strategies import (
@@ -24,6 +33,7 @@ from .strategies import (
 
 
 if TYPE_CHECKING:
+    from ._cli_outputs import Outputs
     from ._cli_train import Split
 
 
@@ -47,22 +57,32 @@ def make_optimizer(args: "TrainArgs", schedule: optax.Schedule):
     return optimizer
 
 
-def make_model(
-    args: "TrainArgs", in_shape: tuple[int, ...], classes: int
-) -> tuple[Any, str]:
-    """The model --model names, and how the banner names it."""
+def make_model(args: "TrainArgs", x: np.ndarray, y: np.ndarray) -> tuple[Any, str]:
+    """The model --model names for examples `x` and labels `y`, and how the
+    banner names it. A user's model is traced on one example first: its
+    output must fit the labels.
+
+    Raises:
+        UserCodeError: the user's factory or model raised.
+        UsageError: the user's model does not fit the labels.
+    """
+    in_shape, classes = tuple(x.shape[1:]), int(y.max()) + 1
     key = jax.random.key(args.seed)
     if args.user_model:
+        # The likely cause when a user's model fails on the built-in data.
+        hint = DIGITS_HINT if args.dataset == "digits" else ""
         arguments = model_args(args.model_arg)
         factory = model_factory(args.model, arguments)
         model = build_model(
             args.model,
             factory,
             arguments,
-            in_shape=tuple(in_shape),
+            in_shape=in_shape,
             out_size=classes,
             key=key,
+            hint=hint,
         )
+        check_model(args.model, model, x, y, hint)
         shape = "x".join(map(str, in_shape))
         return model, f"{type(model).__name__} ({args.model}) {shape} -> {classes}"
     (features,) = in_shape
@@ -72,9 +92,14 @@ def make_model(
     return models.MLP(features, classes, hidden=args.hidden, key=key), f"MLP {widths}"
 
 
-def make_loggers(args: "TrainArgs") -> list[Callback]:
-    """The --logger callbacks, writing into the run folder (W&B and MLflow:
-    where their own settings say, the run's options as its config)."""
+def make_loggers(args: "TrainArgs", loggers: tuple[str, ...]) -> list[Callback]:
+    """The callbacks of `loggers` (--logger names), writing into the run
+    folder (W&B and MLflow: where their own settings say, the run's options
+    as its config).
+
+    Raises:
+        UsageError: a logger's library cannot be imported.
+    """
     run, every = args.run_dir, args.log_every
     config = args.config()
     made: dict[str, Callable[[], Callback]] = {
@@ -88,7 +113,25 @@ def make_loggers(args: "TrainArgs") -> list[Callback]:
             run_name=run.name, config=config, log_every=every
         ),
     }
-    return [made[name]() for name in dict.fromkeys(args.loggers)]
+    out = []
+    for name in loggers:
+        try:
+            out.append(made[name]())
+        except ImportError as error:  # found, yet it does not import
+            raise UsageError(f"--logger {name}: {error} ({error.__cause__})") from None
+    return out
+
+
+def make_plot(path: Path) -> list[Callback]:
+    """A `PlotHistory` drawing `path`.
+
+    Raises:
+        UsageError: matplotlib cannot be imported.
+    """
+    try:
+        return [cb.PlotHistory(path)]
+    except ImportError as error:  # found, yet it does not import
+        raise UsageError(f"{error} ({error.__cause__}); or pass --no-plot") from None
 
 
 def make_strategy(args: "TrainArgs", devices: list[Any]) -> Strategy:
@@ -110,27 +153,24 @@ def train_and_report(
     test: "Split",
     *,
     defaulted: bool,
+    outputs: "Outputs",
+    folder: RunFolder,
 ) -> int:
     """Build and run the training; every argument has been checked, except
-    that a --resume checkpoint matches the model (refused as a UsageError)."""
+    that a --resume checkpoint matches the model (refused as a UsageError).
+    The run writes into `folder` only once the model has been built and
+    checked; the caller undoes a failed start there."""
     (x_train, y_train), (x_test, y_test) = train, test
-    classes = int(y_train.max()) + 1
-    model, name = make_model(args, x_train.shape[1:], classes)
+    model, name = make_model(args, x_train, y_train)
     loader = ArrayLoader((x_train, y_train), args.batch_size, seed=args.seed)
     test_loader = ArrayLoader((x_test, y_test), args.batch_size, shuffle=False)
-    schedule = make_schedule(args, args.epochs * len(loader))
+    # The schedule's length is the run's, fixed at its start (config.toml).
+    args = args.with_schedule_steps(len(loader))
+    schedule = make_schedule(args, args.schedule_length(len(loader)))
 
     run = args.run_dir
     main = jax.process_index() == 0  # files and lines are written once
-    run.mkdir(parents=True, exist_ok=True)
-    if main and not args.resume:
-        for file in ("metrics.csv", "metrics.jsonl", "history.png"):
-            (run / file).unlink(missing_ok=True)
-        for events in (run / "tensorboard").glob("events.out.tfevents.*"):
-            events.unlink()
-        for step in (run / "checkpoints").glob("[0-9]*"):
-            shutil.rmtree(step)
-        shutil.rmtree(run / "profile", ignore_errors=True)
+    folder.create(main=main)
     every = args.log_every
     strategy = make_strategy(args, devices)
     checkpoint = cb.Checkpoint(run / "checkpoints", every_n_steps=args.checkpoint_every)
@@ -144,8 +184,8 @@ def train_and_report(
         callbacks=[
             cb.Throughput(log_every=every),
             cb.LearningRateMonitor(schedule, log_every=every),
-            *make_loggers(args),
-            cb.PlotHistory(run / "history.png"),
+            *make_loggers(args, outputs.loggers),
+            *(make_plot(run / "history.png") if outputs.plot else []),
             cb.ProgressBar(log_every=every),
             *(
                 ()
@@ -153,6 +193,7 @@ def train_and_report(
                 else [cb.Profiler(run / "profile", steps=args.profile)]
             ),
             checkpoint,
+            folder.marker,  # last: the other callbacks' state keys stay
         ],
     )
     resume = None
@@ -168,6 +209,11 @@ def train_and_report(
             "(--devices N to change)",
             file=sys.stderr,
         )
+    if outputs.note is not None:
+        say(outputs.note, file=sys.stderr)
+    note = args.schedule_note(len(loader))
+    if note is not None:
+        say(note, file=sys.stderr)
     if main:  # the options of the run as it goes on from here
         write_config(args)
     sizes = f"{len(x_train)} train / {len(x_test)} test"
@@ -179,6 +225,7 @@ def train_and_report(
         + ("" if args.precision == "fp32" else f", {args.precision}")
     )
     say(f"phalanx: {trainer.summary().short()}")
+    devices_said()  # the banner above names them: no API note on top
     trainer.fit(
         loader,
         epochs=args.epochs,

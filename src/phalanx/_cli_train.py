@@ -7,21 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ._cli_args import CONFIG_FILE, UsageError
+from ._cli_args import UsageError
+from ._cli_folder import RUN_FILES
 from ._cli_model import is_reference, user_dataset
 from ._env import COORDINATOR, NUM_PROCESSES
-
-
-# Files `phalanx train` writes into a run folder; --overwrite replaces only these.
-RUN_FILES = (
-    CONFIG_FILE,
-    "metrics.csv",
-    "metrics.jsonl",
-    "history.png",
-    "tensorboard",
-    "checkpoints",
-    "profile",
-)
 
 
 Split = tuple[np.ndarray, np.ndarray]
@@ -240,12 +229,34 @@ def select_devices(
 
 
 def check_batch_size(batch_size: int, devices: int, microbatches: int) -> None:
-    multiple = devices * microbatches
-    if batch_size % multiple:
-        lower = batch_size // multiple * multiple
-        upper = lower + multiple
+    """Refuse a global batch the processes cannot share equally; say once on
+    stderr (process 0) when the trainer will pad each step with weight-0
+    examples, as `fit` does any batch, since they cost compute for nothing.
+    (JAX has started: `select_devices` ran.)"""
+    import jax
+
+    processes = jax.process_count()
+    if batch_size % processes:
+        lower, upper = _multiples_around(batch_size, processes)
         options = f"{lower} or {upper}" if lower else f"{upper}"
         raise UsageError(
-            f"--batch-size {batch_size} is not a multiple of --devices {devices} x "
-            f"--microbatches {microbatches} = {multiple}; use e.g. {options}"
+            f"--batch-size {batch_size} is not divisible by the {processes} "
+            f"processes, each of which takes an equal slice; use e.g. {options}"
         )
+    multiple = devices * microbatches
+    if batch_size % multiple and jax.process_index() == 0:
+        lower, upper = _multiples_around(batch_size, multiple)
+        print(
+            f"phalanx: --batch-size {batch_size} is padded to {upper} examples "
+            f"per step with weight-0 examples (no effect on the update), for "
+            f"{devices} device(s) x {microbatches} microbatch(es); a multiple of "
+            f"{multiple} wastes nothing (e.g. "
+            + (f"{lower} or {upper})" if lower else f"{upper})"),
+            file=sys.stderr,
+        )
+
+
+def _multiples_around(n: int, multiple: int) -> tuple[int, int]:
+    """The multiples of `multiple` just below and just above `n`."""
+    lower = n // multiple * multiple
+    return lower, lower + multiple

@@ -1,4 +1,6 @@
-from typing import Any
+"""The compiled steps of a trainer, built once its first batch is known."""
+
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -6,12 +8,33 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import BatchSpec, Leaf
+from ._forward import InferenceKeyError
 from ._hints import first_batch_hint
 from ._hook_checks import HookError
 from ._layout import StateLayout
 from ._placement import replicated, stacked
+from ._state import TrainState
 from ._step import StepParts, build_predict_step, build_steps, several_steps
-from ._sums import NO_FLAGS, EpochSums, sum_names
+from ._sums import NO_FLAGS, EpochSums, means, sum_names
+from ._typing import HostMetrics
+
+
+class StepValues(NamedTuple):
+    """What one training step computes from a state.
+
+    Attributes:
+        grads: the reduced, averaged gradient the optimizer got (after the
+            trainer's `gradients` hook), shaped like the model's
+            floating-point arrays (None elsewhere).
+        metrics: the step's ``{"loss": ..., **metrics}`` over its batch, as
+            floats (with ``"skipped"`` and ``"loss_scale"`` where the step
+            reports them).
+        state: the `TrainState` the step leads to (its model state too).
+    """
+
+    grads: Any
+    metrics: HostMetrics
+    state: TrainState
 
 
 class CompiledSteps:
@@ -54,6 +77,9 @@ class CompiledSteps:
         # `steps_per_call` train steps in one call, on stacked batches.
         self.train_many: Any = None
         self.evaluate: Any = None
+        # The train step with its gradient as an output, not donating its
+        # state (`StepValues`); compiled on first use.
+        self.inspect: Any = None
         # The order of the packed sums: "loss", "weight", then the metrics.
         self.sum_names: tuple[str, ...] = ()
         self._predict: dict[Any, Any] = {}
@@ -70,7 +96,7 @@ class CompiledSteps:
             TypeError, ValueError: the batch does not fit the model or loss.
         """
         parts, layout = self.parts, self.layout
-        train, evaluate, probe = build_steps(
+        train, evaluate, probe, inspect = build_steps(
             parts,
             layout,
             spec.treedef,
@@ -94,9 +120,10 @@ class CompiledSteps:
                 pass_key=parts.pass_key,
                 size=size,
             )
+            # The model's own error first: the hint is a guess at its cause.
             raise kind(
                 f"data: the first batch {spec.describe()} does not fit the model and "
-                f"loss; {fix}. The error was: {error}"
+                f"loss: {error}\nHint: {fix}."
             ) from error
         self.sum_names = sum_names([k for k in sums if k not in ("loss", "weight")])
         # Batches may come as NumPy arrays: the shardings place them.
@@ -124,7 +151,23 @@ class CompiledSteps:
             in_shardings=(state, rep, split, split),
             out_shardings=rep,
         )
+        self.inspect = jax.jit(
+            _split_acc(inspect),
+            in_shardings=(state, rep, rep, split, split, rep),
+            out_shardings=(state, None, rep),
+        )
         return outputs
+
+    def values(
+        self, leaves: list[jax.Array], batch: list[Any], weight: Any, total: Any
+    ) -> StepValues:
+        """What the train step computes from the state `leaves` on a placed
+        batch (see `StepValues`); `leaves` stay valid."""
+        new, grads, sums = self.inspect(leaves, *self.train_acc(), batch, weight, total)
+        host = np.asarray(jax.device_get(sums))
+        return StepValues(
+            grads, means(host, self.step_names), self.layout.unflatten(new)
+        )
 
     def predict(self, treedef: Any, leaves: list[Leaf]) -> Any:
         """The jitted predict step for inputs of this structure (validated once)."""
@@ -140,6 +183,8 @@ class CompiledSteps:
             ]
             try:
                 jax.eval_shape(fn, self.layout.structs, shapes)
+            except (InferenceKeyError, HookError):
+                raise  # not the rows' fault: the message says what to do
             except (TypeError, ValueError) as error:
                 raise ValueError(
                     f"x: rows of shapes {[leaf.shape[1:] for leaf in leaves]} do "

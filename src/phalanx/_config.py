@@ -1,7 +1,7 @@
 """Validation of the trainer's arguments, before any device work."""
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import equinox as eqx
@@ -9,9 +9,12 @@ import jax
 import numpy as np
 import optax
 
-from ._callback import Callback, overrides
+from ._callback import Callback
+from ._keras_habits import BATCHES
+from ._losses import LOSSES
 from ._placement import stacked
 from ._precision import precision_of
+from ._progress import RunProgress
 from ._typing import EvalSets
 from ._validate import (
     boolean,
@@ -65,10 +68,10 @@ def check_config(
             "px.ShardingStrategy(), px.PmapStrategy(), px.FullyShardedStrategy() or "
             "px.AccumulatingStrategy(...)"
         )
-    if not (callable(loss) or loss in ("cross_entropy", "mse")):
+    if not (callable(loss) or loss in LOSSES):
         raise ValueError(
-            f"loss={loss!r} is not supported; pass 'cross_entropy', 'mse' or a "
-            "function (outputs, targets) -> per-example losses"
+            f"loss={loss!r} is not supported; pass {', '.join(map(repr, LOSSES))} "
+            "or a function (outputs, targets) -> per-example losses"
         )
     check_callbacks(callbacks)
     integer("seed", seed, example="seed=0")
@@ -127,7 +130,7 @@ def eval_sets(eval_data: Any, *, default_split: bool = True) -> EvalSets | None:
     if default_split and set(eval_data) <= {"x", "y", "sample_weight"}:
         raise TypeError(
             f"eval_data is one dict batch with keys {sorted(eval_data)}, not "
-            f"batches; pass [batch], or {_BATCHES}"
+            f"batches; pass [batch], or {BATCHES}"
         )
     sets = []
     for name, data in eval_data.items():
@@ -163,40 +166,24 @@ def check_duration(epochs: Any, steps: Any) -> tuple[int | None, int | None]:
     return epochs, steps
 
 
-_BATCHES = (
-    "an iterable of batches, e.g. [(x, y)] for one batch, or "
-    "px.data.ArrayLoader((x, y), batch_size=64) to batch and shuffle"
-)
-
-
 def check_iterable(
     data: Any,
     name: str,
-    extra: tuple[Any, ...] = (),
     *,
-    call: str = "fit",
     default_split: bool = True,
 ) -> None:
-    """Raise TypeError unless `data` is an iterable of batches, and nothing
-    followed it in `call` (`extra`, as in Keras' ``fit(x, y)``). Arrays given
+    """Raise TypeError unless `data` is an iterable of batches. Arrays given
     where batches belong are named as what they are, where the batches are
     split by the default `split_batch` (an overridden one may take any)."""
-    if extra:
-        raise TypeError(
-            f"{call}() got {1 + len(extra)} positional arguments, as in Keras' "
-            f"{call}(x, y); phalanx takes {_BATCHES}"
-        )
     if not isinstance(data, Iterable):
-        raise TypeError(
-            f"{name}={type(data).__name__} is not iterable; pass {_BATCHES}"
-        )
+        raise TypeError(f"{name}={type(data).__name__} is not iterable; pass {BATCHES}")
     if not default_split:
         return
     arrays = np.ndarray | jax.Array
     if isinstance(data, arrays):
         shape: tuple[int, ...] = data.shape  # pyright: ignore[reportAttributeAccessIssue]
         raise TypeError(
-            f"{name} is one array of shape {shape}, not batches; pass {_BATCHES}"
+            f"{name} is one array of shape {shape}, not batches; pass {BATCHES}"
         )
     if (
         isinstance(data, tuple | list)
@@ -206,40 +193,61 @@ def check_iterable(
         raise TypeError(
             f"{name}=({', '.join(['x', 'y', 'sample_weight'][: len(data)])}) is one "
             f"batch, not an iterable of batches (iterating over it gives arrays); "
-            f"pass {_BATCHES}"
+            f"pass {BATCHES}"
         )
 
 
-def check_monitors(callbacks: Sequence[Any], sets: EvalSets | None) -> None:
-    """Raise ValueError, before training, for a callback that monitors an
-    ``eval_`` metric that `fit`'s evaluation sets cannot give: in a fit
-    without `eval_data` (it would fail at the first epoch's end, after that
-    epoch trained), or one not of any named set - unless a callback of the
-    user's own comes before it and may add that metric (phalanx's own
-    callbacks add no ``eval_`` metric)."""
-    prefixes = [prefix for prefix, _ in sets or ()]
-    for i, callback in enumerate(callbacks):
-        monitor = getattr(callback, "monitor", None)
-        if not (isinstance(monitor, str) and monitor.startswith("eval_")):
-            continue
-        if any(monitor.startswith(prefix) for prefix in prefixes):
-            continue
-        if any(
-            (overrides(earlier, "on_epoch_end") or overrides(earlier, "on_eval_end"))
-            and not type(earlier).__module__.startswith("phalanx.")
-            for earlier in callbacks[:i]
-        ):
-            continue
-        name = f"{type(callback).__name__}(monitor={monitor!r})"
-        if not prefixes:
-            raise ValueError(
-                f"{name} watches a metric of eval_data, but fit was given no "
-                "eval_data; pass eval_data=..., or monitor a training metric "
-                f"(e.g. monitor={monitor.removeprefix('eval_')!r})"
-            )
-        names = ", ".join(f"{prefix}<metric>" for prefix in prefixes)
+_REITERABLE = (
+    "pass a re-iterable instead: a list of batches, px.data.ArrayLoader(...), "
+    "or an object whose __iter__ makes a new generator each time"
+)
+
+
+def check_one_shot(
+    data: Any,
+    sets: EvalSets | None,
+    progress: RunProgress,
+    *,
+    total_steps: int | None,
+    eval_every: int | None,
+) -> None:
+    """Raise ValueError, before the first step, where a one-shot iterator
+    (a generator) would be read more often than once: `data` over more than
+    one pass, or an evaluation set at more than one evaluation. A count that
+    is not known up front (``steps=`` over an endless generator) is trusted.
+
+    Args:
+        data, sets: `fit`'s training data and evaluation sets.
+        progress: where the run stands, with this fit's plan.
+        total_steps: the steps the run makes from its start, where known.
+        eval_every: `fit`'s ``eval_every``.
+    """
+    plan = progress.plan
+    passes = None
+    if plan.epochs is not None and plan.steps is None:
+        passes = plan.start_epoch + plan.epochs - progress.epoch
+    if isinstance(data, Iterator) and passes is not None and passes > 1:
         raise ValueError(
-            f"{name} watches no metric of fit's eval_data sets, whose metrics are "
-            f"named {names}; monitor one of those, e.g. "
-            f"monitor={prefixes[0] + 'loss'!r}"
+            f"data is a one-shot iterator ({type(data).__name__}), used up after "
+            f"one pass, but epochs={plan.epochs} makes {passes} passes over it; "
+            f"{_REITERABLE}, or epochs=1 (an endless generator: steps=N alone)"
         )
+    evaluations = passes
+    if eval_every is not None:
+        evaluations = None
+        if total_steps is not None:
+            end = plan.start_step + total_steps
+            evaluations = end // eval_every - progress.step // eval_every
+    for prefix, batches in sets or ():
+        if isinstance(batches, Iterator) and evaluations and evaluations > 1:
+            where = "eval_data" if prefix == "eval_" else f"eval_data[{prefix[5:-1]!r}]"
+            when = (
+                "at each epoch's end"
+                if eval_every is None
+                else f"every {eval_every} steps"
+            )
+            raise ValueError(
+                f"{where} is a one-shot iterator ({type(batches).__name__}), used "
+                f"up after one evaluation, but this fit evaluates it {when}, "
+                f"{evaluations} times; {_REITERABLE} (e.g. list({where}))"
+            )

@@ -9,6 +9,7 @@ that cannot take the model's outputs and the targets.
 
 import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -37,16 +38,22 @@ def first_batch_hint(
     batch = jax.tree.unflatten(spec.treedef, structs)
     inputs, targets = batch if isinstance(batch, tuple) else (None, None)
     keys = jax.ShapeDtypeStruct((size,), jax.eval_shape(lambda: jr.key(0)).dtype)
-    try:
-        outputs = jax.eval_shape(
+
+    def outputs_of(x: Any) -> Any:
+        return jax.eval_shape(
             lambda x, k: forward(
                 model, x, state=model_state, keys=k, pass_key=pass_key
             )[0],
-            inputs,
+            x,
             keys,
         )
+
+    try:
+        outputs = outputs_of(inputs)
     except Exception:
-        return _model_hint(spec, model, model_state, inputs, pass_key=pass_key)
+        return _model_hint(
+            spec, model, model_state, inputs, outputs_of, pass_key=pass_key
+        )
     ran = f"the model runs on x and gives outputs {_describe(outputs)} per example"
     if not jax.tree.leaves(targets):
         return f"{ran}, but the batches hold no targets y: yield (x, y) batches"
@@ -61,10 +68,12 @@ def _model_hint(
     model: Any,
     model_state: eqx.nn.State | None,
     inputs: Any,
+    outputs_of: Callable[[Any], Any],
     *,
     pass_key: bool,
 ) -> str:
-    """Why the model fails on the inputs: state, dtype, batch axis or shape."""
+    """Why the model fails on the inputs: state, dtype, batch axis or shape
+    (`outputs_of` traces the model on inputs of a batch's size, or raises)."""
     accepted, required = _positional_parameters(model)
     if model_state is not None and accepted < 2:
         return (
@@ -78,18 +87,9 @@ def _model_hint(
             "as BatchNorm): build it with model, state = "
             "eqx.nn.make_with_state(...)(...) and pass model_state=state"
         )
-    floats = {
-        leaf.dtype for leaf in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))
-    }
-    leaves = jax.tree.leaves(inputs)
-    if floats and leaves and all(np.dtype(x.dtype).kind in "biu" for x in leaves):
-        kind = np.dtype(leaves[0].dtype).name
-        dtype = sorted(str(d) for d in floats)[0]
-        return (
-            f"x holds {kind} values but the model computes in {dtype}; if it "
-            f"takes real numbers, cast them, e.g. x.astype(np.{dtype}) (images: "
-            f"x.astype(np.{dtype}) / 255)"
-        )
+    cast = _cast_hint(model, inputs, outputs_of)
+    if cast is not None:
+        return cast
     if not pass_key and model_state is None and _runs_on_whole_batch(model, inputs):
         return (
             "the model runs on the whole batch but not on one example: models "
@@ -97,6 +97,30 @@ def _model_hint(
             "example, without the batch axis"
         )
     return _shape_fix(spec, model)
+
+
+def _cast_hint(model: Any, inputs: Any, outputs_of: Callable[[Any], Any]) -> str | None:
+    """The cast to advise for integer inputs x, where the model runs on them
+    cast to its own floating dtype: the dtype is then the cause (token ids
+    into an embedding fail for another reason, and get no such advice)."""
+    floats = {
+        leaf.dtype for leaf in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))
+    }
+    leaves = jax.tree.leaves(inputs)
+    if not (floats and leaves and all(np.dtype(x.dtype).kind in "biu" for x in leaves)):
+        return None
+    dtype = sorted(str(d) for d in floats)[0]
+    as_floats = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype), inputs)
+    try:
+        outputs_of(as_floats)
+    except Exception:
+        return None  # not the dtype's fault
+    kind = np.dtype(leaves[0].dtype).name
+    return (
+        f"x holds {kind} values but the model computes in {dtype}, and runs on "
+        f"x cast to it: cast them, e.g. x.astype(np.{dtype}) (images: "
+        f"x.astype(np.{dtype}) / 255)"
+    )
 
 
 def _positional_parameters(model: Any) -> tuple[int | float, int]:

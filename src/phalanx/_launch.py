@@ -7,8 +7,12 @@ initialize` reads, and optionally M fake CPU devices. Every output line is
 prefixed with the rank. SIGINT/SIGTERM are forwarded to every process; when
 one process fails, the others are stopped and the launcher exits non-zero
 within a bounded time instead of waiting on a collective that never ends.
+On Linux the processes also die with the launcher: killed with SIGKILL, or
+crashed, it cannot stop them itself, and ranks left behind would hold their
+devices and ports.
 """
 
+import ctypes
 import dataclasses
 import datetime
 import os
@@ -19,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import IO
 
 from ._env import COORDINATOR, LAUNCH_STAMP, NUM_PROCESSES, PROCESS_ID
@@ -104,6 +109,34 @@ class GlooNotes:
         return text + line[len(line.rstrip("\n")) :] if removed else line
 
 
+# prctl(2) option: the signal a process gets when its parent thread exits.
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A function for `subprocess.Popen`'s `preexec_fn` that makes the child
+    receive SIGKILL when this process dies; None off Linux (no prctl).
+
+    The kernel sends the signal when the *thread* that forked the child
+    exits, so the processes must be started from the thread that lives as
+    long as the launcher (the main one), and before any other thread starts
+    (preexec_fn runs Python between fork and exec). A launcher that died
+    before the child's prctl took effect would go unnoticed: the child then
+    finds another parent and kills itself.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork
+    parent = os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return set_death_signal
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -142,6 +175,9 @@ class _Ranks:
         self.waiters: list[threading.Thread] = []
         self.exits: list[tuple[int, int]] = []  # (rank, code) in exit order
         self._lock = threading.Lock()
+        # Every process first, then the threads: die_with_parent's preexec_fn
+        # is only safe while this process has no other thread.
+        preexec = die_with_parent()
         for rank in range(args.nproc):
             try:
                 process = subprocess.Popen(
@@ -152,6 +188,7 @@ class _Ranks:
                     text=True,
                     errors="replace",
                     start_new_session=True,  # signals reach it only through us
+                    preexec_fn=preexec,
                 )
             except OSError as error:
                 self.stop(0.0)
@@ -160,6 +197,7 @@ class _Ranks:
                     f"({error.strerror or error})"
                 ) from None
             self.processes.append(process)
+        for rank, process in enumerate(self.processes):
             for stream, out in (
                 (process.stdout, sys.stdout),
                 (process.stderr, sys.stderr),

@@ -1,14 +1,16 @@
-"""Built-in per-example losses and metrics.
+"""Built-in per-example losses and metrics, by the names ``loss=`` takes.
 
 Every loss returns one value per example; the trainer weights and sums them
 and divides once by the global weight, so no reduction is a mean of means.
 """
 
+from typing import Any
+
 import jax.numpy as jnp
 import optax
 from jaxtyping import Array, Float, Int, Shaped
 
-from ._typing import PerExample
+from ._typing import LossFn, LossName, PerExample
 
 
 def cross_entropy(
@@ -23,6 +25,29 @@ def accuracy(
 ) -> PerExample:
     """1 where the arg-max class is the label, else 0."""
     return (jnp.argmax(logits, axis=-1) == labels).astype(logits.dtype)
+
+
+def categorical_cross_entropy(
+    logits: Float[Array, "batch classes"], targets: Shaped[Array, "batch ..."]
+) -> PerExample:
+    """Softmax cross-entropy against one-hot or soft labels (a probability
+    per class, as Keras' ``categorical_crossentropy`` takes)."""
+    if targets.shape != logits.shape:
+        raise ValueError(
+            f"loss='categorical_cross_entropy': targets have per-example shape "
+            f"{tuple(targets.shape[1:])} but the model outputs "
+            f"{tuple(logits.shape[1:])}; give one probability per class (one-hot: "
+            "np.eye(classes)[y]), or pass integer labels with loss='cross_entropy'"
+        )
+    return optax.softmax_cross_entropy(logits, targets.astype(logits.dtype))
+
+
+def categorical_accuracy(
+    logits: Float[Array, "batch classes"], targets: Shaped[Array, "batch classes"]
+) -> PerExample:
+    """1 where the arg-max class is the targets' arg-max, else 0."""
+    hit = jnp.argmax(logits, axis=-1) == jnp.argmax(targets, axis=-1)
+    return hit.astype(logits.dtype)
 
 
 def mse(
@@ -43,3 +68,31 @@ def mse(
     targets = targets.reshape(outputs.shape).astype(outputs.dtype)
     error = jnp.square(outputs - targets)
     return jnp.mean(error.reshape(error.shape[0], -1), axis=1)
+
+
+# What each ``loss=`` name computes.
+LOSSES: dict[LossName, LossFn] = {
+    "cross_entropy": cross_entropy,
+    "categorical_cross_entropy": categorical_cross_entropy,
+    "mse": mse,
+}
+
+
+def default_metrics(
+    loss: LossName | None, outputs: Any, targets: Any
+) -> dict[str, PerExample]:
+    """The metrics a built-in loss reports beside itself (named as
+    `default_metric_names` says): accuracy for the cross-entropies, none for
+    the others (and for a loss function)."""
+    if loss == "cross_entropy":
+        return {"accuracy": accuracy(outputs, targets)}
+    if loss == "categorical_cross_entropy":
+        return {"accuracy": categorical_accuracy(outputs, targets)}
+    return {}
+
+
+def default_metric_names(loss: LossName | None) -> tuple[str, ...]:
+    """The names of `default_metrics`, known before any batch is seen."""
+    return (
+        ("accuracy",) if loss in ("cross_entropy", "categorical_cross_entropy") else ()
+    )

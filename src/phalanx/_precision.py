@@ -45,6 +45,12 @@ class Precision:
             ``"dynamic"``: a factor that halves on a non-finite gradient
             (that step's update is skipped) and doubles after
             `DynamicScale.PERIOD` (2000) good steps in a row, for float16.
+
+    Raises:
+        TypeError: a dtype is not a floating one.
+        ValueError: a dtype JAX would not honour (``float64`` without 64-bit
+            mode: ``jax.config.update("jax_enable_x64", True)``), or a bad
+            `loss_scale`.
     """
 
     params: Any
@@ -72,6 +78,15 @@ class Precision:
                 raise TypeError(
                     f"Precision({field}={value!r}) must be a floating dtype, e.g. "
                     "jnp.float32, jnp.bfloat16 or jnp.float16"
+                )
+            # Without 64-bit mode JAX computes float64 in float32, silently.
+            runs_in = jax.dtypes.canonicalize_dtype(dtype)
+            if runs_in != dtype:
+                raise ValueError(
+                    f"Precision({field}={value!r}) asks for {dtype.name}, which JAX "
+                    f"computes in {runs_in.name} unless 64-bit mode is on; turn it "
+                    "on first, jax.config.update('jax_enable_x64', True) at the top "
+                    "of the script (or JAX_ENABLE_X64=1), or use jnp.float32"
                 )
             object.__setattr__(self, field, dtype)
         scale = loss_scale

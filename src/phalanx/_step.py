@@ -20,12 +20,14 @@ import optax
 from jaxtyping import PyTree
 
 from ._checks import ZERO_WEIGHT
-from ._forward import example_keys, forward
+from ._forward import example_keys, forward, infer
 from ._hook_checks import (
+    HookTypeError,
     HookValueError,
     check_gradients,
     check_metrics,
     check_per_example,
+    returned,
 )
 from ._layout import StateLayout
 from ._precision import Precision
@@ -47,6 +49,8 @@ class StepParts(NamedTuple):
         nan_policy: what a non-finite gradient does (see the trainer).
         pass_key: whether the model takes a ``key``.
         precision: the dtypes the step computes in.
+        inference_model: ``inference_model(model) -> callable``: how the eval
+            and predict steps call the model (already in inference mode).
     """
 
     loss: Callable[[Any, Any, Any], PerExample]
@@ -57,6 +61,7 @@ class StepParts(NamedTuple):
     nan_policy: NanPolicy
     pass_key: bool
     precision: Precision = Precision()
+    inference_model: Callable[[Any], Callable[..., Any]] = lambda model: model
 
 
 def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
@@ -93,9 +98,45 @@ def weighted_sums(
     return sums
 
 
+def inference_call(parts: StepParts, model: Any) -> Callable[..., Any]:
+    """How the eval and predict steps call `model` (in inference mode), as
+    the trainer's `inference_model` hook says, checked at trace time."""
+    call = parts.inference_model(model)
+    if not callable(call):
+        raise HookTypeError(
+            f"inference_model returned {returned(call)}; it must return how to "
+            "call the model at inference: the model itself, or e.g. "
+            "functools.partial(model, enable_dropout=False)"
+        )
+    return call
+
+
 def _packed(sums: dict[str, Any]) -> jax.Array:
     """A slice's sums as one vector (one operand of the reduction)."""
     return jnp.stack(list(sums.values()))
+
+
+class StepFunctions(NamedTuple):
+    """The step functions for one batch structure (not yet jitted).
+
+    Attributes:
+        train: ``train(leaves, acc, batch_leaves, weight, total) -> (leaves,
+            acc, sums)``: one update.
+        evaluate: ``evaluate(leaves, acc, batch_leaves, weight) -> acc``.
+        probe: ``probe(leaves, batch_leaves, weight) -> (outputs, sums)``:
+            the model and loss mapped over a batch through the strategy,
+            per-example outputs and per-device sums; `jax.eval_shape` of it
+            validates a batch against the model before anything is compiled.
+        inspect: ``inspect(leaves, acc, batch_leaves, weight, total) ->
+            (leaves, grads, sums)``: `train` with the gradient it applied
+            (reduced, after the `gradients` hook) as an output, for
+            `DataParallelTrainer.compute_step`.
+    """
+
+    train: Callable
+    evaluate: Callable
+    probe: Callable
+    inspect: Callable
 
 
 def build_steps(
@@ -103,13 +144,8 @@ def build_steps(
     layout: StateLayout,
     batch_treedef: Any,
     batch_check: Callable[[tuple[jax.Array, ...], jax.Array], None] | None,
-) -> tuple[Callable, Callable, Callable]:
-    """The train step, the eval step and a probe for one batch structure.
-
-    The probe maps the model and loss over a batch through the strategy and
-    returns per-example outputs and per-device sums: `jax.eval_shape` of it
-    validates a batch against the model before anything is compiled.
-    """
+) -> StepFunctions:
+    """The step functions for one batch structure."""
     strategy, pass_key, unflatten = parts.strategy, parts.pass_key, layout.unflatten
     precision = parts.precision
     cast = precision.cast
@@ -131,22 +167,32 @@ def build_steps(
         batch = jax.tree.unflatten(batch_treedef, batch_leaves)
         return batch, weight, jnp.arange(weight.shape[0])
 
-    def run(static, params, replicated, model_state, examples):
-        """Model, loss and metrics on a slice: (weighted sums, outputs, state)."""
+    def run(static, params, replicated, model_state, examples, inference=False):
+        """Model, loss and metrics on a slice: (weighted sums, outputs, state).
+        With `inference`, the model is called as `inference_model` says,
+        without randomness."""
         arrays, key = replicated
         batch, weight, index = examples
         inputs, targets = batch
         model = eqx.combine(params, arrays, static)
-        keys = example_keys(key, index)
+        computing = eqx.combine(cast(params, precision.compute), arrays, static)
         # Model state (BatchNorm statistics) is kept in its own dtype and
         # used in the compute dtype, as the layers it feeds.
-        new_state = forward(
-            eqx.combine(cast(params, precision.compute), arrays, static),
-            cast(inputs, precision.compute),
-            state=cast(model_state, precision.compute),
-            keys=keys,
-            pass_key=pass_key,
-        )
+        compute_state = cast(model_state, precision.compute)
+        if inference:
+            new_state = infer(
+                inference_call(parts, computing),
+                cast(inputs, precision.compute),
+                state=compute_state,
+            )
+        else:
+            new_state = forward(
+                computing,
+                cast(inputs, precision.compute),
+                state=compute_state,
+                keys=example_keys(key, index),
+                pass_key=pass_key,
+            )
         outputs = cast(new_state[0], precision.output)
         model_state = jax.tree.map(
             lambda new, old: new.astype(old.dtype) if eqx.is_array(new) else new,
@@ -156,8 +202,9 @@ def build_steps(
         sums = weighted_sums(parts, model, outputs, targets, weight)
         return sums, outputs, model_state
 
-    def train_step(leaves, acc, batch_leaves, weight, total):
-        state = unflatten(leaves)
+    def gradient(state, batch_leaves, weight, total):
+        """The step's reduced gradient, as the optimizer gets it, its packed
+        sums, the new model state and the next key."""
         params, arrays, static = _split_model(state.model)
         if pass_key:
             step_key, next_key = jr.split(state.key)
@@ -192,6 +239,15 @@ def build_steps(
             grads = jax.tree.map(lambda g: g / scale.astype(g.dtype), grads)
         grads = parts.gradients(grads, state)
         check_gradients(grads, params)
+        return grads, sums, model_state, next_key
+
+    def step(leaves, acc, batch_leaves, weight, total):
+        """One update: the train step's outputs, and the gradient it applied."""
+        state = unflatten(leaves)
+        params = eqx.filter(state.model, eqx.is_inexact_array)
+        grads, sums, model_state, next_key = gradient(
+            state, batch_leaves, weight, total
+        )
 
         def update(loss_scale: DynamicScale | None) -> list[jax.Array]:
             updates, opt_state = parts.optimizer.update(grads, state.opt_state, params)
@@ -208,7 +264,7 @@ def build_steps(
         def kept(loss_scale: DynamicScale | None) -> list[jax.Array]:
             return layout.flatten(dataclasses.replace(state, loss_scale=loss_scale))
 
-        return _guard(
+        leaves, acc, sums = _guard(
             parts.nan_policy,
             (state.step, leaves),
             (update, kept),
@@ -217,6 +273,14 @@ def build_steps(
             acc,
             total,
         )
+        return leaves, acc, sums, grads
+
+    def train_step(leaves, acc, batch_leaves, weight, total):
+        return step(leaves, acc, batch_leaves, weight, total)[:3]
+
+    def inspect_step(leaves, acc, batch_leaves, weight, total):
+        leaves, _, sums, grads = step(leaves, acc, batch_leaves, weight, total)
+        return leaves, grads, sums
 
     def eval_step(leaves, acc, batch_leaves, weight):
         state = unflatten(leaves)
@@ -224,7 +288,7 @@ def build_steps(
 
         def local(replicated, model_state, examples):
             params, rest = replicated
-            sums = run(static, params, rest, model_state, examples)[0]
+            sums = run(static, params, rest, model_state, examples, True)[0]
             return _packed(sums), model_state
 
         sums, _ = strategy.reduce(
@@ -247,7 +311,7 @@ def build_steps(
         replicated = (params, (arrays, state.key), state.model_state)
         return strategy.map(local, replicated, examples(batch_leaves, weight))
 
-    return train_step, eval_step, probe
+    return StepFunctions(train_step, eval_step, probe, inspect_step)
 
 
 def several_steps(train_step: Callable) -> Callable:
@@ -384,30 +448,28 @@ def build_predict_step(
     parts: StepParts, layout: StateLayout, inputs_treedef: Any
 ) -> Callable:
     """A predict step: per-example outputs of the model in inference mode,
-    computed in the precision policy's dtypes."""
-    pass_key, precision = parts.pass_key, parts.precision
+    called as `inference_model` says and without randomness, computed in the
+    precision policy's dtypes."""
+    precision = parts.precision
 
     def predict_step(leaves, input_leaves):
         state = layout.unflatten(leaves)
         model = eqx.nn.inference_mode(state.model)
         arrays, static = eqx.partition(model, eqx.is_array)
         inputs = jax.tree.unflatten(inputs_treedef, input_leaves)
-        index = jnp.arange(input_leaves[0].shape[0])
 
-        def local(replicated, examples):
-            arrays, key, model_state = replicated
-            inputs, index = examples
+        def local(replicated, inputs):
+            arrays, model_state = replicated
             compute = precision.compute  # as the train step runs the model
-            outputs = forward(
-                eqx.combine(precision.cast(arrays, compute), static),
+            outputs = infer(
+                inference_call(
+                    parts, eqx.combine(precision.cast(arrays, compute), static)
+                ),
                 precision.cast(inputs, compute),
                 state=precision.cast(model_state, compute),
-                keys=example_keys(key, index),
-                pass_key=pass_key,
             )[0]
             return precision.cast(outputs, precision.output)
 
-        replicated = (arrays, state.key, state.model_state)
-        return parts.strategy.map(local, replicated, (inputs, index))
+        return parts.strategy.map(local, (arrays, state.model_state), inputs)
 
     return predict_step

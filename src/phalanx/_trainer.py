@@ -1,6 +1,7 @@
 import dataclasses
+import functools
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
@@ -15,21 +16,23 @@ from jaxtyping import Array, Float, PyTree, Shaped
 from . import _losses
 from ._batching import BatchPipeline
 from ._callback import Callback, StepInfo
-from ._checks import Leaf, empty_data_message, flatten_batch, num_examples
-from ._compiled import CompiledSteps
+from ._checks import BatchSpec, Leaf, empty_data_message, flatten_batch, num_examples
+from ._compiled import CompiledSteps, StepValues
 from ._config import (
     check_callbacks,
     check_config,
     check_duration,
     check_eval_every,
     check_iterable,
-    check_monitors,
+    check_one_shot,
     eval_sets,
 )
+from ._device_note import note_single_cpu_device
 from ._dispatch import Callbacks
 from ._forward import takes_key
 from ._history import History
 from ._hook_checks import check_split
+from ._keras_habits import binds_or_advises
 from ._layout import state_layout
 from ._loop import FitLoop, LoopSettings
 from ._placement import put_state
@@ -54,6 +57,7 @@ from ._typing import (
 )
 from ._validate import optional_positive_int
 from .callbacks import ProgressBar
+from .callbacks._monitors import check_monitors
 from .checkpoint._resume import read_checkpoint
 from .data import Resumable
 from .strategies import ShardingStrategy, Strategy
@@ -91,6 +95,11 @@ class DataParallelTrainer(Generic[_Model]):
       accuracy for cross-entropy.
     - `gradients(grads, state) -> grads`: the reduced, averaged gradients
       before the optimizer; default unchanged.
+    - `inference_model(model) -> callable`: how `evaluate` and `predict` call
+      the model, which arrives in inference mode and gets no randomness
+      (``key=None``); default the model as it is. Override it where a flag of
+      the model's own keeps dropout on: ``functools.partial(model,
+      enable_dropout=False)``.
 
     Example:
         ```python
@@ -128,7 +137,10 @@ class DataParallelTrainer(Generic[_Model]):
             optimizer: any optax gradient transformation.
             strategy: how steps run across devices; default
                 `ShardingStrategy()` over all local devices.
-            loss: ``"cross_entropy"`` (integer labels; reports accuracy),
+            loss: ``"cross_entropy"`` (integer class labels; reports
+                accuracy), ``"categorical_cross_entropy"`` (one-hot or soft
+                labels, a probability per class, as Keras'
+                ``categorical_crossentropy``; reports accuracy by arg-max),
                 ``"mse"``, or ``fn(outputs, targets) -> per-example losses``.
             callbacks: host-side `Callback`s, called in order.
             seed: seeds the PRNG key of the run (dropout, ...).
@@ -204,6 +216,10 @@ class DataParallelTrainer(Generic[_Model]):
         if self.precision.mixed:  # the master weights' dtype
             model = cast_floating(model, self.precision.params)
         self.strategy: Strategy = ShardingStrategy() if strategy is None else strategy
+        """How steps run across devices: the `strategy` argument, or the
+        default `ShardingStrategy()`. Hooks read it, e.g.
+        ``self.strategy.axis_name`` for collectives in `loss` and
+        ``self.strategy.num_devices``."""
         self.optimizer = optimizer
         self._callbacks = self._dispatch(callbacks)
         self.checks = checks
@@ -212,11 +228,16 @@ class DataParallelTrainer(Generic[_Model]):
         self.steps_per_call = steps_per_call
         self.prefetch = default_depth(self.strategy) if prefetch is None else prefetch
         self.history = History()
-        # A callback sets this to end `fit` after the current step (Keras' idiom).
+        """Every epoch's metrics (``history[-1]``, ``history["eval_loss"]``)
+        and every evaluation of ``fit(eval_every=)``
+        (``history.evaluations``), over all fits; restored by a resume."""
         self.stop_training = False
-        self._loss_name = loss if isinstance(loss, str) else None
-        builtin = {"cross_entropy": _losses.cross_entropy, "mse": _losses.mse}
-        self._loss_fn: LossFn = builtin[loss] if isinstance(loss, str) else loss
+        """Set to True (from a callback, as in Keras) to end `fit` after the
+        current step (with ``steps_per_call > 1``, the current compiled call),
+        or after the epoch end that set it; ``info.stop()`` does the same.
+        Each `fit` starts with it False."""
+        self._loss_name: LossName | None = None if callable(loss) else loss
+        self._loss_fn: LossFn = loss if callable(loss) else _losses.LOSSES[loss]
         state = TrainState(
             jnp.asarray(0, jnp.int32),
             model,
@@ -240,6 +261,9 @@ class DataParallelTrainer(Generic[_Model]):
         self._restored = False
         # The fit running now (it holds the state and progress meanwhile).
         self._fit: FitLoop | None = None
+        # What the first batch's validation checks too, during a fit that
+        # begins before any batch was seen (its monitors).
+        self._first_batch_checks: Callable[[], None] | None = None
         # The last fit's epochs and steps, for callbacks outside a fit.
         self._totals: tuple[int | None, int | None] = (None, None)
         parts = StepParts(
@@ -251,6 +275,7 @@ class DataParallelTrainer(Generic[_Model]):
             nan_policy=nan_policy,
             pass_key=takes_key(model),
             precision=self.precision,
+            inference_model=self.inference_model,
         )
         # The compiled train, eval and predict steps (as Keras' train_function).
         self.steps = CompiledSteps(
@@ -269,7 +294,7 @@ class DataParallelTrainer(Generic[_Model]):
             ),
             value_checks=checks == "on",
             class_labels=self._loss_name == "cross_entropy",
-            validate=self.steps.validate,
+            validate=self._validate,
         )
 
     # ----------------------------------------------------------------- hooks
@@ -314,15 +339,40 @@ class DataParallelTrainer(Generic[_Model]):
     def metrics(
         self, outputs: PyTree, targets: PyTree
     ) -> dict[str, Float[Array, " batch"]]:
-        """Per-example metrics, averaged like the loss (default: accuracy for CE)."""
-        if self._loss_name == "cross_entropy":
-            return {"accuracy": _losses.accuracy(outputs, targets)}
-        return {}
+        """Per-example metrics, averaged like the loss (default: accuracy for
+        the cross-entropies)."""
+        return _losses.default_metrics(self._loss_name, outputs, targets)
 
     def gradients(self, grads: PyTree, state: TrainState[_Model]) -> PyTree:
         """Transform the global mean gradient before the optimizer (default: none)."""
         del state
         return grads
+
+    def inference_model(self, model: _Model) -> Callable[..., Any]:
+        """How `evaluate`, `predict` and `fit`'s evaluations call the model
+        (default: as it is).
+
+        `model` arrives in inference mode (`eqx.nn.inference_mode`: dropout
+        off, BatchNorm on its running averages), and what this returns is
+        called per example as the model is (``f(x)``, or ``f(x, state)``
+        with model state), without randomness: ``key=None`` where it takes a
+        ``key``, so that evaluation and prediction are deterministic. A model
+        that still draws random numbers there is an error that says so.
+        Override it where a flag of the model's own overrides inference mode.
+        Runs inside the compiled eval and predict steps, at trace time.
+
+        Example:
+            Equinox's BERT classifier keeps dropout on unless called with
+            ``enable_dropout=False``:
+
+            ```python
+            class BertTrainer(px.DataParallelTrainer[BertClassifier]):
+                @override
+                def inference_model(self, model):
+                    return functools.partial(model, enable_dropout=False)
+            ```
+        """
+        return model
 
     # ---------------------------------------------------------------- public
 
@@ -405,10 +455,11 @@ class DataParallelTrainer(Generic[_Model]):
         return self.state.model
 
     @validates_own_arguments
+    @binds_or_advises
     def fit(
         self,
         data: Iterable[Any],
-        *unexpected: Any,
+        *,
         epochs: int | None = None,
         steps: int | None = None,
         eval_data: Iterable[Any] | Mapping[str, Iterable[Any]] | None = None,
@@ -420,9 +471,9 @@ class DataParallelTrainer(Generic[_Model]):
         Args:
             data: batches, each a pytree of arrays with a shared leading
                 examples axis, e.g. ``(x, y)``. The last may be shorter.
-            unexpected: nothing: a second positional argument, as in Keras'
-                ``fit(x, y)``, is refused with a TypeError saying how to pass
-                batches.
+                Keras' ``fit(x, y, batch_size=...)`` is refused (by a type
+                checker too) with a TypeError saying how to pass batches; so
+                is each of its other keywords, with phalanx's way of it.
             epochs: passes over `data` (default 1 when `steps` is not given).
             steps: optimizer updates to make, re-iterating `data` as needed.
                 With both, training stops at whichever comes first.
@@ -459,10 +510,18 @@ class DataParallelTrainer(Generic[_Model]):
         """
         epochs, steps = check_duration(epochs, steps)
         default_split = self._splits_by_default
-        check_iterable(data, "data", unexpected, default_split=default_split)
+        check_iterable(data, "data", default_split=default_split)
         sets = eval_sets(eval_data, default_split=default_split)
         eval_every = check_eval_every(eval_every, sets)
-        check_monitors(self.callbacks, sets)
+        monitors = functools.partial(
+            check_monitors,
+            self.callbacks,
+            sets,
+            eval_every=eval_every,
+            epoch_extras=self._epoch_extras(),
+        )
+        monitors(step_metrics=self._step_metrics())
+        note_single_cpu_device(self.strategy.num_devices)
         self._leaves = self._copy(self._leaves)
         # A fit that ended early (an error, steps=) may have left a part-done
         # epoch behind: a new fit starts a new epoch, unless it continues a
@@ -497,10 +556,23 @@ class DataParallelTrainer(Generic[_Model]):
             eval_sets=sets,
             eval_every=eval_every,
         )
+        check_one_shot(
+            data,
+            sets,
+            fit.progress,
+            total_steps=fit.total_steps,
+            eval_every=eval_every,
+        )
         self._fit, self._totals = fit, (fit.max_epochs, fit.total_steps)
+        if self._step_metrics() is None:  # known once the first batch is traced
+            self._first_batch_checks = lambda: monitors(
+                step_metrics=self._step_metrics()
+            )
         try:
-            self._callbacks.fit_start(fit.info())
             try:
+                # A callback failing to start (a tracker that cannot reach
+                # its server) lets the others that started close their files.
+                self._callbacks.fit_start(fit.info())
                 with preemption(fit.preempt):
                     fit.run()
                 signum = fit.progress.preempted
@@ -515,23 +587,19 @@ class DataParallelTrainer(Generic[_Model]):
                 raise
         finally:
             self._leaves, self._progress, self._fit = fit.leaves, fit.progress, None
+            self._first_batch_checks = None
         self._callbacks.fit_end(self._info())
         return self.state
 
     @validates_own_arguments
-    def evaluate(self, data: Iterable[Any], *unexpected: Any) -> HostMetrics:
+    @binds_or_advises
+    def evaluate(self, data: Iterable[Any]) -> HostMetrics:
         """Loss and metrics over every example of `data`, weighted exactly.
 
         Returns:
             ``{"loss": ..., **metrics}`` as floats.
         """
-        check_iterable(
-            data,
-            "data",
-            unexpected,
-            call="evaluate",
-            default_split=self._splits_by_default,
-        )
+        check_iterable(data, "data", default_split=self._splits_by_default)
         # Told apart from fit's own evaluations by eval_every=None.
         info = dataclasses.replace(self._info(), eval_every=None)
         self._callbacks.eval_start(info)
@@ -639,6 +707,26 @@ class DataParallelTrainer(Generic[_Model]):
             placed.total,
         )
 
+    def compute_step(self, batch: PyTree) -> StepValues:
+        """What a training step on `batch` computes from the current state,
+        without applying it: the reduced gradient the optimizer gets (after
+        the `gradients` hook), the step's loss and metrics, and the
+        `TrainState` it leads to (``.state``; its ``model_state`` too). The
+        trainer's own state does not change. `px.testing.assert_equivalent`
+        compares these across strategies.
+
+        Example:
+            ```python
+            values = trainer.compute_step((x, y))
+            values.metrics  # {"loss": ..., "accuracy": ...}
+            trainer.state = values.state  # to take the step after all
+            ```
+        """
+        placed = self._batches.prepare(batch, "batch", None, train=True)
+        return self.steps.values(
+            self._current_leaves(), placed.leaves, placed.weight, placed.total
+        )
+
     # --------------------------------------------------------------- private
 
     def _dispatch(self, callbacks: Sequence[Callback]) -> Callbacks:
@@ -648,6 +736,30 @@ class DataParallelTrainer(Generic[_Model]):
             isinstance(c, ProgressBar) for c in callbacks
         )
         return Callbacks(callbacks, ProgressBar(plain_steps=False) if shown else None)
+
+    def _validate(self, spec: BatchSpec, size: int) -> jax.ShapeDtypeStruct:
+        """Validate the first batch ever seen against the model and loss
+        (building the steps), then run what a fit left for that moment."""
+        outputs = self.steps.validate(spec, size)
+        if self._first_batch_checks is not None:
+            self._first_batch_checks()
+        return outputs
+
+    def _step_metrics(self) -> tuple[str, ...] | None:
+        """A step's metrics' names, ``loss`` first: the default `metrics`
+        hook's are known up front, an overriding one's once the first batch
+        has been traced (None until then)."""
+        if names := self.steps.sum_names:
+            return tuple(name for name in names if name != "weight")
+        if type(self).metrics is DataParallelTrainer.metrics:
+            return ("loss", *_losses.default_metric_names(self._loss_name))
+        return None
+
+    def _epoch_extras(self) -> tuple[str, ...]:
+        """What the loop adds to every epoch's metrics."""
+        dynamic = self.precision.loss_scale == "dynamic"
+        skipped = ("skipped_steps",) if self.nan_policy == "skip" or dynamic else ()
+        return (*skipped, "loss_scale") if dynamic else skipped
 
     def _current_leaves(self) -> list[jax.Array]:
         return self._leaves if self._fit is None else self._fit.leaves

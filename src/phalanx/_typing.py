@@ -23,7 +23,7 @@ HostMetrics: TypeAlias = dict[str, float]
 EvalSets: TypeAlias = tuple[tuple[str, Iterable[Any]], ...]
 # ``loss=`` callables: (outputs, targets) -> one value per example.
 LossFn: TypeAlias = Callable[[Any, Any], PerExample]
-LossName: TypeAlias = Literal["cross_entropy", "mse"]
+LossName: TypeAlias = Literal["cross_entropy", "categorical_cross_entropy", "mse"]
 ChecksMode: TypeAlias = Literal["on", "off"]
 NanPolicy: TypeAlias = Literal["raise", "skip", "off"]
 # A jax device (``jax.Device``, which type checkers cannot see as a class).

@@ -2,7 +2,8 @@
 
 Every argument is validated, and the data loaded and checked, before a run
 folder is created or JAX starts, so a bad command exits with code 2 and a
-one-line reason and leaves nothing behind. ``--help``, ``--version`` and a
+one-line reason and leaves nothing behind; a run that fails later, before
+its first step, removes what it wrote. ``--help``, ``--version`` and a
 bad option answer without importing JAX: only the parser is imported here,
 the rest once the command is valid.
 """
@@ -10,6 +11,7 @@ the rest once the command is valid.
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from ._cli_args import TrainArgs, UsageError
@@ -21,6 +23,9 @@ from ._cli_parser import build_parser
 # command, refused before training) and 128 + N (stopped by signal N, after
 # saving a checkpoint).
 EXIT_DIVERGED = 3  # a non-finite gradient (nan_policy="raise")
+# The user's code raised (--model's module, factory or model, --dataset's
+# function): its traceback, then one line of context.
+EXIT_USER_CODE = 4
 EXIT_IO = 74  # a file could not be written (sysexits' EX_IOERR)
 
 
@@ -77,6 +82,7 @@ def check_arguments(args: TrainArgs) -> None:
 def run_train(args: TrainArgs) -> int:
     """Validate what needs the data and the devices, then train; returns the
     exit code (`args` has passed `check_arguments`)."""
+    from ._cli_outputs import choose_outputs
     from ._cli_train import (
         check_batch_size,
         check_run_dir,
@@ -86,35 +92,27 @@ def run_train(args: TrainArgs) -> int:
 
     train, test = load_dataset(args.dataset, flatten=not args.user_model)
     check_run_dir(args.run_dir, args.overwrite, args.resume)
-    for logger in args.loggers:
-        _check_logger(logger)
+    outputs = choose_outputs(args)
     devices, defaulted = select_devices(args.devices, args.distributed)
     check_batch_size(args.batch_size, len(devices), args.microbatches)
     # Only now: importing it starts JAX, which must see the devices chosen.
+    from ._cli_folder import RunFolder
     from ._cli_run import train_and_report
 
-    return train_and_report(args, devices, train, test, defaulted=defaulted)
-
-
-# The package a logger needs, and the extra that installs it.
-_PACKAGES = {"tensorboard": "tensorboardX", "wandb": "wandb", "mlflow": "mlflow"}
-
-
-def _check_logger(logger: str) -> None:
-    """A --logger's library is installed, and MLflow knows where to log."""
-    import importlib.util
-
-    package = _PACKAGES.get(logger)
-    if package is not None and importlib.util.find_spec(package) is None:
-        raise UsageError(
-            f"--logger {logger} needs {package}: pip install 'phalanx[{logger}]'"
+    folder = RunFolder(args.run_dir, resume=args.resume)
+    try:
+        return train_and_report(
+            args,
+            devices,
+            train,
+            test,
+            defaulted=defaulted,
+            outputs=outputs,
+            folder=folder,
         )
-    if logger == "mlflow" and not os.environ.get("MLFLOW_TRACKING_URI"):
-        raise UsageError(
-            "--logger mlflow: set MLFLOW_TRACKING_URI to your tracking server "
-            "(http://...), or to a local store (file:./mlruns, with "
-            "MLFLOW_ALLOW_FILE_STORE=true under MLflow 3)"
-        )
+    except BaseException:
+        folder.undo()  # unless it got as far as a step or a checkpoint
+        raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,12 +133,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _train(args: TrainArgs) -> int:
     """`run_train`, its failures reported in one line with their exit code."""
+    from ._cli_model import UserCodeError
     from ._preemption import Preempted
+    from .callbacks import TrackerError
     from .checkpoint import CheckpointWriteError
 
     try:
         return run_train(args)
     except UsageError as error:
+        print(f"phalanx train: error: {error}", file=sys.stderr)
+        return 2
+    except UserCodeError as error:
+        assert error.__cause__ is not None
+        traceback.print_exception(error.__cause__)
+        print(f"phalanx train: error: {error}", file=sys.stderr)
+        return EXIT_USER_CODE
+    except TrackerError as error:
         print(f"phalanx train: error: {error}", file=sys.stderr)
         return 2
     except FloatingPointError as error:

@@ -14,4 +14,5 @@ from ._profiler import Profiler as Profiler
 from ._progress import ProgressBar as ProgressBar
 from ._tensorboard import TensorBoardLogger as TensorBoardLogger
 from ._throughput import Throughput as Throughput
+from ._tracker_error import TrackerError as TrackerError
 from ._wandb import WandbLogger as WandbLogger

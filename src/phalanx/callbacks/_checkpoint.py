@@ -25,6 +25,7 @@ from ..checkpoint._resume import Restored, is_step_folder, read_checkpoint
 from ..checkpoint._snapshot import item_handlers, save_args
 from ..data import Resumable
 from ._background import lower_priority, thread_ids
+from ._retention import metric_fn, retention
 
 
 # The subfolder orbax moves retired steps into before phalanx deletes them.
@@ -261,6 +262,12 @@ class Checkpoint(Callback):
                 self._damaged.discard(step)
                 self._empty_trash()
             self._last_step = step
+            if metrics is None and self.monitor is not None:
+                # Unranked (a mid-epoch save, an epoch end between two
+                # evaluations): empty metrics, as `retention` expects. Given
+                # none, orbax logs "Requested `tracked_metric`; did not
+                # provide metrics." at every such save once it tracks a best.
+                metrics = {}
             manager.save(step, args=args, metrics=metrics, force=True)
             # Orbax's writer threads (those started since the manager was
             # made) yield the cores to training; threads they start inherit it.
@@ -397,10 +404,12 @@ class Checkpoint(Callback):
                 # the failure left orbax's other threads waiting for it, and
                 # the process could never exit (they are not daemons).
                 async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
-                preservation_policy=self._preservation(),
+                preservation_policy=retention(self.keep, self.monitor, self.mode),
                 # With a best_fn orbax writes each save's metrics, so that a
                 # resumed run still ranks the earlier checkpoints.
-                best_fn=None if self.monitor is None else self._metric,
+                best_fn=None
+                if self.monitor is None
+                else metric_fn(self.monitor, self.mode),
                 best_mode=self.mode,
                 # A kill while orbax deletes an old step must not leave a
                 # half-deleted folder that still lists as a checkpoint: orbax
@@ -414,27 +423,6 @@ class Checkpoint(Callback):
                 self.directory, options=options, item_handlers=item_handlers()
             )
         return self._manager
-
-    def _preservation(
-        self,
-    ) -> (
-        ocp.checkpoint_managers.LatestN | ocp.checkpoint_managers.AnyPreservationPolicy
-    ):
-        """Which checkpoints stay: the newest `keep`; with `monitor`, the best
-        `keep` epoch ends by it, and the newest checkpoint (to resume from)."""
-        policies = ocp.checkpoint_managers
-        if self.monitor is None:
-            return policies.LatestN(n=self.keep)
-        best = policies.BestN(
-            get_metric_fn=self._metric,
-            reverse=self.mode == "min",  # the best sort last
-            n=self.keep,
-            keep_checkpoints_without_metrics=False,
-        )
-        return policies.AnyPreservationPolicy([best, policies.LatestN(n=1)])
-
-    def _metric(self, metrics: dict[str, float]) -> float:
-        return metrics[self.monitor]  # pyright: ignore[reportArgumentType]
 
     def _empty_trash(self) -> None:
         """Remove the steps orbax has retired (by then no longer listed)."""

@@ -1,3 +1,4 @@
+import contextlib
 import os
 import pathlib
 import re
@@ -12,6 +13,7 @@ from .._log import logger
 from .._typing import validates_own_arguments
 from .._validate import is_real, positive_int
 from ._hparams import check_config, flatten_config, hyperparameters
+from ._tracker_error import tracker_call
 
 
 if TYPE_CHECKING:
@@ -49,6 +51,12 @@ class MLflowLogger(Callback):
     history says the last step it has, and the logger logs only later ones.
     A parameter the run has already keeps its value (MLflow's parameters
     cannot change; a different new value is reported, not logged).
+
+    A failure of MLflow's (a tracking server that does not answer, a store
+    it cannot open) is raised as `TrackerError`, MLflow's exception its
+    ``__cause__``. MLflow retries an unanswered request for about 4 minutes
+    by default (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
+    ``MLFLOW_HTTP_REQUEST_TIMEOUT``).
 
     Requires ``pip install 'phalanx[mlflow]'``. MLflow 3 refuses a ``file:``
     tracking URI (a local ``mlruns`` folder) unless ``MLFLOW_ALLOW_FILE_STORE``
@@ -94,6 +102,8 @@ class MLflowLogger(Callback):
 
         Raises:
             ImportError: mlflow is not installed.
+            TrackerError: (from `fit`) MLflow failed to start, log to or end
+                the run.
             TypeError: `experiment`, `tracking_uri` or `run_name` is not a
                 str (or None), or `config` not a mapping with str keys.
             ValueError: `experiment` is empty or `log_every` is invalid.
@@ -135,19 +145,29 @@ class MLflowLogger(Callback):
     def on_fit_start(self, info: StepInfo) -> None:
         from mlflow import MlflowClient
 
-        client = MlflowClient(self.tracking_uri or self._run_uri)
-        self._client, self._run_uri = client, client.tracking_uri
         params = hyperparameters(info.trainer) | flatten_config(self.config)
+        uri = self.tracking_uri or self._run_uri
+        with self._calls("open its tracking store", uri or "MLflow's default URI"):
+            client = MlflowClient(uri)
+        histories = {}  # a continued run's: its metrics' logged steps
+        with self._calls("start its run", client.tracking_uri):
+            if self.run_id is None:
+                experiment = self._experiment_id(client)
+                run = client.create_run(experiment, run_name=self.run_name)
+            else:
+                run = client.get_run(self.run_id)
+                client.update_run(self.run_id, status="RUNNING")
+                histories = {
+                    key: client.get_metric_history(self.run_id, key)
+                    for key in run.data.metrics
+                }
+        self._client, self._run_uri = client, client.tracking_uri
         if self.run_id is None:
-            run = client.create_run(self._experiment_id(client), run_name=self.run_name)
             self.run_id = run.info.run_id
             self._floors = {}
         else:
-            run = client.get_run(self.run_id)
-            client.update_run(self.run_id, status="RUNNING")
             self._floors = {
-                key: max(m.step for m in client.get_metric_history(self.run_id, key))
-                for key in run.data.metrics
+                key: max(m.step for m in history) for key, history in histories.items()
             }
             logger.info(
                 f"MLflowLogger: continuing MLflow run {self.run_id}; its metrics "
@@ -227,7 +247,8 @@ class MLflowLogger(Callback):
                 )
         assert self.run_id is not None
         if new:
-            client.log_batch(self.run_id, params=new)
+            with self._calls(f"log the parameters of run {self.run_id}"):
+                client.log_batch(self.run_id, params=new)
 
     def _log_epoch(self, info: StepInfo) -> None:
         """An epoch's or evaluation's metrics: ``epoch/``, ``eval/`` ones."""
@@ -252,12 +273,26 @@ class MLflowLogger(Callback):
             if is_real(value) and step > self._floors.get(key, -1):
                 batch.append(Metric(key, float(value), timestamp, step))
         if batch:
-            self._client.log_batch(self.run_id, metrics=batch)
+            with self._calls(f"log metrics to run {self.run_id}"):
+                self._client.log_batch(self.run_id, metrics=batch)
 
     def _end(self, status: str) -> None:
         if self._client is not None and self.run_id is not None:
             client, self._client = self._client, None
-            client.set_terminated(self.run_id, status)
+            with self._calls(f"end run {self.run_id} as {status}"):
+                client.set_terminated(self.run_id, status)
+
+    def _calls(
+        self, what: str, where: str | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """MLflow's errors inside, as a `TrackerError` saying what failed."""
+        where = where or self._run_uri or "MLFLOW_TRACKING_URI"
+        return tracker_call(
+            "MLflowLogger",
+            f"{what} at {where}",
+            "check that the tracking server runs there (or that the store can "
+            "be opened), or pass another tracking_uri / MLFLOW_TRACKING_URI",
+        )
 
 
 def _name(name: str) -> str:

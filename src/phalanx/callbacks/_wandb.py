@@ -1,3 +1,4 @@
+import contextlib
 import inspect
 import pathlib
 from collections.abc import Mapping
@@ -12,6 +13,7 @@ from .._typing import validates_own_arguments
 from .._validate import is_real, one_of, positive_int
 from ._hparams import check_config, hyperparameters
 from ._names import tracker_names
+from ._tracker_error import tracker_call
 from ._wandb_log import last_step_on_disk, wait_until_written
 
 
@@ -60,6 +62,10 @@ class WandbLogger(Callback):
     an epoch's last step but not its end, that epoch has no ``epoch/`` and
     ``eval/`` values.
 
+    A failure of W&B's (a bad setting such as ``WANDB_MODE``, a server that
+    does not answer) is raised as `TrackerError`, W&B's exception its
+    ``__cause__``.
+
     Requires ``pip install 'phalanx[wandb]'``.
 
     Example:
@@ -100,6 +106,8 @@ class WandbLogger(Callback):
 
         Raises:
             ImportError: wandb is not installed.
+            TrackerError: (from `fit`) W&B failed to start, log to or finish
+                the run.
             TypeError: `project` is not a str, `config` not a mapping with
                 str keys, or `init_kwargs` names no `wandb.init` argument.
             ValueError: `mode` or `log_every` is invalid, or `init_kwargs`
@@ -148,14 +156,16 @@ class WandbLogger(Callback):
 
         self._finish(0)  # a run the last fit left open (its end was skipped)
         resuming = self._run_id is not None
-        run = wandb.init(
-            project=self.project or self._project,
-            mode=self.mode,
-            id=self._run_id,
-            resume="allow" if resuming else None,
-            config={**hyperparameters(info.trainer), **self.config},
-            **{"reinit": "create_new", **self.init_kwargs},
-        )
+        config = {**hyperparameters(info.trainer), **self.config}
+        with self._calls("start its run"):
+            run = wandb.init(
+                project=self.project or self._project,
+                mode=self.mode,
+                id=self._run_id,
+                resume="allow" if resuming else None,
+                config=config,
+                **{"reinit": "create_new", **self.init_kwargs},
+            )
         self.run, self._run_id, self._project = run, run.id, run.project
         # Online, a resumed run starts at the step after its last.
         self._floor = max(
@@ -198,7 +208,8 @@ class WandbLogger(Callback):
     def on_exception(self, info: StepInfo, error: BaseException) -> None:
         del info
         if isinstance(error, Preempted) and self.run is not None:
-            self.run.mark_preempting()
+            with self._calls(f"mark run {self.run.id} as preempted"):
+                self.run.mark_preempting()
         self._finish(getattr(error, "exit_code", 1))
 
     def state_dict(self) -> dict[str, Any]:
@@ -221,12 +232,24 @@ class WandbLogger(Callback):
     def _log(self, scalars: dict[str, Any], step: int) -> None:
         assert self.run is not None
         values = {tag: float(v) for tag, v in scalars.items() if is_real(v)}
-        self.run.log(values, step=step)
+        with self._calls(f"log to run {self.run.id}"):
+            self.run.log(values, step=step)
         self._last_step = step
 
     def _finish(self, exit_code: int) -> None:
         if self.run is not None:
             run, self.run = self.run, None
-            run.finish(exit_code=exit_code)
+            with self._calls(f"finish run {run.id}"):
+                run.finish(exit_code=exit_code)
             if run.offline:  # the next fit reads the file
                 wait_until_written(pathlib.Path(run.settings.sync_file))
+
+    def _calls(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """W&B's errors inside, as a `TrackerError` saying what failed."""
+        return tracker_call(
+            "WandbLogger",
+            what,
+            "check W&B's settings (WANDB_MODE, WANDB_PROJECT, WANDB_API_KEY, "
+            "WANDB_DIR, ...) and the logger's arguments, or run W&B offline "
+            "(WANDB_MODE=offline)",
+        )

@@ -2,3 +2,4 @@
 strategy: `assert_equivalent`, usable as a pytest helper."""
 
 from ._equivalence import assert_equivalent as assert_equivalent
+from ._report import Equivalence as Equivalence

@@ -1,42 +1,32 @@
+"""`assert_equivalent`: your trainer under each strategy against one device
+on the full batch, step by step from the same state."""
+
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import equinox as eqx
 import jax
-import numpy as np
 
-from .._summary import strategy_name
+from .._compiled import StepValues
+from .._state import TrainState
 from .._trainer import DataParallelTrainer
 from .._typing import validates_own_arguments
-from .._validate import positive_int
-from ..strategies import (
-    AccumulatingStrategy,
-    FullyShardedStrategy,
-    PmapStrategy,
-    ShardingStrategy,
-    Strategy,
+from .._validate import finite_at_least, positive_int
+from ..strategies import PmapStrategy, ShardingStrategy, Strategy
+from ._compare import (
+    HINT,
+    check_step,
+    check_update,
+    gaps,
+    named_leaves,
+    zero_levels,
 )
+from ._optimizer import update_allowances
+from ._report import Equivalence
+from ._setups import replayable, setups, split_leaves
 
 
 MakeTrainer = Callable[[Strategy], DataParallelTrainer[Any]]
-
-_HINT = """\
-The usual causes:
-- a loss averaged per device instead of per example: return one value per
-  example (a mean over the batch, or a division by the local batch size, is a
-  mean of means across devices); phalanx weights and averages them once;
-- a collective (psum, pmean, all_gather) in the loss under ShardingStrategy,
-  where no device axis is bound: collectives need a per-device strategy
-  (PmapStrategy, FullyShardedStrategy), so pass strategies= without it;
-- a collective where none belongs (psum of the per-example losses: phalanx
-  already sums over the devices once) or over the wrong axis: use
-  self.strategy.axis_name;
-- a loss that depends on the per-device batch size (x.shape[0], a mean over
-  the local batch inside a per-example value);
-- BatchNorm statistics per device (axis_name="batch" under a per-device
-  strategy): use axis_name=("batch", strategy.axis_name) for global ones;
-- a batch not divisible by a set-up's devices x microbatches: the trainer pads
-  it with zero-weight rows, which collectives and batch statistics see."""
 
 
 @validates_own_arguments
@@ -46,48 +36,73 @@ def assert_equivalent(
     *,
     strategies: Sequence[Strategy | tuple[str, Strategy]] | None = None,
     steps: int = 10,
+    rtol: float = 1e-4,
     atol: float = 1e-5,
-) -> dict[str, float]:
-    """Check that your trainer makes the update of one device on the full batch
-    under every strategy.
+) -> dict[str, Equivalence]:
+    """Check that your trainer computes what one device computes on the full
+    batch, under every strategy.
 
     phalanx's own strategies are exact for any loss that returns one value per
     example; this checks *your* trainer (your subclass, loss, metrics,
-    collectives, model and optimizer): it builds it once per set-up, trains
-    each `steps` steps on the same batches, and compares every parameter leaf
-    and the logged loss with the reference, one device holding the whole batch
-    (`ShardingStrategy` on ``jax.devices()[:1]``; `PmapStrategy` on that device
-    where the loss needs a device axis, e.g. for a collective). Call it in a
-    test: it raises `AssertionError` on the first difference and returns the
-    differences otherwise.
+    collectives, model and optimizer). It builds it once per set-up and
+    compares each of `steps` training steps with the reference's, one device
+    holding the whole batch (`ShardingStrategy` on ``jax.devices()[:1]``;
+    `PmapStrategy` on that device where the loss needs a device axis, e.g.
+    for a collective). Each set-up takes every step from the reference's state
+    before it (`DataParallelTrainer.compute_step`), so that each step is
+    judged on what a strategy is responsible for, not on how rounding grows
+    over a run:
+
+    1. The reduced gradient, the loss, the metrics and the new model state
+       must match the reference's to `rtol` of their scale (a leaf's largest
+       magnitude, or a tenth of the largest leaf's where that is more:
+       rounding elsewhere reaches a leaf that small).
+    2. The parameters the step leads to, a second signal, must match to
+       `atol` plus what the optimizer makes of the rounding in the gradient.
+       An optimizer that normalises the gradient (adam) turns an entry that
+       is zero up to rounding (a key bias under softmax, a bias before
+       BatchNorm) into a step of the learning rate's size in whichever
+       direction the rounding points; such leaves are allowed for and named
+       in the result's ``amplified``, not blamed on the strategy.
+
+    Call it in a test: it raises `AssertionError` on the first difference and
+    returns what it measured otherwise.
 
     Args:
         make_trainer: ``make_trainer(strategy) -> DataParallelTrainer``, a new
-            trainer built with ``strategy=strategy`` (build it with
-            ``progress=False`` to keep the output quiet; its callbacks run).
+            trainer built with ``strategy=strategy`` and the same model every
+            time (build it with ``progress=False``). Its steps are taken
+            without `fit`: callbacks do not run.
         batches: the training batches, as for `DataParallelTrainer.fit`. They
-            are read once and replayed to every set-up, re-iterated until
-            `steps` updates are made. Use a batch size that is a multiple of
+            are read once and replayed to every set-up, in order, re-iterated
+            until `steps` steps are taken. Use a batch size that is a multiple of
             the local device count × 2, so that no set-up pads a batch.
         strategies: the set-ups to compare with the reference: strategies, or
-            ``(name, strategy)`` pairs. Default: `ShardingStrategy()`,
-            `PmapStrategy()`, ``AccumulatingStrategy(ShardingStrategy(), 2)``
-            and `FullyShardedStrategy()`, each on all local devices. Pass
-            per-device strategies only for a loss with collectives.
-        steps: optimizer updates per set-up.
-        atol: the largest absolute difference allowed in a parameter (and in
-            the logged loss, relative to its size where that exceeds 1).
+            ``(name, strategy)`` pairs. Default, on all devices:
+            `ShardingStrategy()`, `PmapStrategy()`,
+            ``AccumulatingStrategy(ShardingStrategy(), 2)`` and a
+            `FullyShardedStrategy` whose ``min_size`` is chosen from your model
+            so that it splits the larger half of the leaves it can split (the
+            default 4096 would split none of a test-sized model); the result's
+            ``split`` names them. Pass per-device strategies only for a loss
+            with collectives.
+        steps: training steps to compare.
+        rtol: the largest difference allowed in a step's gradient, loss,
+            metrics and model state, relative to their scale.
+        atol: the largest absolute difference allowed in a parameter after a
+            step, on top of what the optimizer makes of rounding.
 
     Returns:
-        ``{set-up name: max |difference| over the parameters}``.
+        ``{set-up name: Equivalence}``: the largest differences found (see
+        [`Equivalence`][phalanx.testing.Equivalence]).
 
     Raises:
-        AssertionError: a set-up's parameters or logged loss differ from the
-            reference's by more than `atol`, or a set-up cannot train: the
-            message names the set-up, the first differing parameter leaf by
-            its path, the difference, the step count, and the usual causes.
+        AssertionError: a set-up differs from the reference, or cannot train:
+            the message names the set-up, the step, the value (the loss, a
+            metric, or the gradient, model state or parameter of a leaf by
+            its path), the difference, and the usual causes.
         TypeError, ValueError: a bad argument, or `make_trainer` returned no
-            new trainer built with the strategy it was given.
+            new trainer built with the strategy it was given, or another model.
 
     Example:
         A contrastive loss whose negatives come from every device, with a
@@ -118,9 +133,9 @@ def assert_equivalent(
             make_trainer, [(x, np.zeros(64, np.float32))],
             strategies=[px.PmapStrategy(), px.FullyShardedStrategy()], steps=3,
         )
-        # AssertionError: PmapStrategy on 8 devices: parameter layers[0].weight
-        # differs from one device on the full batch by 0.0293 (max abs;
-        # atol=1e-05) after 3 steps. The usual causes: ...
+        # AssertionError: PmapStrategy on 8 devices: at step 0, from the same
+        # state as one device on the full batch, the loss is 3.86 where one
+        # device computes 4.09 (...). The usual causes: ...
         ```
 
         The guide runs it in full: [Check your own
@@ -133,85 +148,82 @@ def assert_equivalent(
             "px.DataParallelTrainer(model, optimizer, strategy=strategy)"
         )
     positive_int("steps", steps, example="10")
-    if not isinstance(atol, int | float) or not atol >= 0:
-        raise ValueError(f"atol={atol!r} must be a non-negative number, e.g. 1e-5")
-    data = _replayable(batches)
-    setups = _setups(strategies)
-    reference, ref_loss = _reference(make_trainer, data, steps)
-    differences = {}
-    for name, strategy in setups:
-        try:
-            trainer = _train(make_trainer, strategy, data, steps)
-        except (TypeError, ValueError):
-            raise
-        except Exception as error:
-            raise AssertionError(
-                f"{name} could not train {steps} steps: {type(error).__name__}: "
-                f"{error}\n{_HINT}"
-            ) from error
-        differences[name] = _compare(name, steps, atol, reference, ref_loss, trainer)
-    return differences
+    finite_at_least("rtol", rtol, 0.0, example="1e-4")
+    finite_at_least("atol", atol, 0.0, example="1e-5")
+    data = replayable(batches)
+    reference = _reference(make_trainer, data[0])
+    initial = reference.state
+    params = jax.tree.leaves(eqx.filter(initial.model, eqx.is_inexact_array))
+    trainers = {}
+    for name, strategy in setups(strategies, params):
+        trainers[name] = _build(make_trainer, strategy)
+        _check_start(name, initial, trainers[name])
 
-
-def _replayable(batches: object) -> list[Any]:
-    # Read once: a shuffling loader re-iterated per set-up could feed each a
-    # different order.
-    if not isinstance(batches, Iterable) or isinstance(batches, str | bytes):
-        raise TypeError(
-            f"batches={type(batches).__name__} is not an iterable of batches; "
-            "pass e.g. [(x, y)]"
-        )
-    data = list(batches)
-    if not data:
-        raise ValueError("batches is empty; pass at least one batch, e.g. [(x, y)]")
-    return data
-
-
-def _setups(strategies: object) -> list[tuple[str, Strategy]]:
-    # `object`: checked here, with messages that name the fix.
-    if strategies is None:
-        n = len(jax.local_devices())
-        return [
-            (f"ShardingStrategy on {n} devices", ShardingStrategy()),
-            (f"PmapStrategy on {n} devices", PmapStrategy()),
-            (
-                f"AccumulatingStrategy(ShardingStrategy(), 2) on {n} devices",
-                AccumulatingStrategy(ShardingStrategy(), 2),
-            ),
-            (f"FullyShardedStrategy on {n} devices", FullyShardedStrategy()),
-        ]
-    if isinstance(strategies, Strategy) or not isinstance(strategies, Sequence):
-        raise TypeError(
-            f"strategies={strategies!r} must be a list of strategies or of "
-            "(name, strategy) pairs, e.g. [px.PmapStrategy()]"
-        )
-    setups = []
-    for item in strategies:
-        if isinstance(item, Strategy):
-            name = f"{strategy_name(item)} on {item.num_devices} devices"
-            if any(name == seen for seen, _ in setups):
-                name = f"{name} (#{len(setups) + 1})"
-            setups.append((name, item))
-        elif (
-            isinstance(item, tuple)
-            and len(item) == 2
-            and isinstance(item[0], str)
-            and isinstance(item[1], Strategy)
-        ):
-            setups.append(item)
-        else:
-            raise TypeError(
-                f"strategies: {item!r} is neither a strategy nor a (name, "
-                "strategy) pair"
+    worst = {name: [0.0, 0.0, 0.0, 0.0] for name in trainers}
+    amplified: dict[str, set[str]] = {name: set() for name in trainers}
+    allowances = update_allowances(reference.optimizer)
+    for step in range(steps):
+        batch = data[step % len(data)]
+        state = reference.state
+        want = reference.compute_step(batch)
+        zero = zero_levels(want.grads, rtol)
+        expected = named_leaves(want.state.model)
+        for name, trainer in trainers.items():
+            # What the strategy computes from the reference's state: the
+            # step's gradient, loss, metrics and model state...
+            have = _attempt(name, _step_from, trainer, state, batch)
+            found = check_step(name, step, want, have, rtol)
+            # ... and the parameters it leads to.
+            allowed = allowances(state, want.grads, have.grads, zero)
+            update, beyond = check_update(
+                name,
+                step,
+                atol,
+                gaps(expected, named_leaves(have.state.model)),
+                allowed,
             )
-    if not setups:
-        raise ValueError("strategies is empty; pass at least one, or None")
-    return setups
+            amplified[name].update(beyond)
+            worst[name] = [
+                max(a, b) for a, b in zip(worst[name], (*found, update), strict=True)
+            ]
+        reference.state = want.state
+    return {
+        name: Equivalence(
+            *worst[name],
+            split=split_leaves(_model_leaves(trainer)),
+            amplified=tuple(sorted(amplified[name])),
+        )
+        for name, trainer in trainers.items()
+    }
 
 
-def _train(
-    make_trainer: MakeTrainer, strategy: Strategy, data: list[Any], steps: int
-) -> DataParallelTrainer[Any]:
+def _reference(make_trainer: MakeTrainer, batch: Any) -> DataParallelTrainer[Any]:
+    """The reference trainer: one device holding the whole batch, under
+    `ShardingStrategy`, or `PmapStrategy` where the loss needs a device axis
+    (a collective): one device of a per-device program is the same
+    computation on the full batch."""
+    device = jax.devices()[:1]
+    trainer = _build(make_trainer, ShardingStrategy(device))
+    try:
+        trainer.compute_step(batch)
+        return trainer
+    except (TypeError, ValueError):
+        raise
+    except Exception as error:
+        trainer = _build(make_trainer, PmapStrategy(device))
+        try:
+            trainer.compute_step(batch)
+        except Exception as second:
+            raise AssertionError(
+                "the reference, one device on the full batch, could not run a "
+                f"step: under ShardingStrategy: {type(error).__name__}: {error}"
+                f"\nunder PmapStrategy: {type(second).__name__}: {second}"
+            ) from second
+        return trainer
+
+
+def _build(make_trainer: MakeTrainer, strategy: Strategy) -> DataParallelTrainer[Any]:
+    """A new trainer from `make_trainer`, checked to use `strategy`."""
     trainer = make_trainer(strategy)
     if not isinstance(trainer, DataParallelTrainer):
         raise TypeError(
@@ -227,82 +239,47 @@ def _train(
             f"make_trainer returned a trainer at step {trainer.progress.step}; "
             "build a new one on every call"
         )
-    trainer.fit(data, steps=steps)
     return trainer
 
 
-def _reference(
-    make_trainer: MakeTrainer, data: list[Any], steps: int
-) -> tuple[DataParallelTrainer[Any], list[float]]:
-    device = jax.devices()[:1]
+def _check_start(
+    name: str, initial: TrainState, trainer: DataParallelTrainer[Any]
+) -> None:
+    """The set-up's trainer starts where the reference does."""
+    want = named_leaves(initial.model)
+    for path, diff, _ in gaps(want, named_leaves(trainer.state.model)):
+        if diff != 0:
+            raise ValueError(
+                f"{name}: make_trainer built a model whose parameter {path} "
+                f"differs from the reference's by {diff:.3g} before any step; "
+                "build the same model on every call (e.g. from a fixed key)"
+            )
+
+
+def _step_from(
+    trainer: DataParallelTrainer[Any], state: TrainState, batch: Any
+) -> StepValues:
+    """What `trainer` computes on `batch` from `state`."""
+    trainer.state = state
+    return trainer.compute_step(batch)
+
+
+def _attempt(name: str, run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`run(*args, **kwargs)`; a failure not of the arguments is the set-up's."""
     try:
-        trainer = _train(make_trainer, ShardingStrategy(device), data, steps)
+        return run(*args, **kwargs)
     except (TypeError, ValueError):
         raise
     except Exception as error:
-        # A loss with collectives needs a bound device axis: one device of a
-        # per-device program is the same computation on the full batch.
-        try:
-            trainer = _train(make_trainer, PmapStrategy(device), data, steps)
-        except Exception as second:
-            raise AssertionError(
-                f"the reference, one device on the full batch, could not train "
-                f"{steps} steps: under ShardingStrategy: {type(error).__name__}: "
-                f"{error}\nunder PmapStrategy: {type(second).__name__}: {second}"
-            ) from second
-    return trainer, _losses(trainer)
+        raise AssertionError(
+            f"{name} could not train: {type(error).__name__}: {error}\n{HINT}"
+        ) from error
 
 
-def _losses(trainer: DataParallelTrainer[Any]) -> list[float]:
-    return list(trainer.history["loss"]) if len(trainer.history) else []
-
-
-def _leaves(trainer: DataParallelTrainer[Any]) -> list[tuple[str, np.ndarray]]:
-    state = trainer.state
-    trees = {"": state.model, "model_state": state.model_state}
-    leaves = []
-    for prefix, tree in trees.items():
-        if tree is None:
-            continue
-        arrays = eqx.filter(tree, eqx.is_inexact_array)
-        for path, leaf in jax.tree_util.tree_flatten_with_path(arrays)[0]:
-            name = (prefix + jax.tree_util.keystr(path)).removeprefix(".")
-            leaves.append((name, np.asarray(jax.device_get(leaf))))
-    return leaves
-
-
-def _compare(
-    name: str,
-    steps: int,
-    atol: float,
-    reference: DataParallelTrainer[Any],
-    ref_loss: list[float],
-    trainer: DataParallelTrainer[Any],
-) -> float:
-    worst = 0.0
-    expected = _leaves(reference)
-    got = _leaves(trainer)
-    if [path for path, _ in expected] != [path for path, _ in got]:
-        raise ValueError(
-            f"{name}: make_trainer built a model of another structure than the "
-            "reference's; build the same model on every call"
-        )
-    for (path, want), (_, have) in zip(expected, got, strict=True):
-        diff = float(np.max(np.abs(want - have), initial=0.0))
-        if not diff <= atol:  # NaN fails too
-            raise AssertionError(
-                f"{name}: parameter {path} differs from one device on the full "
-                f"batch by {diff:.3g} (max abs; atol={atol:g}) after {steps} "
-                f"steps.\n{_HINT}"
-            )
-        worst = max(worst, diff)
-    losses = _losses(trainer)
-    for epoch, (want, have) in enumerate(zip(ref_loss, losses, strict=False)):
-        diff = abs(want - have)
-        if not diff <= atol * max(1.0, abs(want)):
-            raise AssertionError(
-                f"{name}: the logged loss of epoch {epoch} is {have:.6g}, one "
-                f"device on the full batch logs {want:.6g} (difference "
-                f"{diff:.3g}; atol={atol:g}) after {steps} steps.\n{_HINT}"
-            )
-    return worst
+def _model_leaves(trainer: DataParallelTrainer[Any]) -> list[tuple[str, jax.Array]]:
+    """The model's floating-point leaves, on their devices, by path."""
+    arrays = eqx.filter(trainer.state.model, eqx.is_inexact_array)
+    return [
+        (jax.tree_util.keystr(path).removeprefix("."), leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(arrays)[0]
+    ]

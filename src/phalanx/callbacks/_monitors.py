@@ -1,0 +1,144 @@
+"""Checks, before a fit's first step, that each monitored metric is one the
+run produces.
+
+`Checkpoint(monitor=)` and `EarlyStopping(monitor)` read their metric at
+epoch ends, or, an ``eval_`` one under ``fit(eval_every=)``, after each of
+those evaluations. A name the run never produces would fail only after an
+epoch's training, or (under ``eval_every``) never be judged at all. The
+names a run produces are its step's (``loss`` and the `metrics` hook's),
+known once the first batch has been traced through the model; those of its
+evaluation sets (each prefixed as `fit` names it); the trainer's own epoch
+additions (``skipped_steps``, ``loss_scale``); and those phalanx's callbacks
+add before the monitor. A callback of the user's own placed before the
+monitor may add any name, so its monitor is taken on trust. Nothing here
+runs on the devices.
+"""
+
+import difflib
+from collections.abc import Sequence
+from typing import Any
+
+from .._callback import Callback, overrides
+from .._typing import EvalSets
+from ._checkpoint import Checkpoint
+from ._early_stopping import EarlyStopping
+from ._lr_monitor import LearningRateMonitor
+from ._throughput import Throughput
+
+
+def check_monitors(
+    callbacks: Sequence[Callback],
+    sets: EvalSets | None,
+    *,
+    eval_every: int | None = None,
+    step_metrics: Sequence[str] | None = None,
+    epoch_extras: Sequence[str] = (),
+) -> None:
+    """Raise ValueError for a callback monitoring a metric `fit` will not
+    produce, naming the closest one it will.
+
+    Args:
+        callbacks: the fit's callbacks, in the order they run.
+        sets: `fit`'s evaluation sets (their metrics' prefixes), or None.
+        eval_every: `fit`'s ``eval_every``.
+        step_metrics: the names of a step's metrics, ``loss`` first; None
+            before the first batch has been traced (only what the sets
+            decide is checked then).
+        epoch_extras: what the trainer adds to every epoch's metrics.
+    """
+    prefixes = [prefix for prefix, _ in sets or ()]
+    for i, callback in enumerate(callbacks):
+        monitor = getattr(callback, "monitor", None)
+        if not isinstance(monitor, str):
+            continue
+        earlier = callbacks[:i]
+        name = f"{type(callback).__name__}(monitor={monitor!r})"
+        at_evaluations = monitor.startswith("eval_") and eval_every is not None
+        hooks = ("on_eval_end",) if at_evaluations else ("on_epoch_end", "on_eval_end")
+        if _may_add(earlier, hooks):
+            continue
+        if monitor.startswith("eval_"):
+            _check_sets(name, monitor, prefixes)
+        if step_metrics is None or not isinstance(callback, Checkpoint | EarlyStopping):
+            continue  # a monitor of the user's own: read where it chooses
+        produced = [prefix + metric for prefix in prefixes for metric in step_metrics]
+        if not at_evaluations:
+            produced = [*step_metrics, *epoch_extras, *produced, *_added(earlier)]
+        if monitor not in produced:
+            raise ValueError(
+                _unknown(name, monitor, produced, prefixes, step_metrics, eval_every)
+            )
+
+
+def _check_sets(name: str, monitor: str, prefixes: list[str]) -> None:
+    """Raise for an ``eval_`` monitor that no evaluation set can give."""
+    if not prefixes:
+        raise ValueError(
+            f"{name} watches a metric of eval_data, but fit was given no "
+            "eval_data; pass eval_data=..., or monitor a training metric "
+            f"(e.g. monitor={monitor.removeprefix('eval_')!r})"
+        )
+    if not any(monitor.startswith(prefix) for prefix in prefixes):
+        names = ", ".join(f"{prefix}<metric>" for prefix in prefixes)
+        raise ValueError(
+            f"{name} watches no metric of fit's eval_data sets, whose metrics "
+            f"are named {names}; monitor one of those, e.g. "
+            f"monitor={prefixes[0] + 'loss'!r}"
+        )
+
+
+def _unknown(
+    name: str,
+    monitor: str,
+    produced: list[str],
+    prefixes: list[str],
+    step_metrics: Sequence[str],
+    eval_every: int | None,
+) -> str:
+    """The message for a monitor that is none of the `produced` names."""
+    where = (
+        f"the evaluations every {eval_every} steps give"
+        if monitor.startswith("eval_") and eval_every is not None
+        else "this fit's epochs give"
+    )
+    close = difflib.get_close_matches(monitor, produced, n=1, cutoff=0.6) or [
+        name for name in produced if name.startswith(monitor)
+    ]
+    guess = f" Did you mean {close[0]!r}?" if close else ""
+    # eval_val_loss with one unnamed set (whose metrics are eval_loss, ...).
+    named = monitor.removeprefix("eval_").partition("_")
+    unnamed = prefixes == ["eval_"] and named[2] in step_metrics
+    sets = (
+        " eval_data is one unnamed set, so its metrics are eval_<metric>; name "
+        f"it, eval_data={{{named[0]!r}: batches}}, for {monitor!r}."
+        if unnamed
+        else ""
+    )
+    return (
+        f"{name} watches a metric this fit never produces: {where} "
+        f"{', '.join(produced)}.{guess}{sets} Monitor one of those; a metric that "
+        "a callback adds (LearningRateMonitor's 'lr', Throughput's, your own) "
+        "needs that callback before this one in callbacks="
+    )
+
+
+def _may_add(earlier: Sequence[Callback], hooks: Sequence[str]) -> bool:
+    """Whether a callback of the user's own among `earlier` may add metrics
+    in one of `hooks` (phalanx's own add only what `_added` lists)."""
+    return any(
+        not type(callback).__module__.startswith("phalanx.")
+        and any(overrides(callback, hook) for hook in hooks)
+        for callback in earlier
+    )
+
+
+def _added(earlier: Sequence[Any]) -> list[str]:
+    """The names phalanx's callbacks among `earlier` add to the epochs'
+    metrics."""
+    names: list[str] = []
+    for callback in earlier:
+        if isinstance(callback, LearningRateMonitor):
+            names.append(callback.name)
+        elif isinstance(callback, Throughput):
+            names += ["examples_per_sec", "steps_per_sec"]
+    return names
