@@ -9,6 +9,7 @@ from . import (
     strategies as strategies,
     testing as testing,
 )
+from ._compiled import StepValues as StepValues
 from ._devices import fake_cpu_devices as fake_cpu_devices
 from ._history import History as History
 from ._precision import Precision as Precision

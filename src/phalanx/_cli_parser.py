@@ -1,11 +1,10 @@
 """The ``phalanx`` command line's parser: options, their types and help."""
 
 import argparse
-import math
 from typing import Any, NoReturn
 
 from ._cli_args import UsageError
-from ._cli_model import is_reference, parse_model_arg
+from ._cli_values import model, model_arg, positive_float, positive_int, steps, widths
 from ._version import __version__
 
 
@@ -40,74 +39,6 @@ class RaisingParser(_Parser):
         raise UsageError(message)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a positive integer, got {text!r}"
-        ) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(
-            f"must be a positive finite number, got {text}"
-        )
-    return value
-
-
-def _widths(text: str) -> tuple[int, ...]:
-    try:
-        widths = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a comma-separated list of widths, e.g. 256,128"
-        ) from None
-    if not widths or any(w < 1 for w in widths):
-        raise argparse.ArgumentTypeError(
-            f"widths must be positive integers, e.g. 256,128; got {text!r}"
-        )
-    return widths
-
-
-def _model(text: str) -> str:
-    if text in ("linear", "mlp") or is_reference(text):
-        return text
-    raise argparse.ArgumentTypeError(
-        f"{text!r} is not linear, mlp or MODULE:FACTORY (e.g. mymodels:cnn, a "
-        "function in mymodels.py)"
-    )
-
-
-def _model_arg(text: str) -> str:
-    try:
-        parse_model_arg(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    return text
-
-
-def _steps(text: str) -> tuple[int, int]:
-    start, colon, end = text.partition(":")
-    try:
-        steps = int(start), int(end)
-    except ValueError:
-        steps = (0, 0)
-    if not colon or not 1 <= steps[0] < steps[1]:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not START:END with 1 <= START < END, e.g. 10:20"
-        )
-    return steps
-
-
 LOGGERS = ("csv", "jsonl", "tensorboard", "wandb", "mlflow")
 
 
@@ -139,7 +70,7 @@ def build_parser(
     add = train.add_argument
     add(
         "--model",
-        type=_model,
+        type=model,
         default="mlp",
         metavar="linear|mlp|MODULE:FACTORY",
         help="a built-in model, or FACTORY(*, in_shape, out_size, key, "
@@ -149,7 +80,7 @@ def build_parser(
     )
     add(
         "--model-arg",
-        type=_model_arg,
+        type=model_arg,
         action="append",
         metavar="NAME=VALUE",
         help="a keyword argument for --model MODULE:FACTORY, VALUE a Python "
@@ -157,7 +88,7 @@ def build_parser(
     )
     add(
         "--hidden",
-        type=_widths,
+        type=widths,
         default="256,128",
         metavar="W1,W2,...",
         help="hidden layer widths of the MLP",
@@ -193,14 +124,14 @@ def build_parser(
     )
     add(
         "--microbatches",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="K",
         help="gradient accumulation: split each device's batch in K parts",
     )
     add(
         "--devices",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="devices to train on; on a CPU-only host this fakes N CPU devices "
@@ -208,7 +139,7 @@ def build_parser(
     )
     add(
         "--batch-size",
-        type=_positive_int,
+        type=positive_int,
         default=64,
         metavar="N",
         help="global batch size: examples per step over every device, padded "
@@ -217,12 +148,12 @@ def build_parser(
     )
     add(
         "--epochs",
-        type=_positive_int,
+        type=positive_int,
         default=30,
         metavar="N",
         help="passes over the data",
     )
-    add("--lr", type=_positive_float, default=0.1, help="peak learning rate")
+    add("--lr", type=positive_float, default=0.1, help="peak learning rate")
     add(
         "--optimizer",
         choices=("adam", "adamw", "sgd"),
@@ -237,7 +168,7 @@ def build_parser(
     )
     add(
         "--schedule-steps",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="N",
         help="steps the schedule spans (default: the run's epochs x steps per "
@@ -247,7 +178,7 @@ def build_parser(
     )
     add(
         "--clip-norm",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         metavar="C",
         help="clip gradients to this global norm",
@@ -267,7 +198,7 @@ def build_parser(
     )
     add(
         "--checkpoint-every",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="STEPS",
         help="also checkpoint every this many steps (a checkpoint is always "
@@ -275,7 +206,7 @@ def build_parser(
     )
     add(
         "--eval-every",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         metavar="STEPS",
         help="evaluate on the test set every this many steps (its metrics as "
@@ -305,7 +236,7 @@ def build_parser(
     )
     add(
         "--steps-per-call",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="K",
         help="run K steps per compiled call (lax.scan): for small models, "
@@ -313,7 +244,7 @@ def build_parser(
     )
     add(
         "--log-every",
-        type=_positive_int,
+        type=positive_int,
         default=10,
         metavar="STEPS",
         help="log training metrics every this many steps",
@@ -337,7 +268,7 @@ def build_parser(
     )
     add(
         "--profile",
-        type=_steps,
+        type=steps,
         metavar="START:END",
         help="record a jax.profiler trace of steps START to END into "
         "RUN_DIR/profile (TensorBoard's profile plugin or ui.perfetto.dev)",
@@ -365,20 +296,20 @@ def _add_launch(commands: "argparse._SubParsersAction[_Parser]") -> None:
     )
     launch.add_argument(
         "--nproc",
-        type=_positive_int,
+        type=positive_int,
         required=True,
         metavar="N",
         help="processes to start",
     )
     launch.add_argument(
         "--devices-per-process",
-        type=_positive_int,
+        type=positive_int,
         metavar="M",
         help="fake M CPU devices in each process (CPU platform only)",
     )
     launch.add_argument(
         "--port",
-        type=_positive_int,
+        type=positive_int,
         metavar="PORT",
         help="coordinator port (default: a free one)",
     )

@@ -61,7 +61,7 @@ class StepParts(NamedTuple):
     nan_policy: NanPolicy
     pass_key: bool
     precision: Precision = Precision()
-    inference_model: Callable[[Any], Callable[..., Any]] = lambda model: model
+    inference_model: Callable[[Any], Any] = lambda model: model
 
 
 def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:

@@ -132,8 +132,9 @@ class DataParallelTrainer(Generic[_Model]):
         """
         Args:
             model: a per-example Equinox model; it may take a ``key`` keyword
-                (the trainer passes a fresh one per example and step) and, with
-                ``model_state``, be called as ``model(x, state) -> (y, state)``.
+                (the trainer passes a fresh one per example and training step,
+                and ``key=None`` at inference) and, with ``model_state``, be
+                called as ``model(x, state) -> (y, state)``.
             optimizer: any optax gradient transformation.
             strategy: how steps run across devices; default
                 `ShardingStrategy()` over all local devices.
@@ -348,7 +349,7 @@ class DataParallelTrainer(Generic[_Model]):
         del state
         return grads
 
-    def inference_model(self, model: _Model) -> Callable[..., Any]:
+    def inference_model(self, model: _Model) -> _Model | Callable[..., Any]:
         """How `evaluate`, `predict` and `fit`'s evaluations call the model
         (default: as it is).
 
@@ -648,7 +649,8 @@ class DataParallelTrainer(Generic[_Model]):
     def predict(
         self, x: PyTree[Shaped[Leaf, "rows ..."]], *, batch_size: int | None = None
     ) -> Outputs:
-        """Model outputs (inference mode) for every row of `x`, in order.
+        """Model outputs for every row of `x`, in order: the model in
+        inference mode, without randomness, called as `inference_model` says.
 
         Rows are split across devices; any number works (padding is added
         and removed). With `batch_size`, rows go through in chunks of that
