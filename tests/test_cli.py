@@ -297,10 +297,11 @@ def test_readme_main_job(tmp_path, record_property):
     script = pathlib.Path(sys.executable).with_name("phalanx")  # console script
     assert script.exists(), f"{script} missing: install with pip install -e ."
     run = tmp_path / "run"  # --run-dir only keeps the default runs/ out of cwd
-    # As a user would run it: no NPROC (the CLI sets its own for fake devices);
+    # As a user would run it: no NPROC (the CLI sets its own for fake devices)
+    # nor the tests' XLA_FLAGS;
     # CPU even on a host with accelerators, as the acceptance is for 8 fake CPU
     # devices.
-    env = {k: v for k, v in os.environ.items() if k != "NPROC"}
+    env = {k: v for k, v in os.environ.items() if k not in ("NPROC", "XLA_FLAGS")}
     env["JAX_PLATFORMS"] = "cpu"
     start = time.perf_counter()
     result = subprocess.run(

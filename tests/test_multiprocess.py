@@ -26,6 +26,9 @@ def launch(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
     the first one starts with -) in 2 processes × 2 fake CPU devices."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA"))}
     env.pop("NPROC", None)  # launch sets it for 2 devices per process
+    # The compiler flags of the tests (conftest.py), which the in-process
+    # reference is compiled with too: bitwise comparisons need the same code.
+    env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
     done = subprocess.run(
         [sys.executable, "-m", "phalanx", "launch", "--nproc", "2"]
         + ["--devices-per-process", "2", "--", sys.executable]

@@ -250,7 +250,9 @@ def test_an_adam_amplified_zero_gradient_is_named_not_blamed():
     # adam's first step moves every entry by about its learning rate, in the
     # direction the rounding points: a wrong strategy would look the same.
     assert any(r.amplified == ("shift",) for r in with_adam.values())
-    assert max(r.parameters for r in with_adam.values()) > 1e-3
+    # Far beyond atol=1e-5 (by how much depends on the rounding, so on the
+    # compiler: 6e-4 to 4e-3 measured), yet not blamed on the strategy.
+    assert max(r.parameters for r in with_adam.values()) > 1e-4
     with_sgd = px.testing.assert_equivalent(
         make(optax.sgd(0.5)), BATCHES, strategies=strategies, steps=3
     )
