@@ -521,7 +521,8 @@ class DataParallelTrainer(Generic[_Model]):
             eval_every=eval_every,
             epoch_extras=self._epoch_extras(),
         )
-        monitors(step_metrics=self._step_metrics())
+        step_metrics = self._step_metrics()  # None: known at the first batch
+        monitors(step_metrics=step_metrics)
         note_single_cpu_device(self.strategy.num_devices)
         self._leaves = self._copy(self._leaves)
         # A fit that ended early (an error, steps=) may have left a part-done
@@ -565,7 +566,7 @@ class DataParallelTrainer(Generic[_Model]):
             eval_every=eval_every,
         )
         self._fit, self._totals = fit, (fit.max_epochs, fit.total_steps)
-        if self._step_metrics() is None:  # known once the first batch is traced
+        if step_metrics is None:
             self._first_batch_checks = lambda: monitors(
                 step_metrics=self._step_metrics()
             )
