@@ -26,10 +26,10 @@ import orbax.checkpoint as ocp
 import pytest
 
 import phalanx as px
-from phalanx._cli_args import TrainArgs
-from phalanx._cli_run import make_optimizer, make_schedule, make_strategy
-from phalanx._cli_train import load_dataset
-from phalanx.cli import build_parser
+from phalanx.cli._args import TrainArgs
+from phalanx.cli._main import build_parser
+from phalanx.cli._start import load_dataset
+from phalanx.cli._train import make_optimizer, make_schedule, make_strategy
 
 
 STEPS_PER_EPOCH, EPOCHS, LOG_EVERY = 23, 3, 5  # digits: 1437 examples, batch 64

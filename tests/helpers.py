@@ -1,6 +1,9 @@
 """Shared test data, a hand-written reference trainer, and tree comparison."""
 
+import json
+import pathlib
 import re
+import struct
 
 import equinox as eqx
 import jax
@@ -11,7 +14,8 @@ import optax
 from typing_extensions import override
 
 import phalanx as px
-from phalanx._launch import _GLOO_NOTE
+from phalanx.callbacks._wandb_log import transaction_log
+from phalanx.cli._launch import _GLOO_NOTE
 
 
 IN, CLASSES, HIDDEN = 5, 3, (8,)
@@ -131,3 +135,123 @@ class RaiseAt(px.Callback):
     def on_step_end(self, info):
         if info.step == self.step:
             raise RuntimeError(f"boom at step {info.step}")
+
+
+KINDS = ("sharding", "pmap", "sharding+acc2", "sharding+acc4", "pmap+acc2", "pmap+acc4")
+
+
+# FullyShardedStrategy: "fsdp" splits parameters and optimizer state, "zero2"
+# the optimizer state only (min_size=1: the test model's leaves are tiny).
+SHARDED_KINDS = ("fsdp", "fsdp+acc2", "fsdp+acc4", "zero2", "zero2+acc2", "zero2+acc4")
+
+
+BASES = {
+    "sharding": px.ShardingStrategy,
+    "pmap": px.PmapStrategy,
+    "fsdp": lambda n: px.FullyShardedStrategy(n, min_size=1),
+    "zero2": lambda n: px.FullyShardedStrategy(n, shard="optimizer", min_size=1),
+}
+
+
+def make_strategy(kind: str, devices: int) -> px.Strategy:
+    base, _, acc = kind.partition("+")
+    inner = BASES[base](devices)
+    return px.AccumulatingStrategy(inner, int(acc[3:])) if acc else inner
+
+
+class DropoutMLP(eqx.Module):
+    layers: tuple[eqx.nn.Linear, eqx.nn.Linear]
+    dropout: eqx.nn.Dropout
+
+    def __init__(self, p: float, *, key):
+        k1, k2 = jr.split(key)
+        self.layers = (
+            eqx.nn.Linear(IN, 16, key=k1),
+            eqx.nn.Linear(16, CLASSES, key=k2),
+        )
+        self.dropout = eqx.nn.Dropout(p)
+
+    def __call__(self, x, *, key):
+        return self.layers[1](self.dropout(jax.nn.relu(self.layers[0](x)), key=key))
+
+
+class BatchNormMLP(eqx.Module):
+    layers: tuple[eqx.nn.Linear, eqx.nn.Linear]
+    norm: eqx.nn.BatchNorm
+
+    def __init__(self, axis_name, mode, *, key):
+        k1, k2 = jr.split(key)
+        self.layers = (
+            eqx.nn.Linear(IN, 16, key=k1),
+            eqx.nn.Linear(16, CLASSES, key=k2),
+        )
+        self.norm = eqx.nn.BatchNorm(16, axis_name=axis_name, mode=mode, momentum=0.5)
+
+    def __call__(self, x, state):
+        h, state = self.norm(self.layers[0](x), state)
+        return self.layers[1](jax.nn.relu(h)), state
+
+
+def wandb_parts(root: pathlib.Path) -> list[dict]:
+    """Each local part of each run, in the order they started: its run id,
+    config, history rows {step: {tag: value}} and exit code."""
+    parts = []
+    for path in (root / "wandb").glob("*/run-*.wandb"):
+        if path.parent.is_symlink():  # "latest-run" links to one of the others
+            continue
+        part: dict = {"rows": {}, "exit_code": None}
+        for record in transaction_log(path):
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                part["id"] = record.run.run_id
+                part["name"] = record.run.display_name
+                part["start"] = record.run.start_time.ToNanoseconds()
+                part["config"] = {
+                    item.key: json.loads(item.value_json)
+                    for item in record.run.config.update
+                }
+            elif kind == "history":
+                items = {
+                    "/".join(item.nested_key) or item.key: json.loads(item.value_json)
+                    for item in record.history.item
+                }
+                step = items.pop("_step")
+                assert step == record.history.step.num
+                assert step not in part["rows"]
+                part["rows"][step] = items
+            elif kind == "exit":
+                part["exit_code"] = record.exit.exit_code
+            elif kind == "preempting":
+                part["preempting"] = True
+        parts.append(part)
+    return sorted(parts, key=lambda part: part["start"])
+
+
+def read_events(logdir: pathlib.Path) -> list:
+    """Every event of every event file, from the TFRecord framing: u64 length,
+    u32 length CRC, payload, u32 payload CRC."""
+    from tensorboardX.proto import event_pb2
+
+    events = []
+    for path in sorted(logdir.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack_from("<Q", data, offset)
+            offset += 12
+            events.append(
+                event_pb2.Event.FromString(  # pyright: ignore[reportAttributeAccessIssue]
+                    data[offset : offset + length]
+                )
+            )
+            offset += length + 4
+        assert offset == len(data)
+    return events
+
+
+def read_scalars(logdir: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for event in read_events(logdir):
+        for value in event.summary.value:
+            scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars

@@ -9,17 +9,17 @@ from . import (
     strategies as strategies,
     testing as testing,
 )
-from ._compiled import StepValues as StepValues
-from ._devices import fake_cpu_devices as fake_cpu_devices
-from ._history import History as History
+from ._engine._compiled import StepValues as StepValues
 from ._precision import Precision as Precision
-from ._progress import RunPlan as RunPlan, RunProgress as RunProgress
-from ._snapshot import Snapshot as Snapshot
-from ._state import DynamicScale as DynamicScale, TrainState as TrainState
+from ._state._history import History as History
+from ._state._progress import RunPlan as RunPlan, RunProgress as RunProgress
+from ._state._snapshot import Snapshot as Snapshot
+from ._state._train_state import DynamicScale as DynamicScale, TrainState as TrainState
 from ._trainer import DataParallelTrainer as DataParallelTrainer
 from ._version import __version__ as __version__
 from .callbacks import Callback as Callback, StepInfo as StepInfo
 from .checkpoint import load_model as load_model, save_model as save_model
+from .distributed._fake_devices import fake_cpu_devices as fake_cpu_devices
 from .strategies import (
     AccumulatingStrategy as AccumulatingStrategy,
     FullyShardedStrategy as FullyShardedStrategy,

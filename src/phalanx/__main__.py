@@ -1,6 +1,6 @@
 import sys
 
-from .cli import main
+from .cli._main import main
 
 
 sys.exit(main())

@@ -14,11 +14,7 @@ import optax
 from jaxtyping import Array, Float, PyTree, Shaped
 
 from . import _losses
-from ._batching import BatchPipeline
-from ._callback import Callback, StepInfo
-from ._checks import BatchSpec, Leaf, empty_data_message, flatten_batch, num_examples
-from ._compiled import CompiledSteps, StepValues
-from ._config import (
+from ._checks._arguments import (
     check_callbacks,
     check_config,
     check_duration,
@@ -27,25 +23,32 @@ from ._config import (
     check_one_shot,
     eval_sets,
 )
-from ._device_note import note_single_cpu_device
-from ._dispatch import Callbacks
-from ._forward import takes_key
-from ._history import History
-from ._hook_checks import check_split
-from ._keras_habits import binds_or_advises
-from ._layout import state_layout
-from ._loop import FitLoop, LoopSettings
-from ._placement import put_state
+from ._checks._batch import (
+    BatchSpec,
+    Leaf,
+    empty_data_message,
+    flatten_batch,
+    num_examples,
+)
+from ._checks._device_note import note_single_cpu_device
+from ._checks._hooks import check_split
+from ._checks._keras_habits import binds_or_advises
+from ._engine._compiled import CompiledSteps, StepValues
+from ._engine._feed import Feed, default_depth
+from ._engine._forward import takes_key
+from ._engine._layout import state_layout
+from ._engine._loop import FitLoop, LoopSettings
+from ._engine._pipeline import BatchPipeline
+from ._engine._predict import predict_rows
+from ._engine._step import StepParts
+from ._engine._summary import ModelSummary, summarize
 from ._precision import Precision, PrecisionName, cast_floating, precision_of
-from ._predict import predict_rows
 from ._preemption import Preempted, preemption
-from ._prefetch import Feed, default_depth
-from ._progress import RunPlan, RunProgress
-from ._snapshot import Snapshot
-from ._state import DynamicScale, TrainState
-from ._step import StepParts
-from ._summary import ModelSummary, summarize
-from ._sums import EpochSums, StepSums, means
+from ._state._history import History
+from ._state._progress import RunPlan, RunProgress
+from ._state._snapshot import Snapshot
+from ._state._sums import EpochSums, StepSums, means
+from ._state._train_state import DynamicScale, TrainState
 from ._typing import (
     ChecksMode,
     EvalSets,
@@ -57,10 +60,13 @@ from ._typing import (
 )
 from ._validate import optional_positive_int
 from .callbacks import ProgressBar
+from .callbacks._base import Callback, StepInfo
+from .callbacks._dispatch import Callbacks
 from .callbacks._monitors import check_monitors
 from .checkpoint._resume import read_checkpoint
 from .data import Resumable
 from .strategies import ShardingStrategy, Strategy
+from .strategies._placement import put_state
 
 
 _Model = TypeVar("_Model", bound=eqx.Module)

@@ -1,4 +1,4 @@
-from .._callback import (
+from ._base import (
     Callback as Callback,
     StepInfo as StepInfo,
     TrainerLike as TrainerLike,
@@ -11,7 +11,7 @@ from ._lr_monitor import LearningRateMonitor as LearningRateMonitor
 from ._mlflow import MLflowLogger as MLflowLogger
 from ._plot import PlotHistory as PlotHistory
 from ._profiler import Profiler as Profiler
-from ._progress import ProgressBar as ProgressBar
+from ._progress_bar import ProgressBar as ProgressBar
 from ._tensorboard import TensorBoardLogger as TensorBoardLogger
 from ._throughput import Throughput as Throughput
 from ._tracker_error import TrackerError as TrackerError

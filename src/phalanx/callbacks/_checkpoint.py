@@ -9,10 +9,8 @@ import jax
 import orbax.checkpoint as ocp
 from typing_extensions import override
 
-from .._callback import Callback, StepInfo, TrainerLike
 from .._log import logger
-from .._placement import single_process
-from .._snapshot import Snapshot
+from .._state._snapshot import Snapshot
 from .._typing import HostMetrics, validates_own_arguments
 from .._validate import one_of, optional_positive_int, positive_int
 from ..checkpoint._errors import (
@@ -21,11 +19,13 @@ from ..checkpoint._errors import (
     release_failed_io,
     write_error,
 )
+from ..checkpoint._items import item_handlers, save_args
 from ..checkpoint._resume import Restored, is_step_folder, read_checkpoint
-from ..checkpoint._snapshot import item_handlers, save_args
+from ..checkpoint._retention import metric_fn, retention
+from ..checkpoint._writer import lower_priority, thread_ids
 from ..data import Resumable
-from ._background import lower_priority, thread_ids
-from ._retention import metric_fn, retention
+from ..strategies._placement import single_process
+from ._base import Callback, StepInfo, TrainerLike
 
 
 # The subfolder orbax moves retired steps into before phalanx deletes them.

@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 from typing_extensions import override
 
-from .._callback import Callback, StepInfo
-from .._state import TrainState
+from .._state._train_state import TrainState
 from .._typing import validates_own_arguments
 from .._validate import boolean, finite_at_least, one_of, positive_int
+from ._base import Callback, StepInfo
 
 
 class EarlyStopping(Callback):

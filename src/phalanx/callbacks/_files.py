@@ -4,7 +4,7 @@ import secrets
 from collections.abc import Callable
 from typing import IO, Any
 
-from .._callback import StepInfo
+from ._base import StepInfo
 
 
 def log_row(kind: str, info: StepInfo) -> dict[str, Any]:

@@ -6,9 +6,9 @@ import jax
 import numpy as np
 from typing_extensions import override
 
-from .._callback import Callback, StepInfo
 from .._typing import validates_own_arguments
 from .._validate import is_int, positive_int
+from ._base import Callback, StepInfo
 
 
 class LearningRateMonitor(Callback):

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from .._callback import Callback, StepInfo
 from .._log import logger
 from .._typing import validates_own_arguments
 from .._validate import is_real, positive_int
+from ._base import Callback, StepInfo
 from ._hparams import check_config, flatten_config, hyperparameters
 from ._tracker_error import tracker_call
 

@@ -18,8 +18,8 @@ import difflib
 from collections.abc import Sequence
 from typing import Any
 
-from .._callback import Callback, overrides
 from .._typing import EvalSets
+from ._base import Callback, overrides
 from ._checkpoint import Checkpoint
 from ._early_stopping import EarlyStopping
 from ._lr_monitor import LearningRateMonitor

@@ -3,9 +3,9 @@ from collections.abc import Sequence
 
 from typing_extensions import override
 
-from .._callback import Callback, StepInfo
-from .._history import History
+from .._state._history import History
 from .._typing import validates_own_arguments
+from ._base import Callback, StepInfo
 from ._files import check_file_path, replace_atomically
 
 

@@ -7,10 +7,10 @@ from typing import Literal
 import jax
 from typing_extensions import override
 
-from .._callback import Callback, StepInfo
 from .._log import logger
 from .._typing import validates_own_arguments
 from .._validate import is_int
+from ._base import Callback, StepInfo
 from ._files import check_file_path
 
 

@@ -4,8 +4,8 @@ from typing import IO, Any, Generic, TypeVar
 
 from typing_extensions import override
 
-from .._callback import Callback, StepInfo
 from .._validate import positive_int
+from ._base import Callback, StepInfo
 from ._files import check_file_path, log_row
 
 

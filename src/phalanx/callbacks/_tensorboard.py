@@ -4,9 +4,9 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from .._callback import Callback, StepInfo
 from .._typing import validates_own_arguments
 from .._validate import is_real, positive_int
+from ._base import Callback, StepInfo
 from ._files import check_file_path
 from ._names import tracker_names
 

@@ -3,9 +3,9 @@ import time
 import jax
 from typing_extensions import override
 
-from .._callback import Callback, StepInfo
 from .._typing import validates_own_arguments
 from .._validate import positive_int
+from ._base import Callback, StepInfo
 
 
 class RateMeter:

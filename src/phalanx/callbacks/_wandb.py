@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from typing_extensions import override
 
-from .._callback import Callback, StepInfo
 from .._log import logger
 from .._preemption import Preempted
 from .._typing import validates_own_arguments
 from .._validate import is_real, one_of, positive_int
+from ._base import Callback, StepInfo
 from ._hparams import check_config, hyperparameters
 from ._names import tracker_names
 from ._tracker_error import tracker_call

@@ -18,8 +18,8 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._placement import to_host
 from .._typing import validates_own_arguments
+from ..strategies._placement import to_host
 from ._leaf_spec import check_same_specs, leaf_specs
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import orbax.checkpoint as ocp
 
 from .._log import logger
-from .._snapshot import Snapshot
+from .._state._snapshot import Snapshot
 from ._errors import quiet_orbax_errors, release_failed_io, summary
-from ._snapshot import check_compatible, from_checkpoint, read_arrays, read_host
+from ._items import check_compatible, from_checkpoint, read_arrays, read_host
 
 
 @dataclasses.dataclass(frozen=True)

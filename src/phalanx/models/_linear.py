@@ -5,7 +5,7 @@ import jax.numpy as jnp
 from beartype import beartype
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
-from ._checks import check_features
+from ._features import check_features
 
 
 @final

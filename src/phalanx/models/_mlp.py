@@ -8,7 +8,7 @@ from beartype import beartype
 from jaxtyping import Array, Float, PRNGKeyArray, jaxtyped
 
 from .._validate import is_int
-from ._checks import check_features
+from ._features import check_features
 
 
 @final

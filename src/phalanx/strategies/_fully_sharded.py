@@ -7,10 +7,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import PyTree
 from typing_extensions import override
 
-from .._placement import named
 from .._typing import Devices, validates_own_arguments
 from .._validate import is_int, one_of
 from ._mesh import _shard_map, make_mesh, shard_map_apply, shard_map_reduce
+from ._placement import named
 from ._strategy import LocalFn, MapFn, PerDeviceStrategy
 
 

@@ -10,8 +10,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import PyTree
 
-from .._placement import available_devices, replicated
 from .._typing import Devices
+from ._placement import available_devices, replicated
 from ._strategy import LocalFn, MapFn
 
 

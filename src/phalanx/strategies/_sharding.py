@@ -4,7 +4,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxtyping import PyTree
 from typing_extensions import override
 
-from .._placement import named
 from .._typing import Devices, validates_own_arguments
 from .._validate import boolean
 from ._mesh import (
@@ -12,6 +11,7 @@ from ._mesh import (
     replicated_everywhere,
     shard_map_reduce,
 )
+from ._placement import named
 from ._strategy import LocalFn, MapFn, PerDeviceStrategy
 
 

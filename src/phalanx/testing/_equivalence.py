@@ -7,8 +7,8 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from .._compiled import StepValues
-from .._state import TrainState
+from .._engine._compiled import StepValues
+from .._state._train_state import TrainState
 from .._trainer import DataParallelTrainer
 from .._typing import validates_own_arguments
 from .._validate import finite_at_least, positive_int

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from .._state import TrainState
+from .._state._train_state import TrainState
 from ._compare import Allowance, named_leaves
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._summary import strategy_name
+from .._engine._summary import strategy_name
 from ..strategies import (
     AccumulatingStrategy,
     FullyShardedStrategy,

@@ -1,0 +1,307 @@
+"""The training loop: passes over the data, the bounded in-flight window,
+and the epochs' logs. It takes the state's arrays and a `RunProgress`, and
+leaves the new ones in `leaves` and `progress`."""
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sized
+from typing import Any
+
+import jax
+
+from .._checks._batch import empty_data_message, nonfinite_error
+from .._state._history import History
+from .._state._progress import RunPlan, RunProgress
+from .._state._sums import FLAGS, EpochSums, StepSums, means
+from .._typing import EvalSets, HostMetrics, NanPolicy
+from ..callbacks._base import StepInfo, TrainerLike
+from ..callbacks._dispatch import Callbacks
+from ..data import Resumable
+from ..strategies._placement import to_host
+from ._compiled import CompiledSteps
+from ._feed import Feed
+from ._pipeline import BatchPipeline
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+    """How a fit's loop runs (the trainer's settings).
+
+    Attributes:
+        prefetch: batches prepared ahead (see the trainer).
+        sync_every: how often the host waits for the device (see the trainer).
+        nan_policy: what a non-finite gradient does.
+        steps_per_call: steps run by one compiled call (see the trainer).
+    """
+
+    prefetch: int
+    sync_every: int
+    nan_policy: NanPolicy
+    steps_per_call: int = 1
+
+
+class FitLoop:
+    """One `fit`'s loop. While it runs it owns the state's arrays (`leaves`,
+    donated to each step and replaced by its result) and the `progress`;
+    the trainer reads both from it, and takes them back when it ends.
+
+    Attributes:
+        leaves: the current state's arrays (as the strategy lays them out).
+        progress: the current `RunProgress`.
+        feed: the pass being trained on (where its loader stands is what a
+            snapshot records while batches are read ahead), or None.
+        eval_sets: the sets to evaluate (`fit`'s `eval_data`), or None.
+        eval_every: evaluate after every this many steps; None: at epoch ends.
+    """
+
+    def __init__(
+        self,
+        trainer: TrainerLike,
+        *,
+        steps: CompiledSteps,
+        pipeline: BatchPipeline,
+        callbacks: Callbacks,
+        history: History,
+        evaluate: Callable[[EvalSets], HostMetrics],
+        settings: LoopSettings,
+        leaves: list[jax.Array],
+        progress: RunProgress,
+        data: Iterable[Any],
+        eval_sets: EvalSets | None = None,
+        eval_every: int | None = None,
+    ):
+        self.trainer = trainer
+        self.steps = steps
+        self.pipeline = pipeline
+        self.callbacks = callbacks
+        self.history = history
+        self.evaluate = evaluate
+        self.settings = settings
+        self.leaves = leaves
+        self.progress = progress
+        self.data = data
+        self.eval_sets = eval_sets
+        self.eval_every = eval_every
+        self.feed: Feed | None = None
+        # Examples (all processes') this fit has trained on in the epoch.
+        self.epoch_examples = 0
+        # The epoch's flags at the last sync point (not donated by the steps).
+        self.waiting: jax.Array | None = None
+        # The signal that asked the run to stop (set by the handler; noted
+        # in `progress` at the next step boundary).
+        self.signal: int | None = None
+        self.max_epochs, self.total_steps = plan(data, progress)
+
+    def info(
+        self,
+        metrics: StepSums | HostMetrics | None = None,
+        examples: int = 0,
+        *,
+        step: int | None = None,
+        last_in_call: bool = True,
+    ) -> StepInfo:
+        """What a callback is told now (at `step`, default the progress's)."""
+        progress = self.progress
+        return StepInfo(
+            self.trainer,
+            progress.step if step is None else step,
+            progress.epoch,
+            metrics or {},
+            examples=examples,
+            max_epochs=self.max_epochs,
+            total_steps=self.total_steps,
+            start_epoch=progress.plan.start_epoch,
+            start_step=progress.plan.start_step,
+            last_in_call=last_in_call,
+            eval_every=self.eval_every,
+        )
+
+    def data_state(self) -> Any:
+        """Where the training data stands after the last batch trained on:
+        the pass's note of it while batches are read ahead, else the
+        loader's own state (None for data that is not `Resumable`)."""
+        feed = self.feed
+        if feed is not None and feed.tracking:
+            return feed.state
+        return self.data.state_dict() if isinstance(self.data, Resumable) else None
+
+    def preempt(self, signum: int) -> None:
+        """Stop at the next step boundary (from a signal handler)."""
+        self.signal = signum
+        self.trainer.stop_training = True
+
+    def run(self) -> None:
+        """Epochs until the plan is done, a callback stops training, or a
+        signal came."""
+        while not (self.trainer.stop_training or self.progress.done()):
+            self.run_epoch()
+        # (A restored snapshot may carry the signal that stopped its own run.)
+        self.progress = dataclasses.replace(self.progress, preempted=self.signal)
+
+    def run_epoch(self) -> None:
+        """Train on one pass over the data (or its rest, after a resume),
+        then evaluate (at epoch ends), log the epoch and call `on_epoch_end`;
+        return early when the plan is done, a callback stops training, or a
+        signal came."""
+        data, progress = self.data, self.progress
+        epoch = progress.epoch
+        self.callbacks.epoch_start(self.info())
+        # Resumed from a snapshot of the epoch's last step: only its end is left.
+        done = isinstance(data, Sized) and 0 < len(data) <= progress.epoch_steps
+        # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
+        # was trained on (a Resumable loader resumes by itself).
+        skip = 0 if isinstance(data, Resumable) else progress.epoch_steps
+        self.waiting = None  # the epoch's end waits for every step
+        self.epoch_examples = 0
+        self.feed = feed = Feed(
+            self.pipeline,
+            () if done else data,
+            depth=self.settings.prefetch,
+            where=lambda i: f"batch {i} of epoch {epoch}",
+            skip=skip,
+            train=True,
+            group=self.settings.steps_per_call,
+        )
+        try:
+            with feed:
+                self.train_pass(feed)
+        finally:
+            self.feed = None
+        if self.signal is not None:
+            return  # mid-epoch: the checkpoint keeps the epoch's sums
+        sums = self.progress.sums
+        if sums is None:
+            raise ValueError(empty_data_message("data", epoch))
+        logs = self.epoch_logs(jax.device_get(sums))
+        if self.eval_sets is not None and self.eval_every is None:
+            logs.update(self.evaluation())
+        self.history.append(logs, self.progress.step)
+        info = self.info(logs, self.epoch_examples)
+        self.progress = self.progress.next_epoch()
+        self.callbacks.epoch_end(info)
+
+    def evaluation(self) -> HostMetrics:
+        """Evaluate every set now (after `progress.step`): recorded in the
+        history and told to the callbacks, its metrics the same dict."""
+        self.callbacks.eval_start(self.info())
+        assert self.eval_sets is not None
+        metrics = self.evaluate(self.eval_sets)
+        progress = self.progress
+        self.history.append_evaluation(progress.step, progress.epoch, metrics)
+        self.callbacks.eval_end(self.info(metrics))
+        return metrics
+
+    def train_pass(self, feed: Feed) -> None:
+        """Compiled calls of `steps_per_call` steps (single steps where the
+        pass or the plan has fewer left, or the step size changes) until the
+        pass ends, the plan is done, a callback stops training, or a signal
+        came; each of those is acted on where a call ends, and a call ends
+        at each step ``eval_every`` evaluates after."""
+        steps, trainer, callbacks = self.steps, self.trainer, self.callbacks
+        sync_every, k = self.settings.sync_every, self.settings.steps_per_call
+        every = self.eval_every
+        examples = jax.process_count()  # every process's slice of a batch
+        while True:
+            progress = self.progress
+            left = progress.steps_left()
+            size = k if left is None else min(k, left)
+            if every is not None:  # up to the next evaluation
+                size = min(size, every - progress.step % every)
+            group = feed.take(size)
+            if not group:
+                return
+            acc = progress.sums
+            if acc is None:
+                acc = steps.train_acc()
+                progress = dataclasses.replace(progress, sum_names=steps.sum_names)
+            before = progress.step
+            self.epoch_examples += sum(placed.n for placed in group) * examples
+            if len(group) > 1 and len(group) == k:
+                leaves, weight, total = self.pipeline.stack(group)
+                self.leaves, acc, sums = steps.train_many(
+                    self.leaves, *acc, leaves, weight, total
+                )
+                self.progress = progress = progress.stepped(acc, k)
+                rows = [(sums, i) for i in range(k)]
+            else:
+                rows = []
+                for placed in group:
+                    self.leaves, acc, sums = steps.train(
+                        self.leaves, *acc, placed.leaves, placed.weight, placed.total
+                    )
+                    # The state and its progress move together.
+                    self.progress = progress = progress.stepped(acc)
+                    rows.append((sums, None))
+            if progress.step // sync_every > before // sync_every:
+                self.sync(acc)
+            # An evaluation after this call's last step comes before that
+            # step's hooks: a checkpoint saved there holds it.
+            evaluates = every is not None and progress.step % every == 0
+            if callbacks.step_hooks or evaluates:
+                names, last = steps.step_names, len(group) - 1
+                for i, (placed, row) in enumerate(zip(group, rows, strict=True)):
+                    if i == last and evaluates:
+                        self.evaluation()
+                    if not callbacks.step_hooks:
+                        continue
+                    # The slices are equal but for the last batch of a pass,
+                    # at most one example apart.
+                    info = self.info(
+                        StepSums(row[0], names, row[1]),
+                        examples=placed.n * examples,
+                        step=before + i + 1,
+                        last_in_call=i == last,
+                    )
+                    callbacks.step_end(info)
+            if self.signal is not None:
+                return
+            if trainer.stop_training or progress.plan.done(progress.step, None):
+                return
+
+    def sync(self, acc: EpochSums) -> None:
+        """Wait for the device as far as the previous sync point (a bounded
+        in-flight window that never drains: the steps since then keep the
+        device busy meanwhile); surface a bad step up to there."""
+        flags, self.waiting = self.waiting, acc.flags
+        if flags is None:
+            return
+        if self.settings.nan_policy == "raise":
+            self.raise_if_nonfinite(jax.device_get(flags))
+        else:
+            jax.block_until_ready(flags)
+
+    def epoch_logs(self, acc: Any) -> HostMetrics:
+        """The epoch's means from its sums, fetched (each divided once by the
+        epoch's total weight)."""
+        self.raise_if_nonfinite(acc.flags)
+        average = means(acc.sums, self.progress.sum_names)
+        logs = {k: average[k] for k in ["loss", *sorted(set(average) - {"loss"})]}
+        dynamic = self.steps.parts.precision.loss_scale == "dynamic"
+        if self.settings.nan_policy == "skip" or dynamic:  # overflows skip too
+            logs["skipped_steps"] = float(acc.flags[FLAGS.index("skipped")])
+        scale = self.steps.layout.unflatten(self.leaves).loss_scale
+        if scale is not None:  # dynamic: the scale the next step will use
+            logs["loss_scale"] = float(to_host(scale.scale))
+        return logs
+
+    def raise_if_nonfinite(self, flags: Any) -> None:
+        """Raise FloatingPointError if a step had a non-finite gradient; the
+        progress goes back to that step (the state was frozen there)."""
+        _, step, leaf = (int(flag) for flag in flags)
+        if step >= 0:
+            self.progress = dataclasses.replace(self.progress, step=step)
+            model = self.steps.layout.unflatten(self.leaves).model
+            raise nonfinite_error(step, leaf, model)
+
+
+def plan(data: Iterable[Any], progress: RunProgress) -> tuple[int | None, int | None]:
+    """A run's epochs, and its steps from its start, where known up front."""
+    run: RunPlan = progress.plan
+    per_epoch = len(data) if isinstance(data, Sized) else None
+    total = None
+    if run.epochs is not None and per_epoch is not None:
+        total = run.start_step + run.epochs * per_epoch
+    if run.steps is not None:
+        end = run.start_step + run.steps
+        total = end if total is None else min(total, end)
+    step = progress.step
+    return run.epochs, None if total is None else max(total, step) - run.start_step

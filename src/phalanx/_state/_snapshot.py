@@ -1,0 +1,82 @@
+"""A run's full snapshot as a value, and what stores snapshots."""
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .._typing import HostMetrics
+from ._progress import RunProgress
+from ._train_state import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """Everything needed to continue a run exactly.
+
+    `DataParallelTrainer.snapshot` makes one and `DataParallelTrainer.restore`
+    loads one; checkpoints convert them to files and back, and never touch
+    the trainer itself.
+
+    Attributes:
+        state: the `TrainState`, its arrays on the devices as the strategy
+            lays them out. Taken during `fit`, they (and the epoch's sums)
+            are the run's own buffers, valid until its next step (which
+            donates them): `copy` the snapshot to keep it longer (a
+            checkpoint packs the arrays at once).
+        progress: the `RunProgress`: counters, plan, the epoch's sums.
+        history: the trainer's `History.state_dict()`.
+        data: where the training data's loader stands (its `state_dict`),
+            or None.
+        callbacks: each callback's `state_dict`, by ``"index:ClassName"``.
+        strategy: the strategy's class name (metadata).
+        devices: the strategy's device count (metadata).
+    """
+
+    state: TrainState
+    progress: RunProgress
+    history: dict[str, Any]
+    data: Any = None
+    callbacks: dict[str, Any] = dataclasses.field(default_factory=dict)
+    strategy: str = ""
+    devices: int = 0
+
+    def copy(self) -> "Snapshot":
+        """This snapshot with copies of its device arrays (laid out as they
+        are), valid however the run goes on."""
+
+        def copied(tree: Any) -> Any:
+            return jax.tree.map(lambda x: jnp.copy(x) if eqx.is_array(x) else x, tree)
+
+        progress = dataclasses.replace(self.progress, sums=copied(self.progress.sums))
+        return dataclasses.replace(self, state=copied(self.state), progress=progress)
+
+
+@runtime_checkable
+class SnapshotStore(Protocol):
+    """Something that saves and loads snapshots (a callback, e.g.
+    `px.callbacks.Checkpoint`). The trainer runs stores after every other
+    callback, asks each to save at a preemption, and resumes from the
+    first one."""
+
+    def save_snapshot(
+        self,
+        snapshot: Snapshot,
+        *,
+        metrics: HostMetrics | None = None,
+        wait: bool = False,
+    ) -> Path:
+        """Save `snapshot` (with `wait`, return once it is committed);
+        return where it is (being) written."""
+        ...
+
+    def load_snapshot(
+        self, resume: str | os.PathLike[str], like: Snapshot
+    ) -> Snapshot | None:
+        """The snapshot `resume` names (``"latest"`` or a path), its arrays
+        laid out as `like`'s; None where ``"latest"`` finds none yet."""
+        ...

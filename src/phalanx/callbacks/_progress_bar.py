@@ -1,0 +1,298 @@
+import datetime
+import math
+import time
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+from typing_extensions import override
+
+from .._typing import HostMetrics, validates_own_arguments
+from .._validate import boolean, positive_int
+from ._base import Callback, StepInfo
+from ._throughput import RateMeter
+
+
+# The per-epoch table's headings where they are not the metric's own name.
+_HEADINGS = {"eval_loss": "eval loss", "eval_accuracy": "eval acc"}
+# Not columns of their own: Throughput's rates are the "ex/s" column.
+_HIDDEN = ("examples_per_sec", "steps_per_sec", "ex/s", "time")
+# Seconds between two reads of the step's metrics by the live bar: each read
+# waits for the device, so the bar refreshes at most this often (the step
+# count still moves at every log point).
+_REFRESH_SECONDS = 0.25
+
+
+class ProgressBar(Callback):
+    """Shows training progress with `rich`, and a table row per epoch.
+
+    On a terminal, a live bar shows the step out of the fit's total (a
+    running count when the total is unknown), the loss, examples per second
+    and the time left. Elsewhere (CI, captured or piped output) it prints a
+    plain line instead. Both are refreshed every `log_every` steps, the only
+    points at which it reads the step's metrics (each read waits for the
+    device; rates are measured between those points); the live bar reads
+    them at most every 0.25 s, so a fast run does not wait for the device
+    at every log point.
+
+    After each epoch it prints a row of every metric the epoch has: the loss,
+    each of the model's metrics (a subclass's own included), values other
+    callbacks add (e.g. ``lr``), examples per second, every ``eval_`` metric
+    and the epoch's time, evaluation included. Examples per second are
+    measured here, or taken from a `Throughput` placed before it (its
+    ``steps_per_sec`` is not shown). The heading is printed again when the
+    metrics change (e.g. an epoch that also evaluates). With
+    ``fit(eval_every=N)`` it prints a line of each evaluation's metrics
+    after every N-th step.
+
+    A `DataParallelTrainer` shows one of these by default (with
+    ``plain_steps=False``: outside a terminal, one row per epoch, as Keras'
+    ``verbose=2``), unless its callbacks hold one or it was made with
+    ``progress=False``.
+
+    Args:
+        log_every: steps between refreshes.
+        console: where to draw; default a new `rich.console.Console()`
+            (standard output). Its ``is_terminal`` picks the bar or plain lines.
+        plain_steps: outside a terminal, also print a line every `log_every`
+            steps (False: only the epoch rows).
+
+    Raises:
+        TypeError, ValueError: an argument is invalid (the message names it).
+
+    Example:
+        ```python
+        trainer = px.DataParallelTrainer(
+            model, optax.adam(1e-3), callbacks=[ProgressBar(log_every=20)]
+        )
+        trainer.fit(train, epochs=3, eval_data=test)
+        #   epoch      loss  accuracy       ex/s  eval loss  eval acc     time
+        #     1/3    0.6931    0.5012     41,230     0.6012    0.7100     1.2s
+        ```
+    """
+
+    main_process_only = True  # written once, by process 0
+
+    @validates_own_arguments
+    def __init__(
+        self,
+        *,
+        log_every: int = 10,
+        console: Console | None = None,
+        plain_steps: bool = True,
+    ) -> None:
+        self.log_every = positive_int("log_every", log_every, example="log_every=10")
+        self.plain_steps = boolean("plain_steps", plain_steps)
+        if console is not None and not isinstance(console, Console):
+            raise TypeError(
+                f"console={console!r} is not a rich.console.Console; pass one, or "
+                "None for standard output"
+            )
+        self.console = console
+        self._out = console
+        self._progress: Progress | None = None
+        self._task = TaskID(0)
+        self._window = RateMeter()
+        self._epoch = RateMeter()
+        self._fit = RateMeter()
+        self._first_step = 0
+        self._run_start = 0
+        self._first_epoch = 0
+        self._total: int | None = None
+        self._max_epochs: int | None = None
+        self._columns: tuple[str, ...] | None = None
+        self._read_at = -math.inf  # when the live bar last read the metrics
+
+    @override
+    def on_fit_start(self, info: StepInfo) -> None:
+        self._close()
+        self._out = out = self.console if self.console is not None else Console()
+        self._first_step = info.step  # of this fit (a resume starts later)
+        self._run_start = info.start_step
+        self._first_epoch = info.start_epoch
+        self._total = info.total_steps
+        self._max_epochs = info.max_epochs
+        self._columns = None
+        self._fit.restart()
+        if out.is_terminal:
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]}"),
+                TextColumn("{task.fields[rate]} ex/s"),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=out,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(
+                self._epoch_name(info.epoch),
+                total=self._total,
+                completed=info.step - self._run_start,
+                loss="-",
+                rate="-",
+            )
+
+    @override
+    def on_epoch_start(self, info: StepInfo) -> None:
+        # The device is idle here: the previous epoch ended with a fetch.
+        self._window.restart()
+        self._epoch.restart()
+        if self._progress is not None:
+            self._progress.update(self._task, description=self._epoch_name(info.epoch))
+
+    @property
+    def needs_steps(self) -> bool:
+        """Whether the current fit's display is drawn from its steps (a live
+        bar, or step lines): with only epoch rows, the trainer's default bar
+        is not called after each step."""
+        return self._progress is not None or self.plain_steps
+
+    @override
+    def on_step_end(self, info: StepInfo) -> None:
+        self._window.add(info.examples)
+        self._fit.add(info.examples)
+        if info.step % self.log_every != 0:
+            return
+        # Steps of the run (a resumed run goes on counting), and of this fit.
+        done, fit_done = info.step - self._run_start, info.step - self._first_step
+        if self._progress is None and not self.plain_steps:
+            return
+        bar = self._progress
+        if bar is not None and time.perf_counter() - self._read_at < _REFRESH_SECONDS:
+            bar.update(self._task, completed=done)
+            return
+        metrics = info.metrics  # waits for this step: the rate is real
+        # An earlier Throughput's figure, if any, so the two agree.
+        rate = metrics.get("examples_per_sec", self._window.rates()[0])
+        loss = metrics["loss"]
+        self._window.restart()
+        if self._progress is not None:
+            self._read_at = time.perf_counter()
+            self._progress.update(
+                self._task, completed=done, loss=f"{loss:.4f}", rate=f"{rate:,.0f}"
+            )
+            return
+        total = "?" if self._total is None else str(self._total)
+        line = (
+            f"{self._epoch_name(info.epoch)}  step {done}/{total}  loss {loss:.4f}  "
+            f"{rate:,.0f} ex/s"
+        )
+        if self._total is not None and fit_done > 0:
+            left = (self._total - done) * self._fit.seconds() / fit_done
+            line += f"  eta {datetime.timedelta(seconds=round(left))}"
+        self._print(Text(line))
+
+    @override
+    def on_epoch_end(self, info: StepInfo) -> None:
+        values: HostMetrics = dict(info.metrics)
+        seconds = self._epoch.seconds()
+        values["ex/s"] = values.get("examples_per_sec", info.examples / seconds)
+        values["time"] = seconds
+        columns = _columns(values)
+        if columns != self._columns:
+            self._columns = columns
+            heading = "  ".join(f"{_heading(c):>{_width(c)}}" for c in columns)
+            self._print(Text(heading, style="bold"))
+        cells = [self._cell(info.epoch, values, column) for column in columns]
+        self._print(Text("  ".join(cells)))
+        if self._progress is not None:
+            self._progress.update(self._task, completed=info.step - self._run_start)
+
+    @override
+    def on_eval_start(self, info: StepInfo) -> None:
+        if info.eval_every is not None and self.needs_steps:  # between two steps
+            self._window.pause(info)
+
+    @override
+    def on_eval_end(self, info: StepInfo) -> None:
+        self._window.resume()
+        if info.eval_every is None:  # at epoch ends: in the epoch's row
+            return
+        total = "" if self._total is None else f"/{self._total}"
+        cells = "  ".join(
+            f"{_heading(name)} {_number(value)}" for name, value in info.metrics.items()
+        )
+        step = info.step - self._run_start
+        self._print(
+            Text(f"{self._epoch_name(info.epoch)}  step {step}{total}  {cells}")
+        )
+
+    @override
+    def on_fit_end(self, info: StepInfo) -> None:
+        del info
+        self._close()
+
+    @override
+    def on_exception(self, info: StepInfo, error: BaseException) -> None:
+        del info, error
+        self._close()
+
+    def _close(self) -> None:
+        """Stop the live display, leaving its last frame on screen."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def _print(self, text: Text) -> None:
+        # While the bar is live, the console prints above it.
+        if self._out is not None:
+            self._out.print(text, highlight=False, soft_wrap=True)
+
+    def _epoch_number(self, epoch: int) -> str:
+        """The epoch counted from 1 within the run (across a resume), out of its
+        epochs if known."""
+        number = str(epoch - self._first_epoch + 1)
+        return number if self._max_epochs is None else f"{number}/{self._max_epochs}"
+
+    def _epoch_name(self, epoch: int) -> str:
+        return f"epoch {self._epoch_number(epoch)}"
+
+    def _cell(self, epoch: int, values: HostMetrics, column: str) -> str:
+        if column == "epoch":
+            text = self._epoch_number(epoch)
+        elif column == "ex/s":
+            text = f"{values[column]:,.0f}"
+        elif column == "time":
+            seconds = values[column]
+            text = f"{seconds:.2f}s" if seconds < 10 else f"{seconds:,.0f}s"
+        else:
+            text = _number(values[column])
+        return f"{text:>{_width(column)}}"
+
+
+def _columns(values: HostMetrics) -> tuple[str, ...]:
+    """The epoch table's columns for an epoch's metrics: the epoch, the
+    loss, the other training metrics (in the order they came), examples
+    per second, the evaluation's loss and metrics, and the time."""
+    shown = [name for name in values if name not in _HIDDEN]
+    train = [name for name in shown if not name.startswith("eval_")]
+    evals = [name for name in shown if name.startswith("eval_")]
+    first = [name for name in ("loss", "eval_loss") if name in shown]
+    train.sort(key=lambda name: name not in first)
+    evals.sort(key=lambda name: name not in first)
+    return ("epoch", *train, "ex/s", *evals, "time")
+
+
+def _heading(column: str) -> str:
+    return _HEADINGS.get(column, column.replace("eval_", "eval ", 1))
+
+
+def _width(column: str) -> int:
+    # Room for "-1.234e-05" (a value `_number` writes in scientific notation).
+    return max(len(_heading(column)), 7 if column in ("epoch", "time") else 10)
+
+
+def _number(value: float) -> str:
+    """Four decimals, or three significant digits where those would hide it."""
+    if value == 0 or 1e-3 <= abs(value) < 1e5 or not math.isfinite(value):
+        return f"{value:.4f}"
+    return f"{value:.3e}"

@@ -1,0 +1,217 @@
+"""A `Snapshot` as orbax checkpoint items, and back.
+
+Arrays (the `TrainState` leaves, PRNG keys as key data, and the running sums
+of a part-done epoch) go through orbax's `PyTreeSave`: the replicated ones
+packed into one array per dtype, the ones split over devices one by one as
+they lie; they are restored straight onto the layout of a `like` snapshot
+(the restoring trainer's strategy and device count). Everything else
+(progress, history, the data loader's position, callbacks' state and
+metadata, the format version) is JSON. Orbax writes each step into a
+temporary folder and renames it when complete, so an interrupted save is
+never mistaken for a checkpoint.
+"""
+
+import dataclasses
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from .._state._progress import RunProgress
+from .._state._snapshot import Snapshot
+from .._state._sums import FLAGS, EpochSums
+from .._version import __version__
+from ..strategies._placement import named
+from ._leaf_spec import LeafSpec, check_same_specs, leaf_specs
+from ._packing import Layout, pack, packed_sizes, unpack
+
+
+# Version 2: arrays packed into one array per dtype (_packing.py); 3: a
+# part-done epoch's sums as two vectors (sums, flags) and the sums' names.
+# (Arrays split over devices are saved beside the packed ones, as "leaf_<i>",
+# and listed in "split"; a checkpoint without any reads as before.)
+FORMAT = 3
+
+
+def _is_key(leaf: Any) -> bool:
+    return jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def _state_leaves(snapshot: Snapshot) -> list[jax.Array]:
+    return jax.tree.leaves(eqx.filter(snapshot.state, eqx.is_array))
+
+
+def _spec(snapshot: Snapshot) -> list[LeafSpec]:
+    """[path, shape, dtype] of every array of the snapshot's state."""
+    return leaf_specs(snapshot.state)[1]
+
+
+def _arrays(snapshot: Snapshot) -> list[jax.Array]:
+    """The state's arrays (keys as key data), then the epoch's sums."""
+    leaves = [
+        jax.random.key_data(x) if _is_key(x) else x for x in _state_leaves(snapshot)
+    ]
+    return [*leaves, *(snapshot.progress.sums or ())]
+
+
+def _replicated(leaves: list[jax.Array]) -> NamedSharding:
+    """Where packed arrays live: replicated over the state's mesh."""
+    sharding = leaves[0].sharding
+    if not isinstance(sharding, NamedSharding):
+        raise TypeError(
+            f"checkpoints need the state's arrays on a mesh (NamedSharding); the "
+            f"strategy placed them with {type(sharding).__name__}: return "
+            "NamedShardings from Strategy.state_shardings"
+        )
+    return named(sharding.mesh, P())
+
+
+def save_args(snapshot: Snapshot) -> ocp.args.Composite:
+    """`snapshot` as orbax save args.
+
+    The arrays are copies queued on the devices, not waited for (the next
+    step donates the run's own buffers); everything else is read now.
+    """
+    arrays = _arrays(snapshot)
+    split = [i for i, x in enumerate(arrays) if not x.sharding.is_fully_replicated]
+    packed, kept = pack(
+        [x for i, x in enumerate(arrays) if i not in split],
+        [arrays[i] for i in split],
+        _replicated(arrays),
+    )
+    tree = {**packed, **{f"leaf_{i}": x for i, x in zip(split, kept, strict=True)}}
+    host = {
+        "format": FORMAT,
+        "phalanx": __version__,
+        "model": type(snapshot.state.model).__name__,
+        "strategy": snapshot.strategy,
+        "devices": snapshot.devices,
+        "spec": _spec(snapshot),
+        **snapshot.progress.state_dict(),
+        "history": snapshot.history,
+        "data": snapshot.data,
+        "callbacks": snapshot.callbacks,
+    }
+    if split:
+        host["split"] = split
+    return ocp.args.Composite(
+        arrays=ocp.args.PyTreeSave(tree),
+        host=ocp.args.JsonSave(host),
+    )
+
+
+def item_handlers() -> dict[str, ocp.CheckpointHandler]:
+    """How a snapshot's items are written: arrays without compression (trained
+    float weights barely compress, and zstd would double the CPU time of the
+    background writer, which competes with training for the host's cores)."""
+    return {
+        "arrays": ocp.PyTreeCheckpointHandler(use_compression=False),
+        "host": ocp.JsonCheckpointHandler(),
+    }
+
+
+def read_host(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
+    """The JSON half of a checkpoint."""
+    return manager.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))[
+        "host"
+    ]
+
+
+def check_compatible(like: Snapshot, host: dict, where: str) -> None:
+    """Raise ValueError if phalanx cannot read the checkpoint's format, or
+    naming the first leaf where the architectures differ."""
+    if host.get("format") != FORMAT:
+        raise ValueError(
+            f"checkpoint {where} was written by phalanx {host.get('phalanx')} in "
+            f"checkpoint format {host.get('format', 1)}; this phalanx "
+            f"({__version__}) reads format {FORMAT}: resume it with the phalanx "
+            "that wrote it, or start again"
+        )
+    check_same_specs(
+        _spec(like),
+        host["spec"],
+        stored=f"checkpoint {where}",
+        kind=f"model or optimizer (model {host['model']})",
+        mine=f"this trainer ({type(like.state.model).__name__})",
+        fix="build the trainer exactly as for the checkpointed run",
+    )
+
+
+def read_arrays(
+    like: Snapshot, manager: ocp.CheckpointManager, step: int, host: dict[str, Any]
+) -> list[jax.Array]:
+    """The arrays of checkpoint `step` (the state's, then a part-done epoch's
+    sums and flags), laid out as `like`'s state is."""
+    mine = [jax.random.key_data(x) if _is_key(x) else x for x in _state_leaves(like)]
+    replicated = _replicated(mine)
+    shapes: Layout = tuple(_layout(x) for x in mine)
+    shardings = [x.sharding for x in mine]
+    if host["acc"]:
+        shapes += (((len(host["acc"]["names"]),), host["acc"]["dtype"]),)
+        shapes += (((len(FLAGS),), "int32"),)
+        shardings += [replicated, replicated]
+    split = set(host.get("split", ()))
+    packed_layout = tuple(s for i, s in enumerate(shapes) if i not in split)
+    like_tree: dict[str, Any] = {
+        dtype: jax.ShapeDtypeStruct((size,), np.dtype(dtype), sharding=replicated)
+        for dtype, size in packed_sizes(packed_layout).items()
+    }
+    for i in sorted(split):
+        shape, dtype = shapes[i]
+        like_tree[f"leaf_{i}"] = jax.ShapeDtypeStruct(
+            shape, np.dtype(dtype), sharding=shardings[i]
+        )
+    restored = manager.restore(
+        step,
+        args=ocp.args.Composite(
+            arrays=ocp.args.PyTreeRestore(
+                like_tree,
+                restore_args=ocp.checkpoint_utils.construct_restore_args(like_tree),
+            )
+        ),
+    )["arrays"]
+    packed = {k: v for k, v in restored.items() if not k.startswith("leaf_")}
+    unpacked = iter(
+        unpack(
+            packed,
+            packed_layout,
+            tuple(s for i, s in enumerate(shardings) if i not in split),
+        )
+    )
+    return [
+        restored[f"leaf_{i}"] if i in split else next(unpacked)
+        for i in range(len(shapes))
+    ]
+
+
+def from_checkpoint(
+    like: Snapshot, host: dict[str, Any], arrays: list[jax.Array]
+) -> Snapshot:
+    """The snapshot a checkpoint holds, read by `read_host` and `read_arrays`."""
+    mine = _state_leaves(like)
+    leaves = [
+        jax.random.wrap_key_data(new, impl=jax.random.key_impl(old))
+        if _is_key(old)
+        else new
+        for new, old in zip(arrays[: len(mine)], mine, strict=True)
+    ]
+    dynamic, static = eqx.partition(like.state, eqx.is_array)
+    state = eqx.combine(jax.tree.unflatten(jax.tree.structure(dynamic), leaves), static)
+    sums = EpochSums(*arrays[len(mine) :]) if host["acc"] else None
+    return dataclasses.replace(
+        like,
+        state=state,
+        progress=RunProgress.from_state_dict(host, sums),
+        history=host["history"],
+        data=host["data"],
+        callbacks=host["callbacks"],
+        strategy=host["strategy"],
+        devices=host["devices"],
+    )
+
+
+def _layout(leaf: jax.Array) -> tuple[tuple[int, ...], str]:
+    return tuple(leaf.shape), str(leaf.dtype)

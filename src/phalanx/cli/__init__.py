@@ -1,0 +1,3 @@
+"""The ``phalanx`` command line: ``phalanx train``, ``phalanx launch``."""
+
+from ._main import main as main

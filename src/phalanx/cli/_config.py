@@ -1,0 +1,169 @@
+"""``phalanx train``'s options resolved: the defaults, then a config file's
+(``--config``, or the run's own ``config.toml`` under ``--resume``), then the
+flags given."""
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ._args import (
+    CONFIG_FILE,
+    PER_COMMAND,
+    RESUMABLE,
+    TrainArgs,
+    UsageError,
+    read_config,
+)
+from ._model import model_args
+from ._parser import RaisingParser, build_parser
+
+
+def resolve_train(argv: Sequence[str], namespace: argparse.Namespace) -> TrainArgs:
+    """The run's options: the defaults, then a config file's (--config, or
+    the run's own config.toml under --resume), then the flags given."""
+    given = vars(build_parser(explicit_only=True).parse_args(argv))
+    del given["command"]
+    options = vars(namespace)
+    resume = given.get("resume", False)
+    if "config" in given:
+        if resume:
+            raise UsageError(
+                f"--config starts a run from a file; --resume continues one from "
+                f"its own {CONFIG_FILE}: drop --config"
+            )
+        source = Path(given["config"])
+        stored = _config_options(read_config(source, "--config"), f"--config {source}")
+    elif resume and "run_dir" in given:
+        source = Path(given["run_dir"]) / CONFIG_FILE
+        if not source.exists():  # a run of an earlier phalanx: flags as given
+            return TrainArgs.from_options(options)
+        stored = _config_options(read_config(source, "--resume"), f"--resume {source}")
+        _check_resumable(given, stored, source)
+        if "schedule_steps" not in stored and "epochs" in stored:
+            # An earlier phalanx's run: its schedule spanned its stored epochs.
+            stored["schedule_epochs"] = stored["epochs"]
+    else:
+        return TrainArgs.from_options(options)
+    return TrainArgs.from_options({**options, **stored, **given})
+
+
+def _config_options(table: dict[str, Any], where: str) -> dict[str, Any]:
+    """A config file's options, each checked as its flag would be."""
+    actions = _train_actions()
+    known = sorted(name for name in actions if name not in PER_COMMAND)
+    parser = build_parser(explicit_only=True, parser_class=RaisingParser)
+    out: dict[str, Any] = {}
+    for name, value in table.items():
+        if name not in known:
+            raise UsageError(
+                f"{where}: unknown option {name!r}; a config file holds "
+                f"{', '.join(known)}"
+            )
+        tokens = _tokens(actions[name], value)
+        if tokens is None:
+            raise UsageError(
+                f"{where}: {name} = {value!r} is a {type(value).__name__}; "
+                f"write it as {_expected(actions[name])}"
+            )
+        try:
+            parsed = vars(parser.parse_args(["train", *tokens]))
+        except UsageError as error:
+            raise UsageError(f"{where}: {name} = {value!r}: {error}") from None
+        # Absent where no token was given: an empty list, or a false flag.
+        empty = [] if isinstance(actions[name], argparse._AppendAction) else False
+        out[name] = parsed.get(name, empty)
+    return out
+
+
+def _train_actions() -> dict[str, argparse.Action]:
+    parser = build_parser()
+    subparsers = next(
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    )
+    train = subparsers.choices["train"]
+    return {a.dest: a for a in train._actions if a.option_strings and a.dest != "help"}
+
+
+def _tokens(action: argparse.Action, value: Any) -> list[str] | None:
+    """The command-line tokens that give `value` to `action`'s option (None
+    where the value's TOML type cannot be that option's)."""
+    flag = action.option_strings[0]
+    if isinstance(action, argparse._StoreTrueAction):
+        return ([flag] if value else []) if isinstance(value, bool) else None
+    if isinstance(action, argparse._AppendAction):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return None
+        return [f"{flag}={item}" for item in value]
+    if action.dest == "hidden" and isinstance(value, list):
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return None
+        return [f"{flag}={','.join(map(str, value))}"]
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return None
+    return [f"{flag}={value}"]
+
+
+def _expected(action: argparse.Action) -> str:
+    if isinstance(action, argparse._StoreTrueAction):
+        return "true or false"
+    if isinstance(action, argparse._AppendAction):
+        return 'a list of strings, e.g. ["a", "b"]'
+    if action.dest == "hidden":
+        return "a list of integers, e.g. [256, 128]"
+    return "a string or a number"
+
+
+# What a flag that may not change on --resume would change.
+_WHAT = {
+    "model": "model",
+    "hidden": "model",
+    "model_arg": "model",
+    "dataset": "data",
+    "batch_size": "data order",
+    "seed": "run",
+    "optimizer": "optimizer",
+    "lr": "optimizer",
+    "schedule": "optimizer",
+    "schedule_steps": "optimizer",
+    "clip_norm": "optimizer",
+    "precision": "numerics",
+}
+
+
+def _check_resumable(
+    given: dict[str, Any], stored: dict[str, Any], source: Path
+) -> None:
+    """Refuse a flag that would make the resumed run another run than the
+    one its checkpoint holds."""
+    for name, value in given.items():
+        old = stored.get(name)
+        if name in PER_COMMAND or name in RESUMABLE or _same(name, value, old):
+            continue
+        flag, what = "--" + name.replace("_", "-"), _WHAT.get(name, "run")
+        raise UsageError(
+            f"--resume: {flag} {_shown(value)} differs from this run's "
+            f"{_shown(old)} ({source}): it would be another {what} than "
+            f"the checkpoint holds; drop {flag} to continue the run, or start "
+            "a new run in another --run-dir"
+        )
+
+
+def _same(name: str, value: Any, old: Any) -> bool:
+    """Whether a flag's value is the stored one: --model-arg's as Python
+    values (``hidden=(64, 128)`` is ``hidden=(64,128)``), the rest as shown."""
+    if name == "model_arg":
+        try:
+            return model_args(tuple(value)) == model_args(tuple(old or ()))
+        except UsageError:  # a name given twice: told when the model is built
+            return False
+    return _shown(value) == _shown(old)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "(unset)"
+    if isinstance(value, tuple | list):  # --model-arg's as given, --hidden's
+        separator = " " if value and isinstance(value[0], str) else ","
+        return separator.join(map(str, value))
+    return str(value)

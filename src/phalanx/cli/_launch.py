@@ -1,0 +1,344 @@
+"""``phalanx launch``: N local processes of one program on JAX's multi-process
+runtime, as a cluster scheduler would start them.
+
+Each process gets the coordinator (127.0.0.1 and a free port), the number of
+processes and its own id in the environment that `phalanx.distributed.
+initialize` reads, and optionally M fake CPU devices. Every output line is
+prefixed with the rank. SIGINT/SIGTERM are forwarded to every process; when
+one process fails, the others are stopped and the launcher exits non-zero
+within a bounded time instead of waiting on a collective that never ends.
+On Linux the processes also die with the launcher: killed with SIGKILL, or
+crashed, it cannot stop them itself, and ranks left behind would hold their
+devices and ports.
+"""
+
+import ctypes
+import dataclasses
+import datetime
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import IO
+
+from .._env import COORDINATOR, LAUNCH_STAMP, NUM_PROCESSES, PROCESS_ID
+
+
+# After a process fails (or a signal arrives), the others get SIGTERM, then
+# SIGKILL this many seconds later.
+GRACE_SECONDS = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchArgs:
+    nproc: int
+    command: tuple[str, ...]
+    devices_per_process: int | None = None
+    port: int | None = None
+    # Keep gloo's connection notes in the output.
+    verbose: bool = False
+
+
+class LaunchError(Exception):
+    """A command `launch` cannot start: reported in one line, exit code 2."""
+
+
+# gloo's note once a process has connected to the others; "#" is a number.
+_GLOO_NOTE = (
+    "[Gloo] Rank # is connected to # peer ranks. Expected number of connected "
+    "peer ranks is : #"
+)
+
+
+def _walk_note(text: str, at: int) -> tuple[int, int]:
+    """How much of `text`'s start continues gloo's note from position `at`:
+    (characters of `text`, the position in the note reached)."""
+    used = 0
+    while at < len(_GLOO_NOTE) and used < len(text):
+        if _GLOO_NOTE[at] == "#":
+            digits = len(text[used:]) - len(text[used:].lstrip("0123456789"))
+            if not digits:
+                break
+            used += digits
+        elif text[used] != _GLOO_NOTE[at]:
+            break
+        else:
+            used += 1
+        at += 1
+    return used, at
+
+
+class GlooNotes:
+    """Takes gloo's connection notes out of one stream's lines.
+
+    gloo's C++ side writes its note in pieces, one write per part, so the
+    program's own output can land between them: a line can hold the note
+    and the program's text, and a note cut by another writer's line end
+    goes on at the start of the next line. The note's text is removed
+    wherever it is; a line left empty by that (or the stray line end after
+    it) is dropped, and everything else is the program's own.
+    """
+
+    def __init__(self) -> None:
+        self._at = 0  # where in an unfinished note the stream is (0: none)
+        self._after = False  # the previous line held (part of) a note
+
+    def __call__(self, line: str) -> str | None:
+        """`line` without gloo's text; None where nothing else was in it."""
+        text, removed = line.rstrip("\n"), False
+        if self._at:
+            used, at = _walk_note(text, self._at)
+            self._at = at if used and at < len(_GLOO_NOTE) else 0
+            text, removed = text[used:], used > 0
+        start = text.find("[Gloo]")
+        while start >= 0:
+            used, at = _walk_note(text[start:], 0)
+            if start + used == len(text) and at < len(_GLOO_NOTE):
+                self._at = at  # the note goes on in a later line
+            text, removed = text[:start] + text[start + used :], True
+            start = text.find("[Gloo]", start)
+        stray = self._after and not text.strip()
+        self._after = removed
+        if (removed or stray) and not text.strip():
+            return None
+        return text + line[len(line.rstrip("\n")) :] if removed else line
+
+
+# prctl(2) option: the signal a process gets when its parent thread exits.
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A function for `subprocess.Popen`'s `preexec_fn` that makes the child
+    receive SIGKILL when this process dies; None off Linux (no prctl).
+
+    The kernel sends the signal when the *thread* that forked the child
+    exits, so the processes must be started from the thread that lives as
+    long as the launcher (the main one), and before any other thread starts
+    (preexec_fn runs Python between fork and exec). A launcher that died
+    before the child's prctl took effect would go unnoticed: the child then
+    finds another parent and kills itself.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork
+    parent = os.getpid()
+
+    def set_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return set_death_signal
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_environment(
+    args: LaunchArgs, rank: int, port: int, stamp: str
+) -> dict[str, str]:
+    """The environment of process `rank`."""
+    env = dict(os.environ)
+    env[COORDINATOR] = f"127.0.0.1:{port}"
+    env[NUM_PROCESSES] = str(args.nproc)
+    env[PROCESS_ID] = str(rank)
+    env["PYTHONUNBUFFERED"] = "1"  # lines reach the launcher as printed
+    env[LAUNCH_STAMP] = stamp
+    if args.devices_per_process is not None:
+        m = args.devices_per_process
+        # Only the CPU platform: on a host with accelerators JAX uses those.
+        flags = env.get("XLA_FLAGS", "")
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={m}"
+        # NOTES-jax-cpu trap 1: XLA:CPU collectives need 2 threads per device.
+        env.setdefault("NPROC", str(2 * m))
+    return env
+
+
+class _Ranks:
+    """The running processes and the threads that copy their output."""
+
+    def __init__(self, args: LaunchArgs, port: int):
+        self.verbose = args.verbose
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.processes: list[subprocess.Popen[str]] = []
+        self.copiers: list[threading.Thread] = []
+        self.waiters: list[threading.Thread] = []
+        self.exits: list[tuple[int, int]] = []  # (rank, code) in exit order
+        self._lock = threading.Lock()
+        # Every process first, then the threads: die_with_parent's preexec_fn
+        # is only safe while this process has no other thread.
+        preexec = die_with_parent()
+        for rank in range(args.nproc):
+            try:
+                process = subprocess.Popen(
+                    args.command,
+                    env=rank_environment(args, rank, port, stamp),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    errors="replace",
+                    start_new_session=True,  # signals reach it only through us
+                    preexec_fn=preexec,
+                )
+            except OSError as error:
+                self.stop(0.0)
+                raise LaunchError(
+                    f"command {args.command[0]!r} cannot be started "
+                    f"({error.strerror or error})"
+                ) from None
+            self.processes.append(process)
+        for rank, process in enumerate(self.processes):
+            for stream, out in (
+                (process.stdout, sys.stdout),
+                (process.stderr, sys.stderr),
+            ):
+                assert stream is not None
+                copier = threading.Thread(
+                    target=self._copy, args=(rank, stream, out), daemon=True
+                )
+                copier.start()
+                self.copiers.append(copier)
+            # A waiter per process records the order of exits: when one rank
+            # dies, its peers fail soon after on the broken connection, and
+            # a poll every 50 ms could find both gone and blame the wrong one.
+            waiter = threading.Thread(
+                target=self._wait, args=(rank, process), daemon=True
+            )
+            waiter.start()
+            self.waiters.append(waiter)
+
+    def _wait(self, rank: int, process: subprocess.Popen[str]) -> None:
+        code = process.wait()
+        with self._lock:
+            self.exits.append((rank, code))
+
+    def _copy(self, rank: int, stream: IO[str], out: IO[str]) -> None:
+        gloo = GlooNotes()
+        with stream:
+            for line in stream:
+                kept = line if self.verbose else gloo(line)
+                if kept is None:
+                    continue
+                line = kept
+                with self._lock:
+                    out.write(f"[{rank}] {line}")
+                    out.flush()
+
+    def signal(self, signum: int) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def first_failure(self) -> tuple[int, int] | None:
+        """(rank, exit code) of the first process to have failed."""
+        with self._lock:
+            return next(((r, c) for r, c in self.exits if c != 0), None)
+
+    def running(self) -> bool:
+        return any(process.poll() is None for process in self.processes)
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM every live process; SIGKILL those left after `grace` s."""
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.signal(signal.SIGKILL)
+        for process in self.processes:
+            process.wait()
+
+    def join_output(self) -> None:
+        for waiter in self.waiters:
+            waiter.join()  # every process has exited: these end at once
+        for copier in self.copiers:
+            copier.join(5)
+
+
+def check_command(command: tuple[str, ...]) -> None:
+    """Raise LaunchError unless `command` names a program that can run."""
+    program = command[0]
+    found = shutil.which(program)
+    if found is None:
+        where = (
+            "no such file"
+            if os.sep in program
+            else "not found on PATH; give its path, or install it"
+        )
+        if os.sep in program and os.path.exists(program):
+            where = "not executable (chmod +x it, or run it with its interpreter)"
+        raise LaunchError(f"command {program!r}: {where}")
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def run_launch(args: LaunchArgs, *, grace: float = GRACE_SECONDS) -> int:
+    """Run `args.command` in `args.nproc` processes; their combined exit code.
+
+    Returns:
+        0 when every process exits 0; otherwise the first failing process's
+        code (128 + signal number for a process killed by a signal).
+    """
+    check_command(args.command)
+    port = args.port or free_port()
+    received: list[int] = []
+    started: list[_Ranks] = []
+
+    def forward(signum: int, frame: object) -> None:
+        del frame
+        received.append(signum)
+        for ranks in started:
+            ranks.signal(signum)
+
+    # Installed first: a signal while the processes start is not lost (they
+    # run in their own sessions, so it would not reach them otherwise).
+    previous = {
+        signum: signal.signal(signum, forward)
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        ranks = _Ranks(args, port)
+        started.append(ranks)
+        if received:
+            ranks.signal(received[-1])
+        failure = None
+        while failure is None and ranks.running():
+            failure = ranks.first_failure()
+            if failure is not None:
+                ranks.stop(grace)
+            elif len(received) > 1:
+                ranks.stop(0.0)  # a second signal: stop now
+            time.sleep(0.05)
+        ranks.join_output()
+        failure = failure or ranks.first_failure()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if failure is not None and not received:  # after a signal, exits are expected
+        rank, code = failure
+        print(
+            f"phalanx launch: rank {rank} {describe_exit(code)}; the other "
+            "processes were stopped",
+            file=sys.stderr,
+            flush=True,
+        )
+    if failure is None:
+        return 0
+    code = failure[1]
+    return 128 - code if code < 0 else code

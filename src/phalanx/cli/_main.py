@@ -1,0 +1,198 @@
+"""The ``phalanx`` command line: ``phalanx train`` (also ``python -m phalanx``).
+
+Every argument is validated, and the data loaded and checked, before a run
+folder is created or JAX starts, so a bad command exits with code 2 and a
+one-line reason and leaves nothing behind; a run that fails later, before
+its first step, removes what it wrote. ``--help``, ``--version`` and a
+bad option answer without importing JAX: only the parser is imported here,
+the rest once the command is valid.
+"""
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+from ._args import TrainArgs, UsageError
+from ._config import resolve_train
+from ._parser import build_parser
+
+
+# Exit codes besides 0 (done), 1 (a bug in phalanx: a traceback), 2 (a bad
+# command, refused before training) and 128 + N (stopped by signal N, after
+# saving a checkpoint).
+EXIT_DIVERGED = 3  # a non-finite gradient (nan_policy="raise")
+# The user's code raised (--model's module, factory or model, --dataset's
+# function): its traceback, then one line of context.
+EXIT_USER_CODE = 4
+EXIT_IO = 74  # a file could not be written (sysexits' EX_IOERR)
+
+
+def _launch(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> int:
+    from ._launch import LaunchArgs, LaunchError, run_launch
+
+    program = list(namespace.program)
+    if program[:1] == ["--"]:
+        program = program[1:]
+    if not program:
+        parser.error("launch needs a command after --, e.g. -- phalanx train")
+    try:
+        return run_launch(
+            LaunchArgs(
+                namespace.nproc,
+                tuple(program),
+                devices_per_process=namespace.devices_per_process,
+                port=namespace.port,
+                verbose=namespace.verbose,
+            )
+        )
+    except LaunchError as error:
+        print(f"phalanx launch: error: {error}", file=sys.stderr)
+        return 2
+
+
+# --- train ----------------------------------------------------------------------
+
+
+def check_arguments(args: TrainArgs) -> None:
+    """The checks of the options among themselves (no JAX, no data)."""
+    if args.resume and args.overwrite:
+        raise UsageError(
+            "--resume continues a run; it cannot be combined with --overwrite"
+        )
+    if args.shard is not None and args.strategy != "fsdp":
+        raise UsageError(
+            f"--shard {args.shard} splits the state of --strategy fsdp, not of "
+            f"--strategy {args.strategy}; add --strategy fsdp, or drop --shard"
+        )
+    if args.model_arg and not args.user_model:
+        raise UsageError(
+            f"--model-arg is for --model MODULE:FACTORY, not the built-in "
+            f"--model {args.model}"
+            + (" (its widths: --hidden)" if args.model == "mlp" else "")
+        )
+    if args.hidden != (256, 128) and args.model != "mlp":
+        raise UsageError(
+            f"--hidden sets the widths of --model mlp, not of --model {args.model}"
+            + ("; pass widths with --model-arg" if args.user_model else "")
+        )
+
+
+def run_train(args: TrainArgs) -> int:
+    """Validate what needs the data and the devices, then train; returns the
+    exit code (`args` has passed `check_arguments`)."""
+    from ._outputs import choose_outputs
+    from ._start import (
+        check_batch_size,
+        check_run_dir,
+        load_dataset,
+        select_devices,
+    )
+
+    train, test = load_dataset(args.dataset, flatten=not args.user_model)
+    check_run_dir(args.run_dir, args.overwrite, args.resume)
+    outputs = choose_outputs(args)
+    devices, defaulted = select_devices(args.devices, args.distributed)
+    check_batch_size(args.batch_size, len(devices), args.microbatches)
+    # Only now: importing it starts JAX, which must see the devices chosen.
+    from ._folder import RunFolder
+    from ._train import train_and_report
+
+    folder = RunFolder(args.run_dir, resume=args.resume)
+    try:
+        return train_and_report(
+            args,
+            devices,
+            train,
+            test,
+            defaulted=defaulted,
+            outputs=outputs,
+            folder=folder,
+        )
+    except BaseException:
+        folder.undo()  # unless it got as far as a step or a checkpoint
+        raise
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``phalanx`` command: what the console script runs.
+
+    Args:
+        argv: the arguments after ``phalanx`` (e.g. ``["train", "--epochs",
+            "2"]``); default ``sys.argv[1:]``.
+
+    Returns:
+        The exit code, as the command's (the command-line guide's table):
+        0 done; 2 a bad argument (one line on stderr); 3 a non-finite
+        gradient; 4 your own code raised; 74 a file could not be written;
+        130 / 143 stopped by SIGINT / SIGTERM.
+
+    Example:
+        ```python
+        from phalanx.cli import main
+
+        main(["train", "--epochs", "1", "--run-dir", "runs/quick"])
+        ```
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    namespace = parser.parse_args(argv)
+    if namespace.command == "launch":
+        return _launch(parser, namespace)
+    try:
+        args = resolve_train(argv, namespace)
+        check_arguments(args)
+    except UsageError as error:
+        print(f"phalanx train: error: {error}", file=sys.stderr)
+        return 2
+    return _train(args)
+
+
+def _train(args: TrainArgs) -> int:
+    """`run_train`, its failures reported in one line with their exit code."""
+    from .._preemption import Preempted
+    from ..callbacks import TrackerError
+    from ..checkpoint import CheckpointWriteError
+    from ._model import UserCodeError
+
+    try:
+        return run_train(args)
+    except UsageError as error:
+        print(f"phalanx train: error: {error}", file=sys.stderr)
+        return 2
+    except UserCodeError as error:
+        assert error.__cause__ is not None
+        traceback.print_exception(error.__cause__)
+        print(f"phalanx train: error: {error}", file=sys.stderr)
+        return EXIT_USER_CODE
+    except TrackerError as error:
+        print(f"phalanx train: error: {error}", file=sys.stderr)
+        return 2
+    except FloatingPointError as error:
+        print(
+            f"phalanx train: error: {error} (here: a lower --lr, or --clip-norm)",
+            file=sys.stderr,
+        )
+        return EXIT_DIVERGED
+    except CheckpointWriteError as error:
+        message = str(error).replace("resume='latest'", "--resume")
+        print(f"phalanx train: error: {message}", file=sys.stderr)
+        return EXIT_IO
+    except OSError as error:  # a log file: no space, or a folder gone read-only
+        print(
+            f"phalanx train: error: cannot write the run's files ({error}); free "
+            "space or make the folder writable, then continue with --resume",
+            file=sys.stderr,
+        )
+        return EXIT_IO
+    except Preempted as stop:
+        print(f"phalanx: {stop}; continue with --resume", file=sys.stderr)
+        return stop.exit_code
+    except KeyboardInterrupt:
+        print("phalanx: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    os._exit(main())

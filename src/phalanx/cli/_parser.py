@@ -1,0 +1,324 @@
+"""The ``phalanx`` command line's parser: options, their types and help."""
+
+import argparse
+from typing import Any, NoReturn
+
+from .._version import __version__
+from ._args import UsageError
+from ._values import model, model_arg, positive_float, positive_int, steps, widths
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (and exit code 2), and an
+    option must be spelled out (``--epoch`` is not taken for ``--epochs``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's help with its default, where it has one to show: not
+    for an unset option or a flag, nor where the help says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help = action.help or ""
+        if action.default is None or action.default is False or "default" in help:
+            return help
+        return super()._get_help_string(action)
+
+
+class RaisingParser(_Parser):
+    """A parser of a config file's options: an error is raised, to be
+    reported with the file's name."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+LOGGERS = ("csv", "jsonl", "tensorboard", "wandb", "mlflow")
+
+
+def build_parser(
+    *, explicit_only: bool = False, parser_class: type[_Parser] = _Parser
+) -> argparse.ArgumentParser:
+    """The ``phalanx`` parser. With `explicit_only`, ``train``'s options have
+    no defaults: parsing gives only the options given."""
+    parser = parser_class(
+        prog="phalanx",
+        description="Data-parallel training for Equinox models on JAX.",
+    )
+    parser.add_argument("--version", action="version", version=f"phalanx {__version__}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, parser_class=parser_class
+    )
+    train = commands.add_parser(
+        "train",
+        help="train a model on a dataset across devices",
+        description=(
+            "Train a classifier data-parallel on every device, with a progress "
+            "bar, a per-epoch table and logs (metrics.csv, metrics.jsonl, "
+            "TensorBoard events, history.png, config.toml) in the run folder. "
+            "With no arguments: an MLP on the bundled digits data on 8 fake CPU "
+            "devices."
+        ),
+        formatter_class=_HelpFormatter,
+    )
+    add = train.add_argument
+    add(
+        "--model",
+        type=model,
+        default="mlp",
+        metavar="linear|mlp|MODULE:FACTORY",
+        help="a built-in model, or FACTORY(*, in_shape, out_size, key, "
+        "**model_args) in MODULE (imported from the current folder or "
+        "PYTHONPATH) returning an Equinox module; in_shape is one example's "
+        "shape, out_size the number of classes",
+    )
+    add(
+        "--model-arg",
+        type=model_arg,
+        action="append",
+        metavar="NAME=VALUE",
+        help="a keyword argument for --model MODULE:FACTORY, VALUE a Python "
+        "literal (repeatable), e.g. --model-arg channels=16",
+    )
+    add(
+        "--hidden",
+        type=widths,
+        default="256,128",
+        metavar="W1,W2,...",
+        help="hidden layer widths of the MLP",
+    )
+    add(
+        "--dataset",
+        default="digits",
+        metavar="digits|mnist:PATH|npz:PATH|MODULE:FUNCTION",
+        help="bundled digits, MNIST IDX files in PATH, an .npz with x_train, "
+        "y_train, x_test, y_test, or FUNCTION() in MODULE returning those four "
+        "NumPy arrays",
+    )
+    add(
+        "--config",
+        metavar="FILE",
+        help="read options from a TOML file (as the config.toml a run writes); "
+        "options given on the command line override it",
+    )
+    add(
+        "--strategy",
+        choices=("sharding", "pmap", "fsdp"),
+        default="sharding",
+        help="ShardingStrategy (jit over sharded arrays), PmapStrategy "
+        "(per-device program) or FullyShardedStrategy (the state split over "
+        "the devices)",
+    )
+    add(
+        "--shard",
+        choices=("all", "optimizer"),
+        default=None,
+        help="with --strategy fsdp: split parameters and optimizer state (all, "
+        "the default) or the optimizer state only",
+    )
+    add(
+        "--microbatches",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="gradient accumulation: split each device's batch in K parts",
+    )
+    add(
+        "--devices",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="devices to train on; on a CPU-only host this fakes N CPU devices "
+        "(default 8), on accelerators the default is all of them",
+    )
+    add(
+        "--batch-size",
+        type=positive_int,
+        default=64,
+        metavar="N",
+        help="global batch size: examples per step over every device, padded "
+        "with weight-0 examples up to a multiple of devices x microbatches (a "
+        "multiple wastes nothing)",
+    )
+    add(
+        "--epochs",
+        type=positive_int,
+        default=30,
+        metavar="N",
+        help="passes over the data",
+    )
+    add("--lr", type=positive_float, default=0.1, help="peak learning rate")
+    add(
+        "--optimizer",
+        choices=("adam", "adamw", "sgd"),
+        default="sgd",
+        help="optax optimizer (sgd uses momentum 0.9)",
+    )
+    add(
+        "--schedule",
+        choices=("constant", "cosine", "warmup-cosine"),
+        default="cosine",
+        help="learning-rate schedule over --schedule-steps",
+    )
+    add(
+        "--schedule-steps",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="steps the schedule spans (default: the run's epochs x steps per "
+        "epoch, fixed at its start and written to config.toml: a run resumed "
+        "with other --epochs keeps it; past its end the rate stays at the "
+        "schedule's final value)",
+    )
+    add(
+        "--clip-norm",
+        type=positive_float,
+        default=None,
+        metavar="C",
+        help="clip gradients to this global norm",
+    )
+    add("--seed", type=int, default=0, help="seeds initialisation, shuffling, dropout")
+    add(
+        "--run-dir",
+        default=None,
+        metavar="DIR",
+        help="where logs go (default runs/<date-time>); must be new or empty",
+    )
+    add(
+        "--overwrite",
+        action="store_true",
+        help="allow a non-empty --run-dir (files phalanx writes are replaced; "
+        "others are left alone)",
+    )
+    add(
+        "--checkpoint-every",
+        type=positive_int,
+        default=None,
+        metavar="STEPS",
+        help="also checkpoint every this many steps (a checkpoint is always "
+        "written at each epoch end, into RUN_DIR/checkpoints)",
+    )
+    add(
+        "--eval-every",
+        type=positive_int,
+        default=None,
+        metavar="STEPS",
+        help="evaluate on the test set every this many steps (its metrics as "
+        "eval rows in the logs) instead of at each epoch end",
+    )
+    add(
+        "--distributed",
+        action="store_true",
+        help="join a multi-process run (phalanx.distributed.initialize: the "
+        "environment phalanx launch sets, or the cluster's, e.g. SLURM); "
+        "implied under phalanx launch. --batch-size is then the global batch",
+    )
+    add(
+        "--resume",
+        action="store_true",
+        help="continue the run in --run-dir from its newest checkpoint, exactly "
+        "as if it had never stopped; --epochs, logging, checkpointing, "
+        "evaluation and where it runs (strategy, devices) may change, options "
+        "that would change its updates may not",
+    )
+    add(
+        "--precision",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="float32 throughout, or float32 weights with the forward and "
+        "backward pass in bfloat16 or float16 (fp16: with a dynamic loss scale)",
+    )
+    add(
+        "--steps-per-call",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="run K steps per compiled call (lax.scan): for small models, "
+        "where the host's work per step would otherwise set the speed",
+    )
+    add(
+        "--log-every",
+        type=positive_int,
+        default=10,
+        metavar="STEPS",
+        help="log training metrics every this many steps",
+    )
+    add(
+        "--logger",
+        dest="loggers",
+        action="append",
+        choices=LOGGERS,
+        help="where metrics go (repeatable; default: csv, jsonl and "
+        "tensorboard, the last where tensorboardX is installed: pip install "
+        "'phalanx[logs]'); wandb and mlflow need pip install 'phalanx[wandb]' / "
+        "'phalanx[mlflow]' and take their settings from the environment "
+        "(WANDB_PROJECT, WANDB_MODE, MLFLOW_TRACKING_URI, ...)",
+    )
+    add(
+        "--no-plot",
+        action="store_true",
+        help="draw no history.png (drawn by default where matplotlib is "
+        "installed: pip install 'phalanx[logs]')",
+    )
+    add(
+        "--profile",
+        type=steps,
+        metavar="START:END",
+        help="record a jax.profiler trace of steps START to END into "
+        "RUN_DIR/profile (TensorBoard's profile plugin or ui.perfetto.dev)",
+    )
+    if explicit_only:
+        for action in train._actions:
+            action.default = argparse.SUPPRESS
+    _add_launch(commands)
+    return parser
+
+
+def _add_launch(commands: "argparse._SubParsersAction[_Parser]") -> None:
+    launch = commands.add_parser(
+        "launch",
+        help="run a program in N local processes on JAX's multi-process runtime",
+        description=(
+            "Start COMMAND in N processes on this machine, joined through a "
+            "coordinator on 127.0.0.1 (phalanx.distributed.initialize() reads "
+            "the environment this sets). Output lines are prefixed with the "
+            "rank; Ctrl-C and SIGTERM reach every process; if one fails, the "
+            "others are stopped and launch exits non-zero. On Linux they also "
+            "die with launch, even if it is killed with SIGKILL."
+        ),
+        usage="phalanx launch --nproc N [options] -- COMMAND [ARGS ...]",
+    )
+    launch.add_argument(
+        "--nproc",
+        type=positive_int,
+        required=True,
+        metavar="N",
+        help="processes to start",
+    )
+    launch.add_argument(
+        "--devices-per-process",
+        type=positive_int,
+        metavar="M",
+        help="fake M CPU devices in each process (CPU platform only)",
+    )
+    launch.add_argument(
+        "--port",
+        type=positive_int,
+        metavar="PORT",
+        help="coordinator port (default: a free one)",
+    )
+    launch.add_argument(
+        "--verbose",
+        action="store_true",
+        help="keep gloo's connection notes ('[Gloo] Rank r is connected to n "
+        "peer ranks...') in the output",
+    )
+    launch.add_argument(
+        "program", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS ...]"
+    )

@@ -1,0 +1,246 @@
+"""The training run behind ``phalanx train``, once every argument is valid."""
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+import optax
+
+from .. import callbacks as cb, models
+from .._checks._device_note import devices_said
+from .._trainer import DataParallelTrainer
+from ..callbacks._base import Callback
+from ..data import ArrayLoader
+from ..strategies import (
+    AccumulatingStrategy,
+    FullyShardedStrategy,
+    PmapStrategy,
+    ShardingStrategy,
+    Strategy,
+)
+from ._args import TrainArgs, UsageError, write_config
+from ._folder import RunFolder
+from ._model import (
+    DIGITS_HINT,
+    build_model,
+    check_model,
+    model_args,
+    model_factory,
+)
+
+
+if TYPE_CHECKING:
+    from ._outputs import Outputs
+    from ._start import Split
+
+
+def make_schedule(args: "TrainArgs", total_steps: int) -> optax.Schedule:
+    if args.schedule == "constant":
+        return optax.constant_schedule(args.lr)
+    if args.schedule == "cosine":
+        return optax.cosine_decay_schedule(args.lr, total_steps)
+    warmup = max(1, min(100, total_steps // 10))
+    return optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, total_steps)
+
+
+def make_optimizer(args: "TrainArgs", schedule: optax.Schedule):
+    optimizer = {
+        "adam": lambda: optax.adam(schedule),
+        "adamw": lambda: optax.adamw(schedule),
+        "sgd": lambda: optax.sgd(schedule, momentum=0.9),
+    }[args.optimizer]()
+    if args.clip_norm is not None:
+        optimizer = optax.chain(optax.clip_by_global_norm(args.clip_norm), optimizer)
+    return optimizer
+
+
+def make_model(args: "TrainArgs", x: np.ndarray, y: np.ndarray) -> tuple[Any, str]:
+    """The model --model names for examples `x` and labels `y`, and how the
+    banner names it. A user's model is traced on one example first: its
+    output must fit the labels.
+
+    Raises:
+        UserCodeError: the user's factory or model raised.
+        UsageError: the user's model does not fit the labels.
+    """
+    in_shape, classes = tuple(x.shape[1:]), int(y.max()) + 1
+    key = jax.random.key(args.seed)
+    if args.user_model:
+        # The likely cause when a user's model fails on the built-in data.
+        hint = DIGITS_HINT if args.dataset == "digits" else ""
+        arguments = model_args(args.model_arg)
+        factory = model_factory(args.model, arguments)
+        model = build_model(
+            args.model,
+            factory,
+            arguments,
+            in_shape=in_shape,
+            out_size=classes,
+            key=key,
+            hint=hint,
+        )
+        check_model(args.model, model, x, y, hint)
+        shape = "x".join(map(str, in_shape))
+        return model, f"{type(model).__name__} ({args.model}) {shape} -> {classes}"
+    (features,) = in_shape
+    if args.model == "linear":
+        return models.Linear(features, classes, key=key), f"LINEAR {features}-{classes}"
+    widths = "-".join(map(str, (features, *args.hidden, classes)))
+    return models.MLP(features, classes, hidden=args.hidden, key=key), f"MLP {widths}"
+
+
+def make_loggers(args: "TrainArgs", loggers: tuple[str, ...]) -> list[Callback]:
+    """The callbacks of `loggers` (--logger names), writing into the run
+    folder (W&B and MLflow: where their own settings say, the run's options
+    as its config).
+
+    Raises:
+        UsageError: a logger's library cannot be imported.
+    """
+    run, every = args.run_dir, args.log_every
+    config = args.config()
+    made: dict[str, Callable[[], Callback]] = {
+        "csv": lambda: cb.CSVLogger(run / "metrics.csv", log_every=every),
+        "jsonl": lambda: cb.JSONLogger(run / "metrics.jsonl", log_every=every),
+        "tensorboard": lambda: cb.TensorBoardLogger(
+            run / "tensorboard", log_every=every
+        ),
+        "wandb": lambda: cb.WandbLogger(config=config, log_every=every, dir=str(run)),
+        "mlflow": lambda: cb.MLflowLogger(
+            run_name=run.name, config=config, log_every=every
+        ),
+    }
+    out = []
+    for name in loggers:
+        try:
+            out.append(made[name]())
+        except ImportError as error:  # found, yet it does not import
+            raise UsageError(f"--logger {name}: {error} ({error.__cause__})") from None
+    return out
+
+
+def make_plot(path: Path) -> list[Callback]:
+    """A `PlotHistory` drawing `path`.
+
+    Raises:
+        UsageError: matplotlib cannot be imported.
+    """
+    try:
+        return [cb.PlotHistory(path)]
+    except ImportError as error:  # found, yet it does not import
+        raise UsageError(f"{error} ({error.__cause__}); or pass --no-plot") from None
+
+
+def make_strategy(args: "TrainArgs", devices: list[Any]) -> Strategy:
+    if args.strategy == "fsdp":
+        inner = FullyShardedStrategy(devices, shard=args.shard or "all")
+    elif args.strategy == "pmap":
+        inner = PmapStrategy(devices)
+    else:
+        inner = ShardingStrategy(devices)
+    if args.microbatches > 1:
+        return AccumulatingStrategy(inner, args.microbatches)
+    return inner
+
+
+def train_and_report(
+    args: "TrainArgs",
+    devices: list[Any],
+    train: "Split",
+    test: "Split",
+    *,
+    defaulted: bool,
+    outputs: "Outputs",
+    folder: RunFolder,
+) -> int:
+    """Build and run the training; every argument has been checked, except
+    that a --resume checkpoint matches the model (refused as a UsageError).
+    The run writes into `folder` only once the model has been built and
+    checked; the caller undoes a failed start there."""
+    (x_train, y_train), (x_test, y_test) = train, test
+    model, name = make_model(args, x_train, y_train)
+    loader = ArrayLoader((x_train, y_train), args.batch_size, seed=args.seed)
+    test_loader = ArrayLoader((x_test, y_test), args.batch_size, shuffle=False)
+    # The schedule's length is the run's, fixed at its start (config.toml).
+    args = args.with_schedule_steps(len(loader))
+    schedule = make_schedule(args, args.schedule_length(len(loader)))
+
+    run = args.run_dir
+    main = jax.process_index() == 0  # files and lines are written once
+    folder.create(main=main)
+    every = args.log_every
+    strategy = make_strategy(args, devices)
+    checkpoint = cb.Checkpoint(run / "checkpoints", every_n_steps=args.checkpoint_every)
+    trainer = DataParallelTrainer(
+        model,
+        make_optimizer(args, schedule),
+        strategy=strategy,
+        seed=args.seed,
+        steps_per_call=args.steps_per_call,
+        precision=args.precision,
+        callbacks=[
+            cb.Throughput(log_every=every),
+            cb.LearningRateMonitor(schedule, log_every=every),
+            *make_loggers(args, outputs.loggers),
+            *(make_plot(run / "history.png") if outputs.plot else []),
+            cb.ProgressBar(log_every=every),
+            *(
+                ()
+                if args.profile is None
+                else [cb.Profiler(run / "profile", steps=args.profile)]
+            ),
+            checkpoint,
+            folder.marker,  # last: the other callbacks' state keys stay
+        ],
+    )
+    resume = None
+    if args.resume:
+        try:  # the newest readable checkpoint, read once in full here
+            resume = checkpoint.check(trainer) or "latest"
+        except (FileNotFoundError, ValueError) as error:
+            raise UsageError(f"--resume: {error}") from None
+    say = print if main else _quiet
+    if defaulted:
+        say(
+            "phalanx: no accelerator found; using 8 fake CPU devices "
+            "(--devices N to change)",
+            file=sys.stderr,
+        )
+    if outputs.note is not None:
+        say(outputs.note, file=sys.stderr)
+    note = args.schedule_note(len(loader))
+    if note is not None:
+        say(note, file=sys.stderr)
+    if main:  # the options of the run as it goes on from here
+        write_config(args)
+    sizes = f"{len(x_train)} train / {len(x_test)} test"
+    say(
+        f"phalanx: {name} on {args.dataset} ({sizes}), "
+        f"{type(strategy).__name__} on {len(devices)} {devices[0].platform} "
+        f"device(s), batch {args.batch_size}, {args.epochs} "
+        f"epoch{'s' if args.epochs != 1 else ''}"
+        + ("" if args.precision == "fp32" else f", {args.precision}")
+    )
+    say(f"phalanx: {trainer.summary().short()}")
+    devices_said()  # the banner above names them: no API note on top
+    trainer.fit(
+        loader,
+        epochs=args.epochs,
+        eval_data=test_loader,
+        eval_every=args.eval_every,
+        resume=resume,
+    )
+    results = trainer.evaluate(test_loader)
+    say(
+        f"test loss {results['loss']:.4f}, test accuracy {results['accuracy']:.4f}; "
+        f"logs in {run}"
+    )
+    return 0
+
+
+def _quiet(*args: object, **kwargs: object) -> None:
+    """print, on processes other than 0."""
+    del args, kwargs

@@ -1,0 +1,76 @@
+"""The values of ``phalanx train``'s options as argparse reads them: each
+converter turns one option's text into its value, or raises
+`argparse.ArgumentTypeError` saying how to write it."""
+
+import argparse
+import math
+
+from ._model import is_reference, parse_model_arg
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer, got {text!r}"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(
+            f"must be a positive finite number, got {text}"
+        )
+    return value
+
+
+def widths(text: str) -> tuple[int, ...]:
+    try:
+        widths = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of widths, e.g. 256,128"
+        ) from None
+    if not widths or any(w < 1 for w in widths):
+        raise argparse.ArgumentTypeError(
+            f"widths must be positive integers, e.g. 256,128; got {text!r}"
+        )
+    return widths
+
+
+def model(text: str) -> str:
+    if text in ("linear", "mlp") or is_reference(text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not linear, mlp or MODULE:FACTORY (e.g. mymodels:cnn, a "
+        "function in mymodels.py)"
+    )
+
+
+def model_arg(text: str) -> str:
+    try:
+        parse_model_arg(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def steps(text: str) -> tuple[int, int]:
+    start, colon, end = text.partition(":")
+    try:
+        steps = int(start), int(end)
+    except ValueError:
+        steps = (0, 0)
+    if not colon or not 1 <= steps[0] < steps[1]:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not START:END with 1 <= START < END, e.g. 10:20"
+        )
+    return steps

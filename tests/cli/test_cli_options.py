@@ -1,0 +1,216 @@
+"""``phalanx train``'s options: which ones ``--resume`` accepts (and why),
+``--model-arg`` compared as values, the schedule's length as an option of the
+run, ``--batch-size`` padded as the API pads it, and ``--help`` (issue 29,
+items 3, 9, 11 and 18)."""
+
+import argparse
+import pathlib
+import re
+
+import jax
+import numpy as np
+import pytest
+
+import phalanx as px
+from cli_runs import cli_args, state_arrays
+from phalanx.cli._args import PER_COMMAND, RESUMABLE, TrainArgs, UsageError
+from phalanx.cli._config import _WHAT, resolve_train
+from phalanx.cli._main import build_parser, main
+from phalanx.cli._start import check_batch_size, load_dataset
+from phalanx.cli._train import make_model, make_optimizer, make_schedule, make_strategy
+
+
+def train_options() -> set[str]:
+    parser = build_parser()
+    (commands,) = [
+        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+    ]
+    train = commands.choices["train"]
+    return {a.dest for a in train._actions if a.option_strings and a.dest != "help"}
+
+
+# --- what --resume may change -------------------------------------------------
+
+
+def test_the_options_resume_accepts_are_pinned():
+    # Each is justified in _cli_args.RESUMABLE's comments: none changes an
+    # update of the run. Adding one needs the same argument.
+    assert set(RESUMABLE) == {
+        "epochs", "log_every", "checkpoint_every", "eval_every", "loggers",
+        "no_plot", "profile", "strategy", "shard", "microbatches", "devices",
+        "steps_per_call",
+    }  # fmt: skip
+
+
+def test_every_option_is_resumable_per_command_or_refused_by_name():
+    # A new option must be placed: changeable on --resume, not part of the
+    # run, or refused naming what it would change.
+    groups = [set(RESUMABLE), set(PER_COMMAND), set(_WHAT)]
+    assert sum(map(len, groups)) == len(set.union(*groups)), "in two groups"
+    assert train_options() == set.union(*groups)
+
+
+def write_run(folder: pathlib.Path, **changes: str) -> pathlib.Path:
+    """A run folder's config.toml, as a run with --model m:f writes it."""
+    text = (
+        'model = "m:f"\nmodel_arg = ["hidden=(64,128)", "act=\'relu\'"]\n'
+        "epochs = 3\nschedule_steps = 69\n"
+    )
+    for name, value in changes.items():
+        text = re.sub(rf"^{name} = .*$", f"{name} = {value}", text, flags=re.M)
+    run = folder / "RUN"
+    run.mkdir()
+    (run / "config.toml").write_text(text)
+    return run
+
+
+def resolve(*argv: str) -> TrainArgs:
+    argv = ("train", *argv)
+    return resolve_train(argv, build_parser().parse_args(argv))
+
+
+def test_resume_compares_model_args_as_values(tmp_path):
+    run = str(write_run(tmp_path))
+    same = ("--model-arg", "hidden=(64, 128)", "--model-arg", 'act="relu"')
+    args = resolve("--run-dir", run, "--resume", *same)
+    assert args.model_arg == ("hidden=(64, 128)", 'act="relu"')
+    # In another order, as values: the same arguments.
+    resolve("--run-dir", run, "--resume", *same[2:], *same[:2])
+    for other in (
+        ["--model-arg", "hidden=(64, 256)", "--model-arg", "act='relu'"],
+        ["--model-arg", "hidden=(64, 128)"],
+        ["--model-arg", "hidden=[64, 128]", "--model-arg", "act='relu'"],
+    ):
+        with pytest.raises(UsageError, match="--model-arg .* another model"):
+            resolve("--run-dir", run, "--resume", *other)
+
+
+def test_schedule_steps_is_the_runs_and_not_resumable(tmp_path):
+    run = str(write_run(tmp_path))
+    args = resolve("--run-dir", run, "--resume", "--epochs", "5")
+    assert (args.epochs, args.schedule_steps, args.schedule_length(23)) == (5, 69, 69)
+    assert resolve("--run-dir", run, "--resume", "--schedule-steps", "69")
+    with pytest.raises(UsageError, match="--schedule-steps 70 differs .* optimizer"):
+        resolve("--run-dir", run, "--resume", "--schedule-steps", "70")
+
+
+def test_an_earlier_phalanx_run_keeps_its_stored_epochs(tmp_path):
+    # No schedule_steps in its config.toml: its schedule spanned its epochs.
+    run = str(write_run(tmp_path, schedule_steps="3"))
+    (tmp_path / "RUN" / "config.toml").write_text(
+        (tmp_path / "RUN" / "config.toml")
+        .read_text()
+        .replace("schedule_steps = 3\n", "")
+    )
+    args = resolve("--run-dir", run, "--resume", "--epochs", "5")
+    assert args.schedule_steps is None and args.schedule_length(23) == 69
+    fixed = args.with_schedule_steps(23)
+    assert fixed.schedule_steps == 69 and fixed.config()["schedule_steps"] == 69
+    assert "schedule_epochs" not in fixed.config()
+
+
+def test_a_new_runs_schedule_spans_its_epochs_unless_told():
+    args = cli_args("--epochs", "4")
+    assert args.with_schedule_steps(23).config()["schedule_steps"] == 92
+    assert args.with_schedule_steps(23).schedule_note(23) is None
+    told = cli_args("--epochs", "4", "--schedule-steps", "50").with_schedule_steps(23)
+    assert told.schedule_steps == 50
+    assert told.schedule_note(23) == (
+        "phalanx: the cosine learning-rate schedule spans 50 steps, the run 92 "
+        "(4 epochs of 23); from step 50 on, the rate stays at its final value "
+        "(--schedule-steps 92 fits it to the run)"
+    )
+    constant = cli_args("--schedule", "constant", "--schedule-steps", "50")
+    assert constant.schedule_note(23) is None
+
+
+# --- --batch-size padded as fit pads it ---------------------------------------
+
+
+def api_state(args: TrainArgs, devices: int) -> list[np.ndarray]:
+    """The CLI's run of `args` through the API on `devices` devices."""
+    (x, y), _ = load_dataset(args.dataset)
+    model, _ = make_model(args, x, y)
+    loader = px.data.ArrayLoader((x, y), args.batch_size, seed=args.seed)
+    args = args.with_schedule_steps(len(loader))
+    trainer = px.DataParallelTrainer(
+        model,
+        make_optimizer(args, make_schedule(args, args.schedule_length(len(loader)))),
+        strategy=make_strategy(args, jax.devices()[:devices]),
+        seed=args.seed,
+        progress=False,
+    )
+    trainer.fit(loader, epochs=args.epochs)
+    return state_arrays(trainer)
+
+
+@pytest.mark.slow
+def test_batch_size_not_a_multiple_of_the_devices_is_padded(
+    tmp_path, capsys, monkeypatch
+):
+    argv = [
+        "--model", "linear", "--devices", "8", "--batch-size", "60",
+        "--epochs", "1", "--logger", "csv", "--no-plot", "--run-dir", "RUN",
+    ]  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", *argv]) == 0
+    padded = [line for line in capsys.readouterr().err.splitlines() if "60" in line]
+    assert padded == [
+        "phalanx: --batch-size 60 is padded to 64 examples per step with weight-0 "
+        "examples (no effect on the update), for 8 device(s) x 1 microbatch(es); "
+        "a multiple of 8 wastes nothing (e.g. 56 or 64)"
+    ]
+    # The CLI's checkpoint equals the API's run on 2 devices (60 needs no
+    # padding there) to float summation order.
+    args = cli_args(*argv)
+    folder = tmp_path / "RUN" / "checkpoints"
+    (step,) = (int(p.name) for p in folder.iterdir())
+    assert step == 24  # 1437 digits in batches of 60
+    restored, _ = make_model(args, *load_dataset(args.dataset)[0])
+    trainer = px.DataParallelTrainer(
+        restored,
+        make_optimizer(args, make_schedule(args, step)),
+        strategy=make_strategy(args, jax.devices()[:2]),
+        seed=args.seed,
+    )
+    px.callbacks.Checkpoint(folder).restore(trainer, folder / str(step), None)
+    for got, want in zip(state_arrays(trainer), api_state(args, 2), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_microbatches_pad_too(capsys):
+    check_batch_size(64, 8, 3)
+    assert capsys.readouterr().err == (
+        "phalanx: --batch-size 64 is padded to 72 examples per step with weight-0 "
+        "examples (no effect on the update), for 8 device(s) x 3 microbatch(es); "
+        "a multiple of 24 wastes nothing (e.g. 48 or 72)\n"
+    )
+    check_batch_size(48, 8, 3)
+    assert capsys.readouterr().err == ""
+
+
+def test_processes_must_share_the_batch_equally(monkeypatch):
+    # Each process's loader takes batch_size / processes examples of a step.
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    with pytest.raises(UsageError) as refused:
+        check_batch_size(64, 6, 1)
+    assert str(refused.value) == (
+        "--batch-size 64 is not divisible by the 3 processes, each of which takes "
+        "an equal slice; use e.g. 63 or 66"
+    )
+
+
+# --- --help -------------------------------------------------------------------
+
+
+def test_help_shows_only_defaults_that_exist(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["train", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text and "(default: False)" not in text
+    assert "(all, the default) or the optimizer state only --microbatches" in text
+    for shown in ("--seed SEED seeds initialisation, shuffling, dropout (default: 0)",
+                  "--epochs N passes over the data (default: 30)",
+                  "--batch-size N global batch size"):  # fmt: skip
+        assert shown in text

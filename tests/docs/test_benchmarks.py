@@ -1,0 +1,132 @@
+"""The benchmark harness keeps working: a tiny run of `benchmarks/run.py`.
+
+It asserts that every case ran and produced numbers, nothing about speed
+(CI machines are too noisy for that, and the tiny run too short).
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any
+
+import jax
+import pytest
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+XLA_CACHE = jax.config.jax_compilation_cache_dir  # set by conftest.py
+VERSUS = ("sharding", "pmap", "accum-sharding", "accum-pmap", "steps-per-call")
+RUN = [sys.executable, str(ROOT / "benchmarks" / "run.py")]
+SUBPROCESS = {
+    # CPU even on a host with accelerators: the harness fakes CPU devices.
+    # No NPROC of the test process's: each run sets its own. The session's
+    # compilation cache (conftest.py): the runs compile the same programs
+    # (each case's first-step measurement, each device count's process)
+    # once; the smoke tests check that the harness works, not its times.
+    "env": {
+        **{k: v for k, v in os.environ.items() if k != "NPROC"},
+        "JAX_PLATFORMS": "cpu",
+        "JAX_COMPILATION_CACHE_DIR": XLA_CACHE,
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    },
+    "capture_output": True,
+    "text": True,
+    "timeout": 300,
+}
+
+
+@pytest.mark.slow
+def test_tiny_benchmark_run(tmp_path):
+    out = tmp_path / "results.json"
+    # Data on the devices for the strategy pairs (the host feeds run in the
+    # checks, host-vs-device and jit-host-vs-device cases): half the time.
+    command = [*RUN, "--tiny", "--data", "device", "--out", out]
+    result = subprocess.run(command, **SUBPROCESS, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads(out.read_text())
+
+    ran = {(case["case"], case["data"]) for case in results["cases"]}
+    expected = {(name, "device") for name in VERSUS}
+    expected |= {
+        ("checks", "host"),
+        ("nan-guard", "device"),
+        ("guard-vs-optax", "device"),
+        ("host-vs-device", "both"),
+        ("jit-host-vs-device", "both"),
+    }
+    assert ran == expected
+    for case in results["cases"]:
+        for side in (case["a"], case["b"]):
+            assert len(side["seconds"]) == results["config"]["repeats"]
+            assert len(side["cpu_seconds"]) == results["config"]["repeats"]
+            assert min(side["seconds"]) > 0 and min(side["cpu_seconds"]) > 0
+            speeds = ("steps_per_s", "examples_per_s")
+            for key in ("first_step_s", *speeds, "lower_s", "compile_s"):
+                assert side[key] > 0, (case["case"], key)
+            assert side["memory"]["temp_bytes"] > 0
+        assert case["ratio"] > 0 and case["first_step_ratio"] > 0
+        assert case["cpu_ratio"] > 0
+
+    memory = results["accumulation_memory"]
+    for side in ("ShardingStrategy", "PmapStrategy", "shard_map scan"):
+        rows = [row for row in memory if row["side"] == side]
+        assert [row["microbatches"] for row in rows] == [1, 4, 16]
+        assert all(row["memory"]["temp_bytes"] > 0 for row in rows)
+    assert results["max_rss_mib"] > 0
+    assert results["config"]["jax"] and results["config"]["cpu_count"]
+
+
+@pytest.mark.slow
+def test_each_device_count_runs_in_its_own_process(tmp_path):
+    # Each count gets its own fake devices and NPROC (2 per device), as a
+    # user of that many devices would; the parent merges their results.
+    out = tmp_path / "results.json"
+    command = [*RUN, "--tiny", "--devices", "1,2", "--cases", "sharding"]
+    result = subprocess.run(
+        [*command, "--data", "device", "--out", out], **SUBPROCESS, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads(out.read_text())
+
+    assert [case["devices"] for case in results["cases"]] == [1, 2]
+    assert results["config"]["device_count"] == "1/2"
+    assert results["config"]["NPROC"] == "2/4"
+    assert "sharding" in result.stdout  # the merged table
+
+
+def tiny_run(script: str, tmp_path: pathlib.Path) -> Any:
+    """The results of ``benchmarks/SCRIPT --tiny`` on 2 devices."""
+    out = tmp_path / "results.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / script), "--tiny"]
+    command += ["--devices", "2", "--out", str(out)]
+    result = subprocess.run(command, **SUBPROCESS, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_tiny_fsdp_benchmark_run(tmp_path):
+    results = tiny_run("fsdp.py", tmp_path)
+    rows = {(row["devices"], row["side"]): row for row in results["memory"]}
+    assert set(rows) == {(2, side) for side in ("sharding", "fsdp", "fsdp-optimizer")}
+    for row in rows.values():
+        assert row["argument_bytes"] > 0 and row["temp_bytes"] > 0
+    held = {key: row["state_bytes_per_device"] for key, row in rows.items()}
+    assert held[(2, "fsdp")] < held[(2, "fsdp-optimizer")] < held[(2, "sharding")]
+    assert results["timing"]["ratio"] > 0
+
+
+@pytest.mark.slow
+def test_tiny_precision_benchmark_run(tmp_path):
+    rows = tiny_run("precision.py", tmp_path)
+    assert [(row["devices"], row["precision"]) for row in rows] == [
+        (2, policy) for policy in ("fp32", "bf16", "fp16")
+    ]
+    for row in rows:
+        assert row["step_s"] > 0 and row["temp_bytes"] > 0
+        assert (
+            row["vs_fp32"] == 1.0 if row["precision"] == "fp32" else row["vs_fp32"] > 0
+        )

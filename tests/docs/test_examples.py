@@ -1,0 +1,159 @@
+"""Smoke tests: every script in examples/ runs and prints what it promises."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+EXAMPLES = ROOT / "examples"
+# How each example is run here: a few epochs or steps keep it quick.
+ARGS = {
+    "linear_regression.py": ["--epochs", "10"],
+    "mlp_classifier.py": ["--epochs", "3"],
+    "mlp_sharding.py": ["--steps", "20"],
+    "gradient_accumulation.py": ["--epochs", "1"],
+    "collectives.py": ["--epochs", "2"],
+    "custom_data.py": ["--epochs", "3"],
+}
+
+
+def run_example(name: str, *args: str, cwd: pathlib.Path = ROOT) -> str:
+    """Run one example in a fresh interpreter; return its stdout."""
+    env = dict(os.environ)
+    # Eight fake CPU devices need a thread pool of at least 16 (NOTES trap 1).
+    env.setdefault("NPROC", "16")
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, (
+        f"{name} exited with {result.returncode}\n"
+        f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    )
+    return result.stdout
+
+
+def floats(pattern: str, text: str) -> list[float]:
+    return [float(match) for match in re.findall(pattern, text)]
+
+
+# The header of the trainer's default progress table ("  epoch   loss ...").
+_PROGRESS_TABLE = re.compile(r"(?m)^\s+epoch\s+loss\b")
+
+
+def assert_epochs_printed_once(out: str) -> None:
+    """An example that prints its own line per epoch turns the trainer's
+    progress table off: otherwise each epoch shows twice."""
+    assert not _PROGRESS_TABLE.search(out), out
+
+
+def test_every_example_is_tested():
+    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(ARGS)
+
+
+def test_examples_feed_data_through_the_loader():
+    # Issue 3, acceptance 4: issue 2's examples use px.data.ArrayLoader
+    # (mlp_sharding runs mlp_classifier's main); custom_data uses a generator.
+    for name in sorted(set(ARGS) - {"mlp_sharding.py", "custom_data.py"}):
+        assert "px.data.ArrayLoader(" in (EXAMPLES / name).read_text(), name
+    assert (
+        "from mlp_classifier import main" in (EXAMPLES / "mlp_sharding.py").read_text()
+    )
+
+
+@pytest.mark.slow
+def test_linear_regression():
+    out = run_example("linear_regression.py", *ARGS["linear_regression.py"])
+    [error] = floats(r"max \|learned - true\| = (\S+)", out)
+    assert error < 0.02, out
+
+
+@pytest.mark.slow
+def test_mlp_classifier():
+    out = run_example("mlp_classifier.py", *ARGS["mlp_classifier.py"])
+    assert "PmapStrategy on" in out, out
+    assert_epochs_printed_once(out)
+    losses = floats(r"(?m)^epoch \d+/3\s+loss (\S+)", out)
+    assert len(losses) == 3, out
+    assert losses == sorted(losses, reverse=True) and losses[-1] < losses[0], out
+    [accuracy] = floats(r"final test loss \S+, accuracy (\S+)", out)
+    assert accuracy > 0.8, out
+
+
+@pytest.mark.slow
+def test_mlp_sharding():
+    # 20 steps of 16 per epoch: one full epoch and a partial second one.
+    out = run_example("mlp_sharding.py", *ARGS["mlp_sharding.py"])
+    assert "ShardingStrategy on" in out, out
+    assert_epochs_printed_once(out)
+    losses = floats(r"(?m)^epoch \d+\s+loss (\S+)", out)
+    assert len(losses) == 2 and losses[1] < losses[0], out
+    assert "final test loss" in out, out
+
+
+@pytest.mark.slow
+def test_mlp_sharding_from_examples_folder():
+    # mlp_sharding imports mlp_classifier, which must work from any directory.
+    out = run_example("mlp_sharding.py", "--steps", "2", cwd=EXAMPLES)
+    assert "ShardingStrategy on" in out, out
+
+
+@pytest.mark.slow
+def test_gradient_accumulation():
+    out = run_example("gradient_accumulation.py", *ARGS["gradient_accumulation.py"])
+    assert_epochs_printed_once(out)
+    differences = floats(r"max \|params\(.*?\)\| = (\S+)", out)
+    assert len(differences) == 2, out
+    assert max(differences) < 1e-5, out
+
+
+@pytest.mark.slow
+def test_collectives():
+    out = run_example("collectives.py", *ARGS["collectives.py"])
+    rows = re.findall(
+        r"device (\d+): holds (\d+)\s+psum -> (\d+)\s+all_gather -> \[([\d, ]+)\]",
+        out,
+    )
+    assert rows, out
+    held = [int(value) for _, value, _, _ in rows]
+    for _, _, total, gathered in rows:
+        assert int(total) == sum(held), out
+        assert [int(v) for v in gathered.split(",")] == held, out
+    # Part 2: the same ArrayLoader batches (128 of the 1024 pairs, reshuffled
+    # each epoch) on 8 devices and on 1 give the same losses and parameters.
+    runs = re.findall(
+        r"(\d+) device\(s\),\s+(\d+) examples each: loss (\S+) -> (\S+), "
+        r"partner found among 128: \S+% -> (\S+)%",
+        out,
+    )
+    assert [(devices, each) for devices, each, *_ in runs] == [
+        ("8", "16"),
+        ("1", "128"),
+    ], out
+    assert runs[0][2:4] == runs[1][2:4], out
+    for _, _, first, last, match in runs:
+        assert float(last) < float(first), out
+        assert float(match) > 50, out
+    [difference] = floats(r"max \|params\(.*?\)\| = (\S+)", out)
+    assert difference < 1e-5, out
+
+
+@pytest.mark.slow
+def test_custom_data():
+    # The digits, fed from a generator function: a new shuffled pass per epoch.
+    out = run_example("custom_data.py", *ARGS["custom_data.py"])
+    assert_epochs_printed_once(out)
+    assert "1437 train / 360 test" in out, out
+    losses = floats(r"(?m)^epoch \d+/3\s+loss (\S+)", out)
+    assert len(losses) == 3 and losses == sorted(losses, reverse=True), out
+    [accuracy] = floats(r"final test loss \S+, accuracy (\S+)", out)
+    assert accuracy > 0.85, out

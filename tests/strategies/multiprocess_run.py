@@ -1,0 +1,82 @@
+"""One small training run, the same in one process and in several (imported
+by test_multiprocess.py, and run by the processes it launches)."""
+
+import equinox as eqx
+import jax
+import numpy as np
+import optax
+
+import phalanx as px
+from phalanx.strategies._placement import to_host
+
+
+STRATEGIES = {
+    "sharding": lambda n: px.ShardingStrategy(n),
+    "pmap": lambda n: px.PmapStrategy(n),
+    "accumulating": lambda n: px.AccumulatingStrategy(px.ShardingStrategy(n), 2),
+    "fsdp": lambda n: px.FullyShardedStrategy(n, min_size=1),
+    # The same, summing over devices in a fixed order: bitwise reproducible.
+    "sharding-deterministic": lambda n: px.ShardingStrategy(n, deterministic=True),
+    "pmap-deterministic": lambda n: px.PmapStrategy(n, deterministic=True),
+    "accumulating-deterministic": lambda n: px.AccumulatingStrategy(
+        px.PmapStrategy(n, deterministic=True), 2
+    ),
+}
+
+
+# Rows to predict: process 0 passes the first 5, process 1 the other 7.
+PREDICT = np.random.default_rng(2).standard_normal((12, 20)).astype(np.float32)
+SPLIT = 5
+
+
+def train(
+    strategy: px.Strategy, callbacks=(), *, steps: int = 20, resume=None
+) -> px.DataParallelTrainer:
+    """An MLP, adam, `steps` steps (counted from the run's start) over an
+    ArrayLoader, which hands each process its slice of every global batch of
+    64."""
+    x = np.random.default_rng(0).standard_normal((640, 20)).astype(np.float32)
+    y = np.random.default_rng(1).integers(0, 3, 640).astype(np.int32)
+    model = px.models.MLP(20, 3, hidden=(16,), key=jax.random.key(0))
+    trainer = px.DataParallelTrainer(
+        model, optax.adam(1e-2), strategy=strategy, callbacks=callbacks
+    )
+    loader = px.data.ArrayLoader((x, y), 64, seed=1)
+    trainer.fit(loader, steps=steps, resume=resume)
+    return trainer
+
+
+def parameters(trainer: px.DataParallelTrainer) -> list[np.ndarray]:
+    """The model's arrays, whole (those split over processes gathered: every
+    process calls this)."""
+    return [
+        to_host(leaf)
+        for leaf in jax.tree.leaves(eqx.filter(trainer.model, eqx.is_array))
+    ]
+
+
+if __name__ == "__main__":
+    # Under phalanx launch: STRATEGY OUT [STEPS CHECKPOINTS resume|fresh].
+    import sys
+
+    px.distributed.initialize()
+    name, out, *rest = sys.argv[1:]
+    callbacks: list[px.Callback] = [
+        px.callbacks.CSVLogger(f"{out}/metrics.csv", log_every=5),
+        px.callbacks.ProgressBar(log_every=5),
+    ]
+    steps, resume = 20, None
+    if rest:
+        steps, folder, mode = int(rest[0]), rest[1], rest[2]
+        callbacks.append(px.callbacks.Checkpoint(folder, every_n_steps=5))
+        resume = "latest" if mode == "resume" else None
+    trainer = train(STRATEGIES[name](None), callbacks, steps=steps, resume=resume)
+    np.savez(f"{out}/rank{jax.process_index()}.npz", *parameters(trainer))
+    px.save_model(f"{out}/model.npz", trainer.model)
+    mine = PREDICT[:SPLIT] if jax.process_index() == 0 else PREDICT[SPLIT:]
+    np.savez(
+        f"{out}/predict{jax.process_index()}.npz",
+        whole=trainer.predict(mine),
+        chunked=trainer.predict(mine, batch_size=3),
+    )
+    print("history", trainer.history[-1])
