@@ -2,7 +2,8 @@
 
 Each is what a researcher would write by hand for the same job, tuned fairly:
 the Equinox model is split once into arrays and static parts (no
-`eqx.filter_jit`, which waits on every call: NOTES trap 4), the state travels
+`eqx.filter_jit`, which waits on every call to report errors, so host work
+never overlaps device work), the state travels
 as a flat list of arrays, and its buffers are donated to the step. The step
 returns the loss (a real loop logs it) but nothing waits for it.
 
@@ -276,7 +277,8 @@ def _scan(devices: list[jax.Device], batch_size: int, microbatches: int) -> Refe
 
     # check_vma=False: the gradients taken inside stay this device's own, and
     # the one psum adds them up (with vma checks on, shard_map would already
-    # sum the gradients of replicated params: NOTES trap 2).
+    # sum the gradients of replicated params, and a psum on top would count
+    # them N times).
     sums = jax.shard_map(
         local_sums,
         mesh=mesh,

@@ -801,7 +801,8 @@ def main(argv: list[str] | None = None) -> int:
     references.use_size(args.model)
     if len(args.devices) > 1:
         return run_each_device_count(argv, args)
-    # Before JAX starts: the fake devices, and NPROC (NOTES-jax-cpu trap 1).
+    # Before JAX starts: the fake devices, and NPROC (XLA:CPU collectives
+    # need two pool threads per device, or they abort: docs/architecture.md).
     px.fake_cpu_devices(max(args.devices))
     if len(jax.devices()) < max(args.devices):
         print(
@@ -844,7 +845,8 @@ def run_each_device_count(argv: list[str], args: argparse.Namespace) -> int:
 
     A process fakes its devices and sets `NPROC` (XLA's CPU thread count)
     once, before JAX starts, and NPROC must be at least twice the devices
-    (NOTES-jax-cpu trap 1): in a process set up for 8 devices a 1-device
+    (or XLA:CPU's collectives can starve its thread pool and abort; see
+    "JAX on CPU" in docs/architecture.md): in a process set up for 8 devices a 1-device
     step runs 16 threads on this machine's 2 cores, ~1.5x slower than in a
     process of its own (NPROC=2, what `fake_cpu_devices(1)` sets), on both
     sides alike. So each count runs as a user of that many devices would.

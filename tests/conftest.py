@@ -5,7 +5,7 @@ import tempfile
 
 # Eight fake CPU devices on two cores: XLA:CPU's all-reduce needs a thread pool
 # of at least twice the device count, set before JAX creates its CPU client
-# (NOTES-jax-cpu trap 1).
+# ("JAX on CPU" in docs/architecture.md).
 os.environ.setdefault("NPROC", "16")
 # Tests are bound by XLA:CPU's compile time, not by the speed of the code it
 # makes: without LLVM's optimisations a step compiles 2-3x faster (Equinox's

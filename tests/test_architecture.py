@@ -1,8 +1,11 @@
 """The architecture's rules, checked on the source (issue 16): no module
 reaches into the trainer's private fields, and the import graph of
 `phalanx` has no cycle, counting imports under ``TYPE_CHECKING`` and inside
-functions (the layers themselves are `lint-imports`' contract in CI)."""
+functions (the layers themselves are `lint-imports`' contract in CI). The code
+stands alone (issue 30): every module has a docstring, no comment points to
+notes outside the repository, and the package root holds few modules."""
 
+import ast
 import pathlib
 import re
 
@@ -85,3 +88,51 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _cycles(graph) == []
     graph.add_import(importer="c", imported="a")
     assert _cycles(graph) == [["a", "b", "c"]]
+
+
+# Pointers to notes outside the repository ("NOTES trap 3"): the code states
+# the fact itself, or cites docs/architecture.md.
+OUTSIDE_POINTER = re.compile(r"\bNOTES\b|\b[Tt]rap \d")
+INVARIANT = re.compile(r"\b[Ii]nvariant (\d+)")
+ARCHITECTURE = pathlib.Path(__file__).parents[1] / "docs" / "architecture.md"
+
+
+def test_every_module_says_what_it_is_for():
+    missing = [
+        str(path.relative_to(SRC))
+        for path in sorted(SRC.rglob("*.py"))
+        if not ast.get_docstring(ast.parse(path.read_text()))
+    ]
+    assert not missing, f"modules without a module docstring: {missing}"
+
+
+def test_the_code_points_nowhere_outside_the_repository():
+    lines = [
+        (f"{path.relative_to(SRC)}:{number}: {line.strip()}", line)
+        for path in sorted(SRC.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+    ]
+    assert [where for where, line in lines if OUTSIDE_POINTER.search(line)] == []
+    # Every invariant the code cites is one docs/architecture.md defines.
+    section = ARCHITECTURE.read_text().split("\n## Invariants\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    defined = set(re.findall(r"^(\d+)\. ", section, re.MULTILINE))
+    undefined = [
+        where
+        for where, line in lines
+        for number in INVARIANT.findall(line)
+        if number not in defined
+    ]
+    assert undefined == []
+
+
+def test_the_package_root_holds_few_modules():
+    # Everything else lives in a folder per layer (cli/, _engine/, ...).
+    assert len(list(SRC.glob("*.py"))) <= 15
+
+
+def test_the_pointer_checks_match_what_they_forbid():
+    assert OUTSIDE_POINTER.search("(NOTES-jax-cpu trap 1)")
+    assert OUTSIDE_POINTER.search("see trap 4")
+    assert not OUTSIDE_POINTER.search("the loop notes the signal")
+    assert INVARIANT.findall("(invariant 5 of docs/architecture.md)") == ["5"]

@@ -1,4 +1,9 @@
-"""Stopping a fit cleanly on SIGTERM / SIGINT."""
+"""Stopping a fit cleanly on SIGTERM / SIGINT.
+
+The handler only records the signal and tells the fit; the loop stops at the
+next step boundary, once the snapshot stores have saved. Nothing is stopped
+mid-step, and signals are handled on the main thread only.
+"""
 
 import contextlib
 import signal

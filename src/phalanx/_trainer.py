@@ -1,8 +1,18 @@
+"""`DataParallelTrainer`: the one class a user subclasses, and the public
+face of a run.
+
+It holds the run's settings, its hooks and its current `Run` (one
+`RunSlot`), and puts the machine of `_engine/` together for each call:
+`fit` hands the run to a `FitLoop` and keeps what it returns; `evaluate`,
+`predict`, `compute_step` and `lower` use the same `Preparer` and compiled
+`Steps`. It computes nothing itself, and nothing below it reads or writes
+its private fields.
+"""
+
 import dataclasses
 import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 import equinox as eqx
@@ -24,30 +34,30 @@ from ._checks._arguments import (
     eval_sets,
 )
 from ._checks._batch import (
-    BatchSpec,
     Leaf,
-    empty_data_message,
     flatten_batch,
     num_examples,
 )
 from ._checks._device_note import note_single_cpu_device
-from ._checks._hooks import check_split
 from ._checks._keras_habits import binds_or_advises
-from ._engine._compiled import CompiledSteps, StepValues
-from ._engine._feed import Feed, default_depth
+from ._engine._compiled import StepCompiler, StepValues
+from ._engine._evaluate import evaluate, evaluate_sets
+from ._engine._feed import default_depth
 from ._engine._forward import takes_key
 from ._engine._layout import state_layout
 from ._engine._loop import FitLoop, LoopSettings
 from ._engine._pipeline import BatchPipeline
 from ._engine._predict import predict_rows
+from ._engine._prepare import HostHooks, Preparer
 from ._engine._step import StepParts
 from ._engine._summary import ModelSummary, summarize
 from ._precision import Precision, PrecisionName, cast_floating, precision_of
 from ._preemption import Preempted, preemption
 from ._state._history import History
 from ._state._progress import RunPlan, RunProgress
+from ._state._run import Run, RunSlot
 from ._state._snapshot import Snapshot
-from ._state._sums import EpochSums, StepSums, means
+from ._state._sums import EpochSums, StepSums
 from ._state._train_state import DynamicScale, TrainState
 from ._typing import (
     ChecksMode,
@@ -63,8 +73,7 @@ from .callbacks import ProgressBar
 from .callbacks._base import Callback, StepInfo
 from .callbacks._dispatch import Callbacks
 from .callbacks._monitors import check_monitors
-from .checkpoint._resume import read_checkpoint
-from .data import Resumable
+from .checkpoint._resume import find_snapshot, resume_data
 from .strategies import ShardingStrategy, Strategy
 from .strategies._placement import put_state
 
@@ -255,22 +264,20 @@ class DataParallelTrainer(Generic[_Model]):
         )
         self._layout = state_layout(self.strategy, state)
         shardings = self._layout.shardings
-        self._leaves: list[jax.Array] = put_state(
-            self._layout.flatten(state), shardings
+        # The run (state and progress): its one home, in and between fits.
+        self._slot = RunSlot(
+            Run(put_state(self._layout.flatten(state), shardings), RunProgress())
         )
         # Copies the state before a loop donates it, so states handed out stay valid
-        # (NOTES trap 5: device_put may share the user's own buffers).
+        # (device_put to a replicated sharding may share the user's own buffer,
+        # and donating the result would delete it).
         self._copy = jax.jit(
             lambda xs: [jnp.copy(x) for x in xs], out_shardings=shardings
         )
-        self._progress = RunProgress()
         # Whether the next fit continues a restored snapshot's epoch.
         self._restored = False
-        # The fit running now (it holds the state and progress meanwhile).
+        # The fit running now (what its callbacks are told comes from it).
         self._fit: FitLoop | None = None
-        # What the first batch's validation checks too, during a fit that
-        # begins before any batch was seen (its monitors).
-        self._first_batch_checks: Callable[[], None] | None = None
         # The last fit's epochs and steps, for callbacks outside a fit.
         self._totals: tuple[int | None, int | None] = (None, None)
         parts = StepParts(
@@ -284,24 +291,23 @@ class DataParallelTrainer(Generic[_Model]):
             precision=self.precision,
             inference_model=self.inference_model,
         )
-        # The compiled train, eval and predict steps (as Keras' train_function).
-        self.steps = CompiledSteps(
-            parts,
-            self._layout,
-            model=model,
-            model_state=model_state,
-            traced_checks=checks == "on",
-            steps_per_call=steps_per_call,
-        )
-        self._batches = BatchPipeline(
-            self.strategy,
-            split=lambda batch: (
-                *check_split(self.split_batch(batch)),
-                self.sample_weight(batch),
+        # Host batches to device batches, and the compiled train, eval and
+        # predict steps (Keras' train_function), built for the first batch.
+        self._preparer = Preparer(
+            HostHooks(self.split_batch, self.sample_weight),
+            BatchPipeline(
+                self.strategy,
+                value_checks=checks == "on",
+                class_labels=self._loss_name == "cross_entropy",
             ),
-            value_checks=checks == "on",
-            class_labels=self._loss_name == "cross_entropy",
-            validate=self._validate,
+            StepCompiler(
+                parts,
+                self._layout,
+                model=model,
+                model_state=model_state,
+                traced_checks=checks == "on",
+                steps_per_call=steps_per_call,
+            ),
         )
 
     # ----------------------------------------------------------------- hooks
@@ -386,15 +392,17 @@ class DataParallelTrainer(Generic[_Model]):
     @property
     def state(self) -> TrainState[_Model]:
         """The current `TrainState` (device arrays, laid out by the strategy)."""
-        return self._layout.unflatten(self._current_leaves())
+        return self._layout.unflatten(self._slot.run.leaves)
 
     @state.setter
     def state(self, state: TrainState[_Model]) -> None:
         """Replace the state, e.g. with restored weights (same structure)."""
         leaves = self._checked_leaves(state)
-        self._set_leaves(self._copy(put_state(leaves, self._layout.shardings)))
         step = int(jax.device_get(state.step))
-        self._set_progress(dataclasses.replace(self.progress, step=step))
+        self._slot.run = Run(
+            self._copy(put_state(leaves, self._layout.shardings)),
+            dataclasses.replace(self.progress, step=step),
+        )
 
     @property
     def callbacks(self) -> tuple[Callback, ...]:
@@ -411,7 +419,7 @@ class DataParallelTrainer(Generic[_Model]):
     @property
     def progress(self) -> RunProgress:
         """Where training is: step, epoch, the fit's plan (a `RunProgress`)."""
-        return self._progress if self._fit is None else self._fit.progress
+        return self._slot.run.progress
 
     def snapshot(self) -> Snapshot:
         """Everything needed to continue training exactly, as it is now: the
@@ -422,10 +430,10 @@ class DataParallelTrainer(Generic[_Model]):
         until its next step: copy them (e.g. ``jax.tree.map(jnp.copy,
         snapshot.state)``) to keep them longer.
         """
-        fit = self._fit
+        fit, run = self._fit, self._slot.run
         return Snapshot(
-            state=self.state,
-            progress=self.progress,
+            state=self._layout.unflatten(run.leaves),
+            progress=run.progress,
             history=self.history.state_dict(),
             data=None if fit is None else fit.data_state(),
             callbacks=self._callbacks.state_dicts(),
@@ -448,10 +456,9 @@ class DataParallelTrainer(Generic[_Model]):
         leaves = self._checked_leaves(snapshot.state)
         progress = snapshot.progress
         if progress.sums is not None:  # a fit donates them: keep the snapshot's
-            sums = EpochSums(*self.steps.copy_replicated(list(progress.sums)))
-            progress = dataclasses.replace(progress, sums=sums)
-        self._set_leaves(put_state(leaves, self._layout.shardings))
-        self._set_progress(progress)
+            copies = self._preparer.compiler.copy_replicated(list(progress.sums))
+            progress = dataclasses.replace(progress, sums=EpochSums(*copies))
+        self._slot.run = Run(put_state(leaves, self._layout.shardings), progress)
         self.history.load_state_dict(snapshot.history)
         self._callbacks.load_state_dicts(snapshot.callbacks)
         self._restored = True
@@ -530,39 +537,46 @@ class DataParallelTrainer(Generic[_Model]):
         step_metrics = self._step_metrics()  # None: known at the first batch
         monitors(step_metrics=step_metrics)
         note_single_cpu_device(self.strategy.num_devices)
-        self._leaves = self._copy(self._leaves)
+        run = self._slot.run
         # A fit that ended early (an error, steps=) may have left a part-done
         # epoch behind: a new fit starts a new epoch, unless it continues a
         # restored snapshot (or resumes, which restores one).
+        progress = run.progress
         if not self._restored:
-            step, epoch = self._progress.step, self._progress.epoch
-            self._progress = RunProgress(step, epoch, plan=RunPlan(step, epoch))
+            step, epoch = progress.step, progress.epoch
+            progress = RunProgress(step, epoch, plan=RunPlan(step, epoch))
+        # The loop donates the state's buffers: the ones handed out stay valid.
+        self._slot.run = Run(self._copy(run.leaves), progress)
         if resume is not None:
-            snapshot = self._find_snapshot(resume)
+            snapshot = find_snapshot(resume, self.snapshot(), self._callbacks.stores)
             if snapshot is not None:
                 self.restore(snapshot)
-                if snapshot.data is not None and isinstance(data, Resumable):
-                    data.load_state_dict(snapshot.data)
+                resume_data(snapshot, data)
         self._restored = False  # this fit continues it; the next starts afresh
         # The run's start is the checkpoint's; how far it goes is this call's.
-        plan = dataclasses.replace(self._progress.plan, epochs=epochs, steps=steps)
-        self._progress = dataclasses.replace(self._progress, plan=plan)
+        run = self._slot.run
+        plan = dataclasses.replace(run.progress.plan, epochs=epochs, steps=steps)
+        self._slot.run = run.replace(
+            progress=dataclasses.replace(run.progress, plan=plan)
+        )
         self.stop_training = False
         fit = FitLoop(
             self,
-            steps=self.steps,
-            pipeline=self._batches,
+            slot=self._slot,
+            preparer=self._preparer,
             callbacks=self._callbacks,
             history=self.history,
             evaluate=self._evaluate_sets,
             settings=LoopSettings(
                 self.prefetch, self.sync_every, self.nan_policy, self.steps_per_call
             ),
-            leaves=self._leaves,
-            progress=self._progress,
             data=data,
             eval_sets=sets,
             eval_every=eval_every,
+            # Unknown until the first batch: checked before its step.
+            check_metrics=None
+            if step_metrics is not None
+            else lambda names: monitors(step_metrics=self._metric_names(names)),
         )
         check_one_shot(
             data,
@@ -572,18 +586,13 @@ class DataParallelTrainer(Generic[_Model]):
             eval_every=eval_every,
         )
         self._fit, self._totals = fit, (fit.max_epochs, fit.total_steps)
-        if step_metrics is None:
-            self._first_batch_checks = lambda: monitors(
-                step_metrics=self._step_metrics()
-            )
         try:
             try:
                 # A callback failing to start (a tracker that cannot reach
                 # its server) lets the others that started close their files.
                 self._callbacks.fit_start(fit.info())
                 with preemption(fit.preempt):
-                    fit.run()
-                signum = fit.progress.preempted
+                    signum = fit.run().progress.preempted
                 if signum is not None:
                     saved = [
                         store.save_snapshot(self.snapshot(), wait=True)
@@ -594,8 +603,7 @@ class DataParallelTrainer(Generic[_Model]):
                 self._callbacks.exception(fit.info(), error)
                 raise
         finally:
-            self._leaves, self._progress, self._fit = fit.leaves, fit.progress, None
-            self._first_batch_checks = None
+            self._fit = None
         self._callbacks.fit_end(self._info())
         return self.state
 
@@ -611,46 +619,26 @@ class DataParallelTrainer(Generic[_Model]):
         # Told apart from fit's own evaluations by eval_every=None.
         info = dataclasses.replace(self._info(), eval_every=None)
         self._callbacks.eval_start(info)
-        results = self._evaluation(data, "data")
+        results = evaluate(
+            self._preparer,
+            self._slot.run.leaves,
+            data,
+            "data",
+            depth=self.prefetch,
+            sync_every=self.sync_every,
+        )
         self._callbacks.eval_end(dataclasses.replace(info, device_metrics=results))
         return results
 
     def _evaluate_sets(self, sets: EvalSets) -> HostMetrics:
         """Every set's results, prefixed as its metrics are named in `fit`."""
-        results: HostMetrics = {}
-        for prefix, data in sets:
-            where = "eval_data" if prefix == "eval_" else f"eval_data[{prefix[5:-1]!r}]"
-            metrics = self._evaluation(data, where)
-            results.update({prefix + name: value for name, value in metrics.items()})
-        return results
-
-    def _evaluation(self, data: Iterable[Any], name: str) -> HostMetrics:
-        """Loss and metrics over every example of `data` (called `name` in errors)."""
-        acc: Any = None
-        leaves = self._current_leaves()
-        feed = Feed(
-            self._batches,
-            data,
+        return evaluate_sets(
+            self._preparer,
+            self._slot.run.leaves,
+            sets,
             depth=self.prefetch,
-            where=lambda i: f"batch {i}" if name == "data" else f"{name} batch {i}",
+            sync_every=self.sync_every,
         )
-        with feed as batches:
-            for i, placed in enumerate(batches):
-                if acc is None:
-                    acc = self.steps.eval_acc()
-                acc = self.steps.evaluate(leaves, acc, placed.leaves, placed.weight)
-                if (i + 1) % self.sync_every == 0:
-                    jax.block_until_ready(acc)
-        if acc is None:
-            raise ValueError(empty_data_message(name))
-        sums = jax.device_get(acc)
-        if sums[self.steps.sum_names.index("weight")] == 0:
-            raise ValueError(
-                f"{name}: every example has sample_weight 0 (total weight 0: "
-                "all weights 0, or only padding), so there is nothing to "
-                "average; give some examples a weight > 0"
-            )
-        return means(sums, self.steps.sum_names)
 
     @validates_own_arguments
     def predict(
@@ -678,11 +666,11 @@ class DataParallelTrainer(Generic[_Model]):
         num_examples(leaves, treedef, "x")
         batch_size = optional_positive_int("batch_size", batch_size)
         return predict_rows(
-            self.steps.predict(treedef, leaves),
-            self._current_leaves(),
+            self._preparer.compiler.predict(treedef, leaves),
+            self._slot.run.leaves,
             leaves,
             batch_size,
-            lambda rows: self._batches.step_size(rows, None),
+            lambda rows: self._preparer.pipeline.step_size(rows, None),
             self.strategy.batch_sharding,
         )
 
@@ -707,10 +695,11 @@ class DataParallelTrainer(Generic[_Model]):
             hlo = trainer.lower((x, y)).compile().as_text()
             ```
         """
-        placed = self._batches.prepare(batch, "batch", None)
-        return self.steps.train.lower(
-            self._current_leaves(),
-            *self.steps.train_acc(),
+        placed = self._preparer.prepare(batch, "batch", None)
+        steps = self._preparer.built()
+        return steps.train.lower(
+            self._slot.run.leaves,
+            *self._preparer.compiler.epoch_sums(steps),
             placed.leaves,
             placed.weight,
             placed.total,
@@ -731,9 +720,13 @@ class DataParallelTrainer(Generic[_Model]):
             trainer.state = values.state  # to take the step after all
             ```
         """
-        placed = self._batches.prepare(batch, "batch", None, train=True)
-        return self.steps.values(
-            self._current_leaves(), placed.leaves, placed.weight, placed.total
+        placed = self._preparer.prepare(batch, "batch", None, train=True)
+        return self._preparer.compiler.values(
+            self._preparer.built(),
+            self._slot.run.leaves,
+            placed.leaves,
+            placed.weight,
+            placed.total,
         )
 
     # --------------------------------------------------------------- private
@@ -746,50 +739,27 @@ class DataParallelTrainer(Generic[_Model]):
         )
         return Callbacks(callbacks, ProgressBar(plain_steps=False) if shown else None)
 
-    def _validate(self, spec: BatchSpec, size: int) -> jax.ShapeDtypeStruct:
-        """Validate the first batch ever seen against the model and loss
-        (building the steps), then run what a fit left for that moment."""
-        outputs = self.steps.validate(spec, size)
-        if self._first_batch_checks is not None:
-            self._first_batch_checks()
-        return outputs
-
     def _step_metrics(self) -> tuple[str, ...] | None:
         """A step's metrics' names, ``loss`` first: the default `metrics`
         hook's are known up front, an overriding one's once the first batch
         has been traced (None until then)."""
-        if names := self.steps.sum_names:
-            return tuple(name for name in names if name != "weight")
+        steps = self._preparer.steps
+        if steps is not None:
+            return self._metric_names(steps.sum_names)
         if type(self).metrics is DataParallelTrainer.metrics:
             return ("loss", *_losses.default_metric_names(self._loss_name))
         return None
+
+    @staticmethod
+    def _metric_names(sum_names: tuple[str, ...]) -> tuple[str, ...]:
+        """A step's metrics' names, from its sums' names."""
+        return tuple(name for name in sum_names if name != "weight")
 
     def _epoch_extras(self) -> tuple[str, ...]:
         """What the loop adds to every epoch's metrics."""
         dynamic = self.precision.loss_scale == "dynamic"
         skipped = ("skipped_steps",) if self.nan_policy == "skip" or dynamic else ()
         return (*skipped, "loss_scale") if dynamic else skipped
-
-    def _current_leaves(self) -> list[jax.Array]:
-        return self._leaves if self._fit is None else self._fit.leaves
-
-    def _set_leaves(self, leaves: list[jax.Array]) -> None:
-        if self._fit is None:
-            self._leaves = leaves
-        else:
-            self._fit.leaves = leaves
-
-    def _set_progress(self, progress: RunProgress) -> None:
-        if self._fit is None:
-            self._progress = progress
-        else:
-            self._fit.progress = progress
-
-    def _copy_sums(self, progress: RunProgress) -> Any:
-        """Copies of a progress's on-device epoch sums, replicated here."""
-        sums = progress.sums
-        assert sums is not None
-        return type(sums)(*self.steps.copy_replicated(list(sums)))
 
     def _checked_leaves(self, state: TrainState) -> list[Any]:
         """The arrays of `state`, which must be of this trainer's structure."""
@@ -810,27 +780,11 @@ class DataParallelTrainer(Generic[_Model]):
                 )
         return leaves
 
-    def _find_snapshot(self, resume: str | os.PathLike[str]) -> Snapshot | None:
-        """The snapshot `resume` names, from the first snapshot store among the
-        callbacks (or read from the path given); None where ``"latest"``
-        finds none yet."""
-        stores = self._callbacks.stores
-        if resume == "latest" and not stores:
-            raise ValueError(
-                "resume='latest' needs a px.callbacks.Checkpoint in callbacks to "
-                "know where checkpoints are; add one, or pass resume=PATH"
-            )
-        like = self.snapshot()
-        if stores:
-            return stores[0].load_snapshot(resume, like)
-        restored = read_checkpoint(like, resume, Path(resume).absolute())
-        return None if restored is None else restored.snapshot
-
     def _info(self, metrics: StepSums | HostMetrics | None = None) -> StepInfo:
         """What a callback is told outside the loop's steps."""
         if self._fit is not None:
             return self._fit.info(metrics)
-        progress = self._progress
+        progress = self.progress
         max_epochs, total_steps = self._totals
         return StepInfo(
             self,

@@ -17,7 +17,7 @@ This module imports nothing from phalanx, so any layer may use it.
 import math
 import numbers
 from collections.abc import Sequence
-from typing import TypeGuard, TypeVar, cast
+from typing import TypedDict, TypeGuard, TypeVar, Unpack, cast
 
 import numpy as np
 
@@ -36,38 +36,32 @@ def is_real(value: object) -> TypeGuard[numbers.Real]:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _fix(example: str | None, hint: str | None) -> str:
+class _Fix(TypedDict, total=False):
+    """The keywords every check takes for the end of its message."""
+
+    example: str | None
+    hint: str | None
+
+
+def _fix(fix: _Fix) -> str:
     """The end of a message: ``, e.g. <example> (<hint>)``, each part if given."""
+    example, hint = fix.get("example"), fix.get("hint")
     return (f", e.g. {example}" if example else "") + (f" ({hint})" if hint else "")
 
 
-def int_at_least(
-    name: str,
-    value: object,
-    minimum: int,
-    *,
-    example: str | None = None,
-    hint: str | None = None,
-) -> int:
+def int_at_least(name: str, value: object, minimum: int, **fix: Unpack[_Fix]) -> int:
     """`value` if it is an int >= `minimum`.
 
     Raises:
         ValueError: anything else, a bool or a float included.
     """
     if not is_int(value) or value < minimum:
-        raise ValueError(
-            f"{name}={value!r} must be an int >= {minimum}{_fix(example, hint)}"
-        )
+        raise ValueError(f"{name}={value!r} must be an int >= {minimum}{_fix(fix)}")
     return value
 
 
 def optional_int_at_least(
-    name: str,
-    value: object,
-    minimum: int,
-    *,
-    example: str | None = None,
-    hint: str | None = None,
+    name: str, value: object, minimum: int, **fix: Unpack[_Fix]
 ) -> int | None:
     """`value` if it is None or an int >= `minimum`.
 
@@ -76,31 +70,27 @@ def optional_int_at_least(
     """
     if value is not None and (not is_int(value) or value < minimum):
         raise ValueError(
-            f"{name}={value!r} must be an int >= {minimum} or None{_fix(example, hint)}"
+            f"{name}={value!r} must be an int >= {minimum} or None{_fix(fix)}"
         )
     return value
 
 
-def positive_int(
-    name: str, value: object, *, example: str | None = None, hint: str | None = None
-) -> int:
+def positive_int(name: str, value: object, **fix: Unpack[_Fix]) -> int:
     """`value` if it is an int >= 1 (`int_at_least` with minimum 1).
 
     Raises:
         ValueError: anything else.
     """
-    return int_at_least(name, value, 1, example=example, hint=hint)
+    return int_at_least(name, value, 1, **fix)
 
 
-def optional_positive_int(
-    name: str, value: object, *, example: str | None = None, hint: str | None = None
-) -> int | None:
+def optional_positive_int(name: str, value: object, **fix: Unpack[_Fix]) -> int | None:
     """`value` if it is None or an int >= 1.
 
     Raises:
         ValueError: anything else.
     """
-    return optional_int_at_least(name, value, 1, example=example, hint=hint)
+    return optional_int_at_least(name, value, 1, **fix)
 
 
 def integer(
@@ -109,8 +99,7 @@ def integer(
     *,
     minimum: int | None = None,
     numpy: bool = False,
-    example: str | None = None,
-    hint: str | None = None,
+    **fix: Unpack[_Fix],
 ) -> int:
     """`value` as an int, if it is one (with `numpy`, a NumPy integer too) and
     at least `minimum` (if given). Unlike `int_at_least`, the wrong type and the
@@ -122,21 +111,14 @@ def integer(
     """
     number = int(value) if numpy and isinstance(value, np.integer) else value
     if not is_int(number):
-        raise TypeError(f"{name}={value!r} must be an int{_fix(example, hint)}")
+        raise TypeError(f"{name}={value!r} must be an int{_fix(fix)}")
     if minimum is not None and number < minimum:
-        raise ValueError(
-            f"{name}={value!r} must be at least {minimum}{_fix(example, hint)}"
-        )
+        raise ValueError(f"{name}={value!r} must be at least {minimum}{_fix(fix)}")
     return number
 
 
 def finite_at_least(
-    name: str,
-    value: object,
-    minimum: float,
-    *,
-    example: str | None = None,
-    hint: str | None = None,
+    name: str, value: object, minimum: float, **fix: Unpack[_Fix]
 ) -> float:
     """`value` as a float, if it is a finite Python int or float >= `minimum`.
 
@@ -147,8 +129,7 @@ def finite_at_least(
         value >= minimum and math.isfinite(value)
     ):
         raise ValueError(
-            f"{name}={value!r} must be a finite number >= {minimum:g}"
-            f"{_fix(example, hint)}"
+            f"{name}={value!r} must be a finite number >= {minimum:g}{_fix(fix)}"
         )
     return float(value)
 
@@ -177,4 +158,4 @@ def one_of(
         return cast(_T, value)
     *rest, last = [repr(choice) for choice in choices]
     alternatives = f"{', '.join(rest)} or {last}" if rest else last
-    raise ValueError(f"{name}={value!r} must be {alternatives}{_fix(None, hint)}")
+    raise ValueError(f"{name}={value!r} must be {alternatives}{_fix({'hint': hint})}")

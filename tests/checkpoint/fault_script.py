@@ -10,7 +10,8 @@ import sys
 import time
 
 
-os.environ.setdefault("NPROC", "4")  # NOTES-jax-cpu trap 1
+# Two fake devices: XLA:CPU's all-reduce needs 2 pool threads per device.
+os.environ.setdefault("NPROC", "4")
 
 import jax  # noqa: E402
 

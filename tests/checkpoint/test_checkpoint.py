@@ -19,6 +19,7 @@ from typing_extensions import override
 import phalanx as px
 from helpers import RaiseAt, make_data, make_model, max_abs_diff
 from phalanx.checkpoint._errors import OrbaxErrorFilter, write_error
+from phalanx.checkpoint._folder import CheckpointFolder
 
 
 def run(directory, *, strategy=None, crash=None, resume=None, epochs=3, every=5):
@@ -93,7 +94,7 @@ def test_old_steps_leave_by_rename(tmp_path, monkeypatch):
     # (atomic) first. Here the renamed folders are not emptied, as if the
     # process died right after each rename: each is whole, none is listed.
     with monkeypatch.context() as patch:
-        patch.setattr(px.callbacks.Checkpoint, "_empty_trash", lambda self: None)
+        patch.setattr(CheckpointFolder, "_empty_trash", lambda self: None)
         run(tmp_path, epochs=2, every=2)
     assert sorted(p for p in os.listdir(tmp_path) if p.isdigit()) == ["10", "12", "14"]
     retired = tmp_path / "retired"
@@ -152,6 +153,37 @@ def test_bad_resume_inputs(tmp_path):
             optax.adam(1e-2),
             callbacks=[px.callbacks.Checkpoint(tmp_path / "file" / "sub")],
         ).fit(data)
+
+
+def test_a_store_is_declared_by_its_base_class(tmp_path):
+    # A callback subclassing SnapshotStore is one: it runs after the others
+    # and fit(resume=) asks it; the same methods without the base class make
+    # an ordinary callback.
+    asked = []
+
+    class Store(px.Callback, px.checkpoint.SnapshotStore):
+        @override
+        def save_snapshot(self, snapshot, *, wait=False):
+            return tmp_path
+
+        @override
+        def load_snapshot(self, resume, like):
+            asked.append(resume)
+
+    class LookAlike(px.Callback):
+        def save_snapshot(self, snapshot, *, wait=False):
+            raise AssertionError("not a store")
+
+        def load_snapshot(self, resume, like):
+            raise AssertionError("not a store")
+
+    store, plain = Store(), LookAlike()
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-2), callbacks=[store, plain]
+    )
+    assert trainer.callbacks == (plain, store)
+    trainer.fit([make_data(16)], steps=1, resume="latest")
+    assert asked == ["latest"] and int(trainer.state.step) == 1
 
 
 @pytest.mark.parametrize("folder", ["missing", "empty"])
@@ -243,7 +275,7 @@ def test_training_goes_on_while_a_save_is_written(tmp_path, monkeypatch):
     """A save queues copies of the arrays and returns; the writer thread
     waits for the devices and hands them to orbax while steps go on."""
     written = threading.Event()
-    write = px.callbacks.Checkpoint._write
+    write = CheckpointFolder._write
 
     def held(self, step, *args, **kwargs):
         if step == 5:  # hold the first save until training is 4 steps further
@@ -256,7 +288,7 @@ def test_training_goes_on_while_a_save_is_written(tmp_path, monkeypatch):
             if info.step == 9:
                 written.set()
 
-    monkeypatch.setattr(px.callbacks.Checkpoint, "_write", held)
+    monkeypatch.setattr(CheckpointFolder, "_write", held)
     x, y = make_data(100, seed=3)
 
     def trained(steps, callbacks=()):

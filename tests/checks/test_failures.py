@@ -15,7 +15,7 @@ from typing_extensions import override
 import phalanx as px
 from helpers import CLASSES, IN, make_data, make_model
 from phalanx._checks._batch import ZERO_WEIGHT, nonfinite_error
-from phalanx._engine._step import _guard
+from phalanx._engine._step import Update, _guard
 from phalanx._state._sums import NO_FLAGS, EpochSums
 
 
@@ -93,15 +93,10 @@ def test_zero_total_weight_found_on_the_devices_is_named():
 
     def flags(total):
         leaves = jax.tree.leaves(eqx.filter(state, eqx.is_array))
-        _, new, _ = _guard(
-            "raise",
-            (state.step, leaves),
-            (lambda _: leaves, lambda _: leaves),
-            (grads, None),
-            jnp.zeros(2),
-            acc,
-            jnp.float32(total),
+        update = Update(
+            state.step, leaves, grads, None, lambda _: leaves, lambda _: leaves
         )
+        _, new, _ = _guard("raise", update, jnp.zeros(2), acc, jnp.float32(total))
         return [int(f) for f in new.flags]
 
     assert flags(0.0) == [1, 0, ZERO_WEIGHT]

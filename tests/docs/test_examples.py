@@ -25,7 +25,7 @@ ARGS = {
 def run_example(name: str, *args: str, cwd: pathlib.Path = ROOT) -> str:
     """Run one example in a fresh interpreter; return its stdout."""
     env = dict(os.environ)
-    # Eight fake CPU devices need a thread pool of at least 16 (NOTES trap 1).
+    # Eight fake CPU devices need a thread pool of at least 16 ("JAX on CPU").
     env.setdefault("NPROC", "16")
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / name), *args],

@@ -1,8 +1,8 @@
 """Invariant 2: one cross-device gradient reduction per optimizer update.
 
 Counts all-reduce instructions in the compiled HLO of the train step, and
-checks that none sits inside a loop body (NOTES trap 3: accumulation written
-in the global view all-reduces once per microbatch)."""
+checks that none sits inside a loop body (accumulation written in the global
+view, under `jax.jit`'s automatic sharding, all-reduces once per microbatch)."""
 
 import re
 

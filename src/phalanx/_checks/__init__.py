@@ -1,0 +1,1 @@
+"""Checks of what a run is given: arguments, batches, hooks' returns (private)."""

@@ -1,0 +1,1 @@
+"""The step pipeline: feed, batches, compiled steps, the loop (private)."""

@@ -1,4 +1,7 @@
-"""The compiled steps of a trainer, built once its first batch is known."""
+"""The compiled steps of a trainer: built explicitly, once its first batch
+is known (`StepCompiler.build`), as one typed value (`Steps`). Nothing here
+sees the trainer or a host batch: the steps are made from `StepParts` and a
+`StateLayout`."""
 
 from typing import Any, NamedTuple
 
@@ -37,14 +40,44 @@ class StepValues(NamedTuple):
     state: TrainState
 
 
-class CompiledSteps:
-    """The jitted train, eval and predict steps, built from `StepParts`.
+class Steps(NamedTuple):
+    """The jitted steps for the batches of one `BatchSpec` (every batch of a
+    trainer has its first batch's spec). Each keeps the state where the
+    layout's shardings put it; batches may come as NumPy arrays (the input
+    shardings place them).
 
-    The train and eval steps are built when the first batch fixes the
-    `BatchSpec` (`validate`). The model and loss are first traced abstractly
+    Attributes:
+        train: one update, ``train(leaves, sums, flags, batch, weight,
+            total) -> (leaves, EpochSums, step_sums)``; donates the state
+            and the epoch's sums (not its flags: the loop waits on an
+            earlier step's flags while later steps run).
+        train_many: `steps_per_call` updates in one call, on batches stacked
+            along a leading steps axis (None with ``steps_per_call=1``).
+        evaluate: ``evaluate(leaves, sums, batch, weight) -> sums``, the
+            model in inference mode; donates the sums.
+        inspect: the train step with its gradient as an output, keeping its
+            state (`StepValues`).
+        sum_names: the order of the packed sums: ``"loss"``, ``"weight"``,
+            then the metrics.
+        outputs: the model's outputs for a batch of the spec, as shapes.
+    """
+
+    train: jax.stages.Wrapped
+    train_many: jax.stages.Wrapped | None
+    evaluate: jax.stages.Wrapped
+    inspect: jax.stages.Wrapped
+    sum_names: tuple[str, ...]
+    outputs: Any
+
+
+class StepCompiler:
+    """Builds the jitted train, eval and predict steps from `StepParts`.
+
+    `build(spec, size)` is called once, for the first batch (whose spec every
+    later batch must have): the model and loss are first traced abstractly
     on that batch (`jax.eval_shape` through the strategy), so a batch that
     does not fit fails with a clear message before anything compiles or
-    runs. Every step keeps the state where the layout's shardings put it.
+    runs. The predict steps are built per input structure, on first use.
     """
 
     def __init__(
@@ -63,7 +96,7 @@ class CompiledSteps:
         model, model_state: the model (and its state) the run started from,
             to explain a first batch that does not fit.
         traced_checks: check each batch's shapes inside the step too.
-        steps_per_call: steps of `train_many`, one compiled call.
+        steps_per_call: steps of `Steps.train_many`, one compiled call.
         """
         self.parts = parts
         self.layout = layout
@@ -73,24 +106,12 @@ class CompiledSteps:
         self.steps_per_call = steps_per_call
         if steps_per_call > 1:  # checked before anything is built
             stacked(parts.strategy.batch_sharding)
-        self.train: Any = None
-        # `steps_per_call` train steps in one call, on stacked batches.
-        self.train_many: Any = None
-        self.evaluate: Any = None
-        # The train step with its gradient as an output, not donating its
-        # state (`StepValues`); compiled on first use.
-        self.inspect: Any = None
-        # The order of the packed sums: "loss", "weight", then the metrics.
-        self.sum_names: tuple[str, ...] = ()
-        self._predict: dict[Any, Any] = {}
+        self._predict: dict[Any, jax.stages.Wrapped] = {}
         self._replicated = replicated(parts.strategy.mesh)
 
-    def validate(self, spec: BatchSpec, size: int) -> jax.ShapeDtypeStruct:
-        """Validate `spec` (at a global step of `size` examples) against the
-        model and loss; build the train and eval steps for it.
-
-        Returns:
-            The shape of the model's outputs for a batch of this spec.
+    def build(self, spec: BatchSpec, size: int) -> Steps:
+        """The steps for batches of `spec`, checked at a global step of
+        `size` examples against the model and loss.
 
         Raises:
             TypeError, ValueError: the batch does not fit the model or loss.
@@ -125,51 +146,58 @@ class CompiledSteps:
                 f"data: the first batch {spec.describe()} does not fit the model and "
                 f"loss: {error}\nHint: {fix}."
             ) from error
-        self.sum_names = sum_names([k for k in sums if k not in ("loss", "weight")])
-        # Batches may come as NumPy arrays: the shardings place them.
         state, split = layout.shardings, parts.strategy.batch_sharding
         rep = self._replicated
-        # The epoch's flags are not donated: the loop waits on an earlier
-        # step's flags while later steps run (`FitLoop.sync`).
-        self.train = jax.jit(
-            _split_acc(train),
-            donate_argnums=(0, 1),
-            in_shardings=(state, rep, rep, split, split, rep),
-            out_shardings=(state, rep, rep),
-        )
+        many = None
         if self.steps_per_call > 1:
             steps = stacked(split)
-            self.train_many = jax.jit(
-                _split_acc(several_steps(train)),
+            many = jax.jit(
+                _sums_apart(several_steps(train)),
                 donate_argnums=(0, 1),
                 in_shardings=(state, rep, rep, steps, steps, rep),
                 out_shardings=(state, rep, rep),
             )
-        self.evaluate = jax.jit(
-            evaluate,
-            donate_argnums=(1,),
-            in_shardings=(state, rep, split, split),
-            out_shardings=rep,
+        return Steps(
+            train=jax.jit(
+                _sums_apart(train),
+                donate_argnums=(0, 1),
+                in_shardings=(state, rep, rep, split, split, rep),
+                out_shardings=(state, rep, rep),
+            ),
+            train_many=many,
+            evaluate=jax.jit(
+                evaluate,
+                donate_argnums=(1,),
+                in_shardings=(state, rep, split, split),
+                out_shardings=rep,
+            ),
+            inspect=jax.jit(
+                _sums_apart(inspect),
+                in_shardings=(state, rep, rep, split, split, rep),
+                out_shardings=(state, None, rep),
+            ),
+            sum_names=sum_names([k for k in sums if k not in ("loss", "weight")]),
+            outputs=outputs,
         )
-        self.inspect = jax.jit(
-            _split_acc(inspect),
-            in_shardings=(state, rep, rep, split, split, rep),
-            out_shardings=(state, None, rep),
-        )
-        return outputs
 
     def values(
-        self, leaves: list[jax.Array], batch: list[Any], weight: Any, total: Any
+        self,
+        steps: Steps,
+        leaves: list[jax.Array],
+        batch: list[Any],
+        weight: Any,
+        total: Any,
     ) -> StepValues:
         """What the train step computes from the state `leaves` on a placed
         batch (see `StepValues`); `leaves` stay valid."""
-        new, grads, sums = self.inspect(leaves, *self.train_acc(), batch, weight, total)
+        epoch_sums = self.epoch_sums(steps)
+        new, grads, sums = steps.inspect(leaves, *epoch_sums, batch, weight, total)
         host = np.asarray(jax.device_get(sums))
         return StepValues(
-            grads, means(host, self.step_names), self.layout.unflatten(new)
+            grads, means(host, self.step_names(steps)), self.layout.unflatten(new)
         )
 
-    def predict(self, treedef: Any, leaves: list[Leaf]) -> Any:
+    def predict(self, treedef: Any, leaves: list[Leaf]) -> jax.stages.Wrapped:
         """The jitted predict step for inputs of this structure (validated once)."""
         step = self._predict.get(treedef)
         if step is None:
@@ -198,30 +226,30 @@ class CompiledSteps:
             )
         return step
 
-    @property
-    def step_names(self) -> tuple[str, ...]:
-        """The names of a train step's packed sums."""
+    def step_names(self, steps: Steps) -> tuple[str, ...]:
+        """The names of a train step's packed sums: the sums', then
+        ``"skipped"`` and ``"loss_scale"`` where the step reports them."""
         dynamic = self.parts.precision.loss_scale == "dynamic"
         skip = self.parts.nan_policy == "skip" or dynamic
-        names = (*self.sum_names, "skipped") if skip else self.sum_names
+        names = (*steps.sum_names, "skipped") if skip else steps.sum_names
         return (*names, "loss_scale") if dynamic else names
 
-    def train_acc(self) -> EpochSums:
+    def epoch_sums(self, steps: Steps) -> EpochSums:
         """Zeroed on-device sums of an epoch, and the non-finite step record."""
-        zeros = np.zeros(len(self.sum_names), np.float32)
+        zeros = np.zeros(len(steps.sum_names), np.float32)
         return EpochSums(*jax.device_put((zeros, NO_FLAGS), self._replicated))
 
     def copy_replicated(self, arrays: list[jax.Array]) -> list[jax.Array]:
         """Copies of `arrays`, replicated on the strategy's devices."""
         return jax.device_put([jnp.copy(x) for x in arrays], self._replicated)
 
-    def eval_acc(self) -> jax.Array:
+    def eval_sums(self, steps: Steps) -> jax.Array:
         """Zeroed on-device sums of an evaluation."""
-        zeros = np.zeros(len(self.sum_names), np.float32)
+        zeros = np.zeros(len(steps.sum_names), np.float32)
         return jax.device_put(zeros, self._replicated)
 
 
-def _split_acc(train: Any) -> Any:
+def _sums_apart(train: Any) -> Any:
     """`train` taking the epoch's sums and flags as two arguments (so that a
     jit can donate the sums alone)."""
 

@@ -16,7 +16,8 @@ from ..strategies._placement import single_process
 
 if TYPE_CHECKING:
     from ..strategies import Strategy
-    from ._pipeline import BatchPipeline, DeviceBatch
+    from ._pipeline import DeviceBatch
+    from ._prepare import Preparer
 
 
 _T = TypeVar("_T")
@@ -151,7 +152,7 @@ class Feed:
 
     def __init__(
         self,
-        pipeline: "BatchPipeline",
+        preparer: "Preparer",
         data: Iterable[Any],
         *,
         depth: int,
@@ -160,7 +161,7 @@ class Feed:
         train: bool = False,
         group: int = 1,
     ):
-        self._pipeline = pipeline
+        self._preparer = preparer
         self._train = train
         self._where = where
         self._first: int | None = None
@@ -236,7 +237,7 @@ class Feed:
 
     def _prepare(self, item: tuple[int, Any, Any]) -> tuple["DeviceBatch", Any]:
         i, batch, state = item
-        placed = self._pipeline.prepare(
+        placed = self._preparer.prepare(
             batch, self._where(i), self._first, train=self._train
         )
         self._first = placed.size if self._first is None else self._first

@@ -1,6 +1,14 @@
 """The training loop: passes over the data, the bounded in-flight window,
-and the epochs' logs. It takes the state's arrays and a `RunProgress`, and
-leaves the new ones in `leaves` and `progress`."""
+and the epochs' logs.
+
+The loop takes the run (the state's arrays and its progress, one `Run`)
+from the trainer's `RunSlot` and puts the next one there after every
+compiled call, so that the trainer, its callbacks and a snapshot always see
+the state and progress of the same step; it returns the run it ends with.
+It never writes into the trainer: a callback's stop request is read from
+``trainer.stop_training``, a signal's is the loop's own, and it ends up in
+the returned run's progress (``preempted``).
+"""
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sized
@@ -11,15 +19,15 @@ import jax
 from .._checks._batch import empty_data_message, nonfinite_error
 from .._state._history import History
 from .._state._progress import RunPlan, RunProgress
+from .._state._run import Run, RunSlot
 from .._state._sums import FLAGS, EpochSums, StepSums, means
 from .._typing import EvalSets, HostMetrics, NanPolicy
 from ..callbacks._base import StepInfo, TrainerLike
 from ..callbacks._dispatch import Callbacks
 from ..data import Resumable
 from ..strategies._placement import to_host
-from ._compiled import CompiledSteps
 from ._feed import Feed
-from ._pipeline import BatchPipeline
+from ._prepare import Preparer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,56 +48,72 @@ class LoopSettings:
 
 
 class FitLoop:
-    """One `fit`'s loop. While it runs it owns the state's arrays (`leaves`,
-    donated to each step and replaced by its result) and the `progress`;
-    the trainer reads both from it, and takes them back when it ends.
+    """One `fit`'s loop, from the run in `slot` to the one `run` returns.
 
     Attributes:
-        leaves: the current state's arrays (as the strategy lays them out).
-        progress: the current `RunProgress`.
+        slot: where the current run is, read at each call and replaced
+            after it (the trainer's: a callback that sets ``trainer.state``
+            between steps is seen by the next step).
         feed: the pass being trained on (where its loader stands is what a
             snapshot records while batches are read ahead), or None.
         eval_sets: the sets to evaluate (`fit`'s `eval_data`), or None.
         eval_every: evaluate after every this many steps; None: at epoch ends.
+        max_epochs, total_steps: the fit's epochs and steps from the run's
+            start, where known up front.
     """
 
     def __init__(
         self,
         trainer: TrainerLike,
         *,
-        steps: CompiledSteps,
-        pipeline: BatchPipeline,
+        slot: RunSlot,
+        preparer: Preparer,
         callbacks: Callbacks,
         history: History,
         evaluate: Callable[[EvalSets], HostMetrics],
         settings: LoopSettings,
-        leaves: list[jax.Array],
-        progress: RunProgress,
         data: Iterable[Any],
         eval_sets: EvalSets | None = None,
         eval_every: int | None = None,
+        check_metrics: Callable[[tuple[str, ...]], None] | None = None,
     ):
+        """Args:
+        trainer: what callbacks are told about (and whose ``stop_training``
+            a callback sets).
+        check_metrics: called once with a step's metric names before the
+            first step, where they were not known before the first batch
+            (the callbacks' monitors are checked against them).
+        (The rest: as the attributes, and the trainer's parts.)
+        """
         self.trainer = trainer
-        self.steps = steps
-        self.pipeline = pipeline
+        self.slot = slot
+        self.preparer = preparer
+        self.compiler = preparer.compiler
         self.callbacks = callbacks
         self.history = history
         self.evaluate = evaluate
         self.settings = settings
-        self.leaves = leaves
-        self.progress = progress
         self.data = data
         self.eval_sets = eval_sets
         self.eval_every = eval_every
+        self.check_metrics = check_metrics
         self.feed: Feed | None = None
         # Examples (all processes') this fit has trained on in the epoch.
         self.epoch_examples = 0
         # The epoch's flags at the last sync point (not donated by the steps).
         self.waiting: jax.Array | None = None
         # The signal that asked the run to stop (set by the handler; noted
-        # in `progress` at the next step boundary).
+        # in the progress where the loop ends).
         self.signal: int | None = None
-        self.max_epochs, self.total_steps = plan(data, progress)
+        self.max_epochs, self.total_steps = plan(data, slot.run.progress)
+
+    @property
+    def progress(self) -> RunProgress:
+        return self.slot.run.progress
+
+    def move_to(self, leaves: list[jax.Array], progress: RunProgress) -> None:
+        """The run after a call: its state and progress move together."""
+        self.slot.run = Run(leaves, progress)
 
     def info(
         self,
@@ -127,15 +151,21 @@ class FitLoop:
     def preempt(self, signum: int) -> None:
         """Stop at the next step boundary (from a signal handler)."""
         self.signal = signum
-        self.trainer.stop_training = True
 
-    def run(self) -> None:
+    def stopping(self) -> bool:
+        """Whether a callback or a signal asked the run to stop."""
+        return self.signal is not None or self.trainer.stop_training
+
+    def run(self) -> Run:
         """Epochs until the plan is done, a callback stops training, or a
-        signal came."""
-        while not (self.trainer.stop_training or self.progress.done()):
+        signal came; the run it ends with (also left in the slot)."""
+        while not (self.stopping() or self.progress.done()):
             self.run_epoch()
         # (A restored snapshot may carry the signal that stopped its own run.)
-        self.progress = dataclasses.replace(self.progress, preempted=self.signal)
+        run = self.slot.run
+        progress = dataclasses.replace(run.progress, preempted=self.signal)
+        self.slot.run = run = run.replace(progress=progress)
+        return run
 
     def run_epoch(self) -> None:
         """Train on one pass over the data (or its rest, after a resume),
@@ -153,7 +183,7 @@ class FitLoop:
         self.waiting = None  # the epoch's end waits for every step
         self.epoch_examples = 0
         self.feed = feed = Feed(
-            self.pipeline,
+            self.preparer,
             () if done else data,
             depth=self.settings.prefetch,
             where=lambda i: f"batch {i} of epoch {epoch}",
@@ -168,15 +198,16 @@ class FitLoop:
             self.feed = None
         if self.signal is not None:
             return  # mid-epoch: the checkpoint keeps the epoch's sums
-        sums = self.progress.sums
-        if sums is None:
+        epoch_sums = self.progress.sums
+        if epoch_sums is None:
             raise ValueError(empty_data_message("data", epoch))
-        logs = self.epoch_logs(jax.device_get(sums))
+        logs = self.epoch_logs(jax.device_get(epoch_sums))
         if self.eval_sets is not None and self.eval_every is None:
             logs.update(self.evaluation())
         self.history.append(logs, self.progress.step)
         info = self.info(logs, self.epoch_examples)
-        self.progress = self.progress.next_epoch()
+        run = self.slot.run
+        self.slot.run = run.replace(progress=run.progress.next_epoch())
         self.callbacks.epoch_end(info)
 
     def evaluation(self) -> HostMetrics:
@@ -196,48 +227,60 @@ class FitLoop:
         pass ends, the plan is done, a callback stops training, or a signal
         came; each of those is acted on where a call ends, and a call ends
         at each step ``eval_every`` evaluates after."""
-        steps, trainer, callbacks = self.steps, self.trainer, self.callbacks
+        callbacks = self.callbacks
         sync_every, k = self.settings.sync_every, self.settings.steps_per_call
         every = self.eval_every
         examples = jax.process_count()  # every process's slice of a batch
         while True:
-            progress = self.progress
-            left = progress.steps_left()
+            left = self.progress.steps_left()
             size = k if left is None else min(k, left)
             if every is not None:  # up to the next evaluation
-                size = min(size, every - progress.step % every)
+                size = min(size, every - self.progress.step % every)
             group = feed.take(size)
             if not group:
                 return
-            acc = progress.sums
-            if acc is None:
-                acc = steps.train_acc()
+            steps = self.preparer.built()
+            if self.check_metrics is not None:  # once, before the first step
+                self.check_metrics(steps.sum_names)
+                self.check_metrics = None
+            run = self.slot.run
+            progress, leaves = run.progress, run.leaves
+            epoch_sums = progress.sums
+            if epoch_sums is None:
+                epoch_sums = self.compiler.epoch_sums(steps)
                 progress = dataclasses.replace(progress, sum_names=steps.sum_names)
             before = progress.step
             self.epoch_examples += sum(placed.n for placed in group) * examples
             if len(group) > 1 and len(group) == k:
-                leaves, weight, total = self.pipeline.stack(group)
-                self.leaves, acc, sums = steps.train_many(
-                    self.leaves, *acc, leaves, weight, total
+                assert steps.train_many is not None
+                batch, weight, total = self.preparer.pipeline.stack(group)
+                leaves, epoch_sums, sums = steps.train_many(
+                    leaves, *epoch_sums, batch, weight, total
                 )
-                self.progress = progress = progress.stepped(acc, k)
+                progress = progress.stepped(epoch_sums, k)
+                self.move_to(leaves, progress)
                 rows = [(sums, i) for i in range(k)]
             else:
                 rows = []
                 for placed in group:
-                    self.leaves, acc, sums = steps.train(
-                        self.leaves, *acc, placed.leaves, placed.weight, placed.total
+                    leaves, epoch_sums, sums = steps.train(
+                        leaves,
+                        *epoch_sums,
+                        placed.leaves,
+                        placed.weight,
+                        placed.total,
                     )
-                    # The state and its progress move together.
-                    self.progress = progress = progress.stepped(acc)
+                    progress = progress.stepped(epoch_sums)
+                    self.move_to(leaves, progress)
                     rows.append((sums, None))
             if progress.step // sync_every > before // sync_every:
-                self.sync(acc)
+                self.sync(epoch_sums)
             # An evaluation after this call's last step comes before that
             # step's hooks: a checkpoint saved there holds it.
             evaluates = every is not None and progress.step % every == 0
             if callbacks.step_hooks or evaluates:
-                names, last = steps.step_names, len(group) - 1
+                names = self.compiler.step_names(steps)
+                last = len(group) - 1
                 for i, (placed, row) in enumerate(zip(group, rows, strict=True)):
                     if i == last and evaluates:
                         self.evaluation()
@@ -252,16 +295,14 @@ class FitLoop:
                         last_in_call=i == last,
                     )
                     callbacks.step_end(info)
-            if self.signal is not None:
-                return
-            if trainer.stop_training or progress.plan.done(progress.step, None):
+            if self.stopping() or self.progress.plan.done(self.progress.step, None):
                 return
 
-    def sync(self, acc: EpochSums) -> None:
+    def sync(self, epoch_sums: EpochSums) -> None:
         """Wait for the device as far as the previous sync point (a bounded
         in-flight window that never drains: the steps since then keep the
         device busy meanwhile); surface a bad step up to there."""
-        flags, self.waiting = self.waiting, acc.flags
+        flags, self.waiting = self.waiting, epoch_sums.flags
         if flags is None:
             return
         if self.settings.nan_policy == "raise":
@@ -269,16 +310,16 @@ class FitLoop:
         else:
             jax.block_until_ready(flags)
 
-    def epoch_logs(self, acc: Any) -> HostMetrics:
+    def epoch_logs(self, epoch_sums: Any) -> HostMetrics:
         """The epoch's means from its sums, fetched (each divided once by the
         epoch's total weight)."""
-        self.raise_if_nonfinite(acc.flags)
-        average = means(acc.sums, self.progress.sum_names)
+        self.raise_if_nonfinite(epoch_sums.flags)
+        average = means(epoch_sums.sums, self.progress.sum_names)
         logs = {k: average[k] for k in ["loss", *sorted(set(average) - {"loss"})]}
-        dynamic = self.steps.parts.precision.loss_scale == "dynamic"
+        dynamic = self.compiler.parts.precision.loss_scale == "dynamic"
         if self.settings.nan_policy == "skip" or dynamic:  # overflows skip too
-            logs["skipped_steps"] = float(acc.flags[FLAGS.index("skipped")])
-        scale = self.steps.layout.unflatten(self.leaves).loss_scale
+            logs["skipped_steps"] = float(epoch_sums.flags[FLAGS.index("skipped")])
+        scale = self.compiler.layout.unflatten(self.slot.run.leaves).loss_scale
         if scale is not None:  # dynamic: the scale the next step will use
             logs["loss_scale"] = float(to_host(scale.scale))
         return logs
@@ -288,8 +329,11 @@ class FitLoop:
         progress goes back to that step (the state was frozen there)."""
         _, step, leaf = (int(flag) for flag in flags)
         if step >= 0:
-            self.progress = dataclasses.replace(self.progress, step=step)
-            model = self.steps.layout.unflatten(self.leaves).model
+            run = self.slot.run
+            self.slot.run = run.replace(
+                progress=dataclasses.replace(run.progress, step=step)
+            )
+            model = self.compiler.layout.unflatten(run.leaves).model
             raise nonfinite_error(step, leaf, model)
 
 

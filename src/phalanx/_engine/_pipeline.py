@@ -1,9 +1,15 @@
-"""From a host batch to a device batch: check, pad, place."""
+"""From a host batch to a device batch: check, pad, place.
+
+The pipeline never calls the trainer and never compiles: it is given a
+batch already split into ``(inputs, targets, sample_weight)`` by the
+trainer's hooks, and the first batch's spec once the steps for it are built
+(`expect`). Everything it remembers (signatures checked, weights and totals
+placed, batches prepared before) is in bounded `Memo`s."""
 
 import functools
 import math
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -18,21 +24,65 @@ from .._checks._batch import (
     check_labels,
     check_sample_weight,
     flatten_batch,
-    label_shape_hint,
     num_examples,
     signature,
     zero_weight_message,
 )
-from .._checks._hooks import HookError
 from ..strategies import Strategy
 from ..strategies._placement import (
-    local_share,
+    local_rows,
     put_batch,
     replicated,
     single_process,
     stacked,
 )
 from ._processes import check_same_slices
+
+
+_K = TypeVar("_K", bound=Hashable)
+_V = TypeVar("_V")
+
+
+class Memo(Generic[_K, _V]):
+    """Values by key, made once each: at most `size` remembered (the first
+    ones; a pass's few batch sizes and totals repeat, and anything past
+    the bound is made again each time instead of growing without end)."""
+
+    def __init__(self, size: int = 64):
+        self._values: dict[_K, _V] = {}
+        self._size = size
+
+    def get(self, key: _K) -> _V | None:
+        return self._values.get(key)
+
+    def remember(self, key: _K, value: _V) -> _V:
+        """Keep `value` for `key` while there is room; return it."""
+        if len(self._values) < self._size:
+            self._values[key] = value
+        return value
+
+    def get_or_make(self, key: _K, make: Callable[[], _V]) -> _V:
+        """The value for `key`, made (and remembered) the first time."""
+        value = self._values.get(key)
+        return self.remember(key, make()) if value is None else value
+
+
+class FirstBatch(NamedTuple):
+    """The first batch a trainer sees, as the steps are built from it.
+
+    Attributes:
+        spec: the structure, shapes and dtypes every later batch must have.
+        size: the examples of its global step (every process's slice, padded).
+        labels: its targets (for a hint when they do not fit the model).
+        signature: its `signature` (checked: no need to check it again).
+        n: its examples.
+    """
+
+    spec: BatchSpec
+    size: int
+    labels: Any
+    signature: Signature
+    n: int
 
 
 class DeviceBatch(NamedTuple):
@@ -61,54 +111,44 @@ class DeviceBatch(NamedTuple):
 class BatchPipeline:
     """Turns the user's host batches into padded, sharded device batches.
 
-    `split` turns a user batch into ``(inputs, targets, sample_weight)`` on
-    the host; the device batch is ``(inputs, targets)`` and the sample weights
-    are folded into the step's per-example weights. Structure and shape
-    checks run once per new shape/dtype signature; the first batch ever seen
-    fixes the `BatchSpec`, and `validate(spec, size)` checks it against the
-    model and loss at a step of `size` examples (returning the outputs'
-    shape: with `class_labels`, its last axis is the number of classes).
-    Value checks (finite floats, class labels in range, weights) run on
-    every NumPy batch when `value_checks` is on. A batch shorter than the step's
-    size is padded with zero-weight examples, so the update is exact. The
-    total weight is summed on the host where it holds every weight (one
-    process, host weights), and on the devices otherwise.
+    A batch comes split into ``(inputs, targets, sample_weight)`` (the
+    trainer's hooks did that); the device batch is ``(inputs, targets)``
+    and the sample weights are folded into the step's per-example weights.
+    The first batch ever is looked at by `first_batch` and, once the steps
+    for it are built, its spec fixed by `expect` (with `class_labels`, the
+    outputs' last axis is the number of classes labels are checked
+    against). Structure and shape checks then run once per new shape/dtype
+    signature; value checks (finite floats, class labels in range, weights)
+    on every NumPy batch when `value_checks` is on. A batch shorter than
+    the step's size is padded with zero-weight examples, so the update is
+    exact. The total weight is summed on the host where it holds every
+    weight (one process, host weights), and on the devices otherwise.
     """
 
-    def __init__(
-        self,
-        strategy: Strategy,
-        *,
-        split: Callable[[Any], tuple[Any, Any, Any]],
-        value_checks: bool,
-        class_labels: bool,
-        validate: Callable[[BatchSpec, int], jax.ShapeDtypeStruct],
-    ):
+    def __init__(self, strategy: Strategy, *, value_checks: bool, class_labels: bool):
         self.strategy = strategy
-        # This process's slice of a step is padded to a multiple of this: its
-        # devices in the mesh × the examples each device takes per multiple.
-        per_device = strategy.batch_multiple // strategy.num_devices
-        self._multiple = local_share(strategy.mesh) * per_device
+        # This process's slice of a step is padded to a multiple of this: the
+        # rows of one batch multiple its devices hold under the batch sharding.
+        self._multiple = local_rows(strategy.batch_sharding, strategy.batch_multiple)
         # The global step is this many times this process's slice.
         self._processes = strategy.batch_multiple // self._multiple
-        self.split = split
         self.value_checks = value_checks
         self.class_labels = class_labels
-        self.validate = validate
         self.spec: BatchSpec | None = None
         self.num_classes: int | None = None
-        self._sizes: dict[Any, int] = {}
-        self._weights: dict[tuple[int, int], jax.Array] = {}
-        self._totals: dict[float, jax.Array] = {}
+        # Examples in a batch of each signature checked before.
+        self._sizes: Memo[Signature, int] = Memo()
+        self._weights: Memo[tuple[int, int], jax.Array] = Memo()
+        self._totals: Memo[float, jax.Array] = Memo()
         self._split = strategy.batch_sharding
         self._replicated = replicated(strategy.mesh)
         self._device_total = jax.jit(jnp.sum, out_shardings=self._replicated)
         # Stacked weights (by batch count, size and steps) and totals (by
         # value), for several steps' batches.
-        self._stacked_weights: dict[tuple[int, int, int], jax.Array] = {}
-        self._stacked_totals: dict[tuple[float | None, ...], jax.Array] = {}
+        self._stacked_weights: Memo[tuple[int, int, int], jax.Array] = Memo()
+        self._stacked_totals: Memo[tuple[float, ...], jax.Array] = Memo()
         # Batches prepared before, less their leaves, by `_quick_key`.
-        self._quick: dict[Any, DeviceBatch] = {}
+        self._quick: Memo[Any, DeviceBatch] = Memo()
 
     @functools.cached_property
     def _stack_on_devices(self) -> Any:
@@ -144,25 +184,22 @@ class BatchPipeline:
         )
         weights = [batch.weight for batch in group]
         cached = self._weights.get((first.n, first.size))
-        key = (first.n, first.size, len(group))
         if all(w is cached for w in weights):  # the cached ones
-            weight = self._stacked_weights.get(key)
-            if weight is None:
-                weight = self._stack_leaves([weights])[0]
-                if len(self._stacked_weights) < 64:
-                    self._stacked_weights[key] = weight
+            weight = self._stacked_weights.get_or_make(
+                (first.n, first.size, len(group)),
+                lambda: self._stack_leaves([weights])[0],
+            )
         else:
             weight = self._stack_leaves([weights])[0]
-        values = tuple(batch.total_value for batch in group)
-        total = self._stacked_totals.get(values)
-        if total is None:
-            if all(value is not None for value in values):
-                host = np.array(values, np.float32)
-                total = jax.device_put(host, self._replicated)
-                if len(self._stacked_totals) < 64:
-                    self._stacked_totals[values] = total
-            else:
-                total = self._stack_totals([batch.total for batch in group])
+        values = [batch.total_value for batch in group]
+        known = [value for value in values if value is not None]
+        if len(known) < len(values):
+            total = self._stack_totals([batch.total for batch in group])
+        else:
+            total = self._stacked_totals.get_or_make(
+                tuple(known),
+                lambda: jax.device_put(np.array(known, np.float32), self._replicated),
+            )
         return leaves, weight, total
 
     def step_size(self, n: int, first: int | None) -> int:
@@ -192,13 +229,9 @@ class BatchPipeline:
             leaves, treedef = flatten_batch((inputs, targets), where)
             key = signature(leaves, treedef)
             n = num_examples(leaves, treedef, where)
-            if self.spec is None:
-                spec = BatchSpec.of(leaves, treedef)
-                self._first_spec(spec, leaves)
-                self.spec = spec
-            else:
-                self.spec.check(leaves, treedef, where)
-            self._sizes[key] = n
+            assert self.spec is not None, "the first batch fixes the spec: expect()"
+            self.spec.check(leaves, treedef, where)
+            self._sizes.remember(key, n)
         if sample_weight is not None:
             sample_weight = check_sample_weight(sample_weight, n, where)
         host = [leaf for leaf in leaves if isinstance(leaf, np.ndarray)]
@@ -209,37 +242,45 @@ class BatchPipeline:
                 check_labels(labels, self.num_classes, where)
         return leaves, treedef, n, sample_weight
 
-    def _first_spec(self, spec: BatchSpec, leaves: list[Leaf]) -> None:
-        """Validate the first batch against the model and loss."""
-        labels = jax.tree.unflatten(spec.treedef, leaves)[1]
+    def first_batch(self, parts: tuple[Any, Any, Any], where: str) -> FirstBatch:
+        """The first batch ever (``(inputs, targets, sample_weight)``): its
+        spec and global step size, for the steps to be built from; then
+        `expect` it."""
+        leaves, treedef = flatten_batch(parts[:2], where)
+        n = num_examples(leaves, treedef, where)
+        labels = jax.tree.unflatten(treedef, leaves)[1]
         if self.class_labels:
             check_class_labels(labels)
         # The step sees the global batch: every process's slice.
-        size = self.step_size(leaves[0].shape[0], None) * self._processes
-        try:
-            outputs = self.validate(spec, size)
-        except HookError:
-            raise  # a hook's own fault, named by its message
-        except (TypeError, ValueError) as error:
-            hint = label_shape_hint(labels) if self.class_labels else None
-            if hint is None:
-                raise
-            raise TypeError(hint) from error
+        size = self.step_size(n, None) * self._processes
+        spec = BatchSpec.of(leaves, treedef)
+        return FirstBatch(spec, size, labels, signature(leaves, treedef), n)
+
+    def expect(self, first: FirstBatch, outputs: jax.ShapeDtypeStruct) -> None:
+        """Check every batch against the `first` one's spec from now on (and,
+        with class labels, the labels against the `outputs`' classes)."""
+        self.spec = first.spec
+        self._sizes.remember(first.signature, first.n)
         if self.class_labels:
             self.num_classes = int(outputs.shape[-1])
 
     def prepare(
-        self, batch: Any, where: str, first: int | None, *, train: bool = False
+        self,
+        parts: tuple[Any, Any, Any],
+        where: str,
+        first: int | None,
+        *,
+        train: bool = False,
     ) -> DeviceBatch:
-        """Check, pad and shard one batch (`first`: the pass's step size, None
-        at its first batch). A batch to `train` on must weigh something: its
-        gradient is divided by its total weight.
+        """Check, pad and shard one batch, split as ``(inputs, targets,
+        sample_weight)`` (`first`: the pass's step size, None at its first
+        batch). A batch to `train` on must weigh something: its gradient is
+        divided by its total weight.
 
         A batch like one seen before at this point of a pass, whose leaves
         are all on the devices (or, with value checks off, all on the host)
         and need no padding, takes a quick path: its signature is looked up
         and its cached weights and total reused."""
-        parts = self.split(batch)
         leaves, treedef = jax.tree.flatten(parts[:2])
         quick_signature = _quick_signature(leaves, treedef)
         key = None
@@ -286,9 +327,8 @@ class BatchPipeline:
             and value is not None  # one process
             and not (on_host and self.value_checks)  # values checked each time
             and key is not None
-            and len(self._quick) < 64
         ):
-            self._quick[key] = prepared._replace(leaves=[])
+            self._quick.remember(key, prepared._replace(leaves=[]))
         return prepared
 
     def place(self, leaves: list[Leaf]) -> list[jax.Array | np.ndarray]:
@@ -302,12 +342,13 @@ class BatchPipeline:
 
     def weights(self, n: int, size: int) -> jax.Array:
         """Device weights for n real examples padded to size (cached)."""
-        weight = self._weights.get((n, size))
-        if weight is None:
+
+        def make() -> jax.Array:
             host = np.zeros(size, np.float32)
             host[:n] = 1.0
-            weight = self._weights[(n, size)] = put_batch([host], self._split)[0]
-        return weight
+            return put_batch([host], self._split)[0]
+
+        return self._weights.get_or_make((n, size), make)
 
     def total(
         self, weight: jax.Array, host: np.ndarray | int
@@ -321,11 +362,9 @@ class BatchPipeline:
             # processes must run the same collectives in the same order).
             return self._device_total(weight), None
         value = float(host if isinstance(host, int) else np.sum(host, dtype=np.float64))
-        total = self._totals.get(value)
-        if total is None:
-            total = jax.device_put(np.float32(value), self._replicated)
-            if len(self._totals) < 64:  # e.g. every batch size of a pass
-                self._totals[value] = total
+        total = self._totals.get_or_make(  # e.g. every batch size of a pass
+            value, lambda: jax.device_put(np.float32(value), self._replicated)
+        )
         return total, value
 
 

@@ -1,6 +1,7 @@
 """The compiled train, eval and predict steps: split, compute, reduce once, update.
 
-Each step is a `jax.jit` function of flat lists of arrays (NOTES trap 4):
+Each step is a `jax.jit` function of flat lists of arrays (not `eqx.filter_jit`,
+which waits on every call, so host work would never overlap device work):
 the state's leaves, an on-device accumulator of the epoch's sums, and the
 batch's leaves with per-example weights (0 for padding). The train step also
 takes the batch's total weight, known before the step runs: the gradient is
@@ -120,14 +121,14 @@ class StepFunctions(NamedTuple):
     """The step functions for one batch structure (not yet jitted).
 
     Attributes:
-        train: ``train(leaves, acc, batch_leaves, weight, total) -> (leaves,
-            acc, sums)``: one update.
-        evaluate: ``evaluate(leaves, acc, batch_leaves, weight) -> acc``.
+        train: ``train(leaves, epoch_sums, batch_leaves, weight, total) -> (leaves,
+            epoch_sums, sums)``: one update.
+        evaluate: ``evaluate(leaves, epoch_sums, batch_leaves, weight) -> epoch_sums``.
         probe: ``probe(leaves, batch_leaves, weight) -> (outputs, sums)``:
             the model and loss mapped over a batch through the strategy,
             per-example outputs and per-device sums; `jax.eval_shape` of it
             validates a batch against the model before anything is compiled.
-        inspect: ``inspect(leaves, acc, batch_leaves, weight, total) ->
+        inspect: ``inspect(leaves, epoch_sums, batch_leaves, weight, total) ->
             (leaves, grads, sums)``: `train` with the gradient it applied
             (reduced, after the `gradients` hook) as an output, for
             `DataParallelTrainer.compute_step`.
@@ -241,7 +242,7 @@ def build_steps(
         check_gradients(grads, params)
         return grads, sums, model_state, next_key
 
-    def step(leaves, acc, batch_leaves, weight, total):
+    def step(leaves, epoch_sums, batch_leaves, weight, total):
         """One update: the train step's outputs, and the gradient it applied."""
         state = unflatten(leaves)
         params = eqx.filter(state.model, eqx.is_inexact_array)
@@ -249,7 +250,7 @@ def build_steps(
             state, batch_leaves, weight, total
         )
 
-        def update(loss_scale: DynamicScale | None) -> list[jax.Array]:
+        def apply(loss_scale: DynamicScale | None) -> list[jax.Array]:
             updates, opt_state = parts.optimizer.update(grads, state.opt_state, params)
             new = TrainState(
                 state.step + 1,
@@ -264,25 +265,20 @@ def build_steps(
         def kept(loss_scale: DynamicScale | None) -> list[jax.Array]:
             return layout.flatten(dataclasses.replace(state, loss_scale=loss_scale))
 
-        leaves, acc, sums = _guard(
-            parts.nan_policy,
-            (state.step, leaves),
-            (update, kept),
-            (grads, state.loss_scale),
-            sums,
-            acc,
-            total,
+        update = Update(state.step, leaves, grads, state.loss_scale, apply, kept)
+        leaves, epoch_sums, sums = _guard(
+            parts.nan_policy, update, sums, epoch_sums, total
         )
-        return leaves, acc, sums, grads
+        return leaves, epoch_sums, sums, grads
 
-    def train_step(leaves, acc, batch_leaves, weight, total):
-        return step(leaves, acc, batch_leaves, weight, total)[:3]
+    def train_step(leaves, epoch_sums, batch_leaves, weight, total):
+        return step(leaves, epoch_sums, batch_leaves, weight, total)[:3]
 
-    def inspect_step(leaves, acc, batch_leaves, weight, total):
-        leaves, _, sums, grads = step(leaves, acc, batch_leaves, weight, total)
+    def inspect_step(leaves, epoch_sums, batch_leaves, weight, total):
+        leaves, _, sums, grads = step(leaves, epoch_sums, batch_leaves, weight, total)
         return leaves, grads, sums
 
-    def eval_step(leaves, acc, batch_leaves, weight):
+    def eval_step(leaves, epoch_sums, batch_leaves, weight):
         state = unflatten(leaves)
         params, arrays, static = _split_model(eqx.nn.inference_mode(state.model))
 
@@ -297,7 +293,7 @@ def build_steps(
             state.model_state,
             examples(batch_leaves, weight),
         )
-        return acc + sums
+        return epoch_sums + sums
 
     def probe(leaves, batch_leaves, weight):
         state = unflatten(leaves)
@@ -320,30 +316,48 @@ def several_steps(train_step: Callable) -> Callable:
     state and the epoch's sums carried from step to step, each step's sums
     stacked (a row each)."""
 
-    def train_steps(leaves, acc, batch_leaves, weight, total):
+    def train_steps(leaves, epoch_sums, batch_leaves, weight, total):
         def step(carry, batch):
-            leaves, acc, sums = train_step(*carry, *batch)
-            return (leaves, acc), sums
+            leaves, epoch_sums, sums = train_step(*carry, *batch)
+            return (leaves, epoch_sums), sums
 
-        (leaves, acc), sums = jax.lax.scan(
-            step, (leaves, acc), (batch_leaves, weight, total)
+        (leaves, epoch_sums), sums = jax.lax.scan(
+            step, (leaves, epoch_sums), (batch_leaves, weight, total)
         )
-        return leaves, acc, sums
+        return leaves, epoch_sums, sums
 
     return train_steps
 
 
+class Update(NamedTuple):
+    """A train step's update, before `_guard` decides whether it happens.
+
+    Attributes:
+        step: the state's step before it.
+        leaves: the state's arrays before it.
+        grads: the gradient it applies (checked for non-finite values).
+        loss_scale: the dynamic loss scale it used (None: no dynamic scale).
+        apply: the updated state's arrays, given the loss scale to keep.
+        keep: the old state's arrays, given the loss scale to keep.
+    """
+
+    step: jax.Array
+    leaves: list[jax.Array]
+    grads: Any
+    loss_scale: DynamicScale | None
+    apply: Callable[[DynamicScale | None], list[jax.Array]]
+    keep: Callable[[DynamicScale | None], list[jax.Array]]
+
+
 def _guard(
     policy: str,
-    old: tuple[jax.Array, list[jax.Array]],
-    new: tuple[Callable[[Any], list[jax.Array]], Callable[[Any], list[jax.Array]]],
-    checked: tuple[Any, DynamicScale | None],
+    update: Update,
     sums: jax.Array,
-    acc: EpochSums,
+    epoch_sums: EpochSums,
     total: jax.Array,
 ) -> tuple[list[jax.Array], EpochSums, jax.Array]:
-    """Apply the non-finite gradient policy and the dynamic loss scale;
-    update the epoch accumulator.
+    """Apply the non-finite gradient policy and the dynamic loss scale to an
+    `update`; add the step's `sums` to the epoch's.
 
     Returns the new state's leaves, the epoch's sums, and the step's packed
     sums (then 1 if the step was skipped, under ``"skip"`` or a dynamic
@@ -357,18 +371,13 @@ def _guard(
     scale, a non-finite gradient while the scale is above its floor is not
     the policy's: the step is skipped (and counted) and the scale halves.
 
-    `new` makes the new state's leaves, `kept` the old state's, each with
-    a given loss scale. The update runs in a `lax.cond`, so that a good step
-    updates the state in place instead of selecting between two copies of
-    it. `old` is the state's step and arrays before this step; `checked`
-    its gradients and dynamic loss scale.
+    The update runs in a `lax.cond`, so that a good step updates the state
+    in place instead of selecting between two copies of it.
     """
-    update, kept = new
-    grads, loss_scale = checked
-    old_step, old_leaves = old
-    finite_leaves = _finite_leaves(grads)
+    loss_scale = update.loss_scale
+    finite_leaves = _finite_leaves(update.grads)
     finite = jnp.all(finite_leaves)
-    skipped, bad_step, bad_leaf = acc.flags
+    skipped, bad_step, bad_leaf = epoch_sums.flags
     halted = bad_step >= 0
     overflow = jnp.bool_(False)
     if loss_scale is not None:
@@ -377,9 +386,11 @@ def _guard(
     first_bad = ~finite & ~overflow & ~halted if policy == "raise" else jnp.bool_(False)
     if loss_scale is None:
         if policy == "off":
-            leaves = update(None)
+            leaves = update.apply(None)
         else:
-            leaves = jax.lax.cond(apply, lambda: update(None), lambda: old_leaves)
+            leaves = jax.lax.cond(
+                apply, lambda: update.apply(None), lambda: update.leaves
+            )
     else:
         # Frozen where "raise" froze the state; else it moves with the step.
         moved = loss_scale.next(finite)
@@ -387,19 +398,21 @@ def _guard(
             lambda a, b: jnp.where(halted | first_bad, a, b), loss_scale, moved
         )
         leaves = jax.lax.cond(
-            apply, lambda: update(scale_after), lambda: kept(scale_after)
+            apply, lambda: update.apply(scale_after), lambda: update.keep(scale_after)
         )
     flags = [
         skipped + (~apply).astype(jnp.int32),
-        jnp.where(first_bad, old_step, bad_step),
+        jnp.where(first_bad, update.step, bad_step),
         jnp.where(first_bad, _bad_leaf(finite_leaves, total), bad_leaf),
     ]
-    acc = EpochSums(acc.sums + jnp.where(apply, sums, 0), jnp.stack(flags))
+    epoch_sums = EpochSums(
+        epoch_sums.sums + jnp.where(apply, sums, 0), jnp.stack(flags)
+    )
     if policy == "skip" or loss_scale is not None:
         sums = jnp.append(sums, (~apply).astype(sums.dtype))
     if loss_scale is not None:
         sums = jnp.append(sums, loss_scale.scale.astype(sums.dtype))
-    return leaves, acc, sums
+    return leaves, epoch_sums, sums
 
 
 def _loss_scale(precision: Precision, dynamic: DynamicScale | None) -> jax.Array | None:

@@ -1,4 +1,6 @@
-"""A model's parameters and the training state's memory, per device."""
+"""A model's parameters and the training state's memory, per device: the
+`ModelSummary` that `trainer.summary()` returns, read from the state's
+layout (its shapes and shardings), never from the arrays' values."""
 
 import dataclasses
 import io
@@ -12,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .._state._train_state import TrainState
-from ..strategies import AccumulatingStrategy, Strategy
+from ..strategies import Strategy
+from ..strategies._accumulating import strategy_name
 from ._layout import StateLayout
 
 
@@ -170,32 +173,33 @@ def summarize(
             shapes and dtypes).
         strategy: the strategy the layout is of.
     """
-    dynamic = eqx.filter(state, eqx.is_array)
-    leaves = jax.tree_util.tree_flatten_with_path(dynamic)[0]
-    whole: dict[str, int] = {}
-    per_device: dict[str, int] = {}
+    # The layout as two `TrainState`s (of shardings, of shapes as the arrays
+    # travel), so each part of the state is read by its field.
+    shardings = jax.tree.unflatten(layout.treedef, layout.shardings)
+    structs = jax.tree.unflatten(layout.treedef, layout.structs)
+    model = jax.tree_util.tree_flatten_with_path(eqx.filter(state.model, eqx.is_array))
     rows = []
     for (path, leaf), sharding, struct in zip(
-        leaves, layout.shardings, layout.structs, strict=True
+        model[0],
+        jax.tree.leaves(shardings.model),
+        jax.tree.leaves(structs.model),
+        strict=True,
     ):
-        # Sizes as the array travels (a PRNG key as its raw data).
-        itemsize = np.dtype(struct.dtype).itemsize
-        size, shard = math.prod(struct.shape), sharding.shard_shape(struct.shape)
-        nbytes, nbytes_here = size * itemsize, math.prod(shard) * itemsize
-        field = _field(path)
-        whole[field] = whole.get(field, 0) + nbytes
-        per_device[field] = per_device.get(field, 0) + nbytes_here
-        if field == "model" and eqx.is_inexact_array(leaf):
+        if eqx.is_inexact_array(leaf):
+            nbytes, nbytes_here = _bytes([sharding], [struct])
             rows.append(
                 ParameterRow(
-                    jax.tree_util.keystr(path[1:]).removeprefix("."),
+                    jax.tree_util.keystr(path).removeprefix("."),
                     tuple(leaf.shape),
                     np.dtype(leaf.dtype),
-                    size,
+                    math.prod(struct.shape),
                     nbytes,
                     nbytes_here,
                 )
             )
+    opt_state = _bytes(shardings.opt_state, structs.opt_state)
+    model_state = _bytes(shardings.model_state, structs.model_state)
+    everything = _bytes(shardings, structs)
     return ModelSummary(
         model=type(state.model).__name__,
         strategy=strategy_name(strategy),
@@ -204,25 +208,24 @@ def summarize(
         total_params=sum(row.size for row in rows),
         param_bytes=sum(row.nbytes for row in rows),
         param_bytes_per_device=sum(row.nbytes_per_device for row in rows),
-        opt_state_bytes=whole.get("opt_state", 0),
-        opt_state_bytes_per_device=per_device.get("opt_state", 0),
-        model_state_bytes=whole.get("model_state", 0),
-        model_state_bytes_per_device=per_device.get("model_state", 0),
-        state_bytes=sum(whole.values()),
-        state_bytes_per_device=sum(per_device.values()),
+        opt_state_bytes=opt_state[0],
+        opt_state_bytes_per_device=opt_state[1],
+        model_state_bytes=model_state[0],
+        model_state_bytes_per_device=model_state[1],
+        state_bytes=everything[0],
+        state_bytes_per_device=everything[1],
     )
 
 
-def _field(path: tuple[Any, ...]) -> str:
-    """The `TrainState` field a leaf's path starts at (``"model"``, ...)."""
-    return getattr(path[0], "name", "")
-
-
-def strategy_name(strategy: Strategy) -> str:
-    """The strategy's class, with what a wrapper wraps:
-    ``AccumulatingStrategy(PmapStrategy, microbatches=4)``."""
-    name = type(strategy).__name__
-    if isinstance(strategy, AccumulatingStrategy):
-        inner = strategy_name(strategy.inner)
-        return f"{name}({inner}, microbatches={strategy.microbatches})"
-    return name
+def _bytes(shardings: Any, structs: Any) -> tuple[int, int]:
+    """The bytes of the arrays `structs` describes (a PRNG key as its raw
+    data, as it travels), whole and on each device as `shardings` lay them
+    out."""
+    whole = here = 0
+    for sharding, struct in zip(
+        jax.tree.leaves(shardings), jax.tree.leaves(structs), strict=True
+    ):
+        itemsize = np.dtype(struct.dtype).itemsize
+        whole += math.prod(struct.shape) * itemsize
+        here += math.prod(sharding.shard_shape(struct.shape)) * itemsize
+    return whole, here

@@ -1,0 +1,1 @@
+"""A run's state as values: train state, progress, sums, history (private)."""

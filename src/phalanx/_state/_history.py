@@ -1,3 +1,9 @@
+"""`History`: the metrics of a trainer's fits, per epoch and per evaluation.
+
+Plain host data (floats keyed by metric name, and the step each was
+recorded at) that a checkpoint saves as JSON through `state_dict`. It never
+touches JAX or the devices: it is given metrics already on the host."""
+
 from collections.abc import Iterator
 from typing import Any, overload
 

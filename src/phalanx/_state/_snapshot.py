@@ -1,15 +1,17 @@
-"""A run's full snapshot as a value, and what stores snapshots."""
+"""A run's full snapshot as one immutable value: `Snapshot`.
+
+Everything needed to continue a run exactly, as the trainer hands it out and
+takes it back. It converts nothing: `phalanx.checkpoint` turns snapshots into
+files and back (and declares what stores them), and it never holds the
+trainer."""
 
 import dataclasses
-import os
-from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._typing import HostMetrics
 from ._progress import RunProgress
 from ._train_state import TrainState
 
@@ -32,7 +34,8 @@ class Snapshot:
         history: the trainer's `History.state_dict()`.
         data: where the training data's loader stands (its `state_dict`),
             or None.
-        callbacks: each callback's `state_dict`, by ``"index:ClassName"``.
+        callbacks: each stateful callback's `state_dict`, by its `state_key`
+            (``"ClassName"``, or ``"ClassName:state_name"``).
         strategy: the strategy's class name (metadata).
         devices: the strategy's device count (metadata).
     """
@@ -54,29 +57,3 @@ class Snapshot:
 
         progress = dataclasses.replace(self.progress, sums=copied(self.progress.sums))
         return dataclasses.replace(self, state=copied(self.state), progress=progress)
-
-
-@runtime_checkable
-class SnapshotStore(Protocol):
-    """Something that saves and loads snapshots (a callback, e.g.
-    `px.callbacks.Checkpoint`). The trainer runs stores after every other
-    callback, asks each to save at a preemption, and resumes from the
-    first one."""
-
-    def save_snapshot(
-        self,
-        snapshot: Snapshot,
-        *,
-        metrics: HostMetrics | None = None,
-        wait: bool = False,
-    ) -> Path:
-        """Save `snapshot` (with `wait`, return once it is committed);
-        return where it is (being) written."""
-        ...
-
-    def load_snapshot(
-        self, resume: str | os.PathLike[str], like: Snapshot
-    ) -> Snapshot | None:
-        """The snapshot `resume` names (``"latest"`` or a path), its arrays
-        laid out as `like`'s; None where ``"latest"`` finds none yet."""
-        ...

@@ -1,3 +1,11 @@
+"""`TrainState`, everything a run carries from one step to the next, and the
+dynamic loss scale it may hold.
+
+Both are immutable `eqx.Module` values: a step takes one and returns a new
+one. This module only declares them: where each array lives is the
+strategy's `state_shardings`, and nothing here places, copies or donates
+arrays, or knows of the trainer."""
+
 from typing import ClassVar, Generic, TypeVar, final
 
 import equinox as eqx

@@ -1,3 +1,11 @@
+"""phalanx's callbacks: the `Callback` base, what a hook is told
+(`StepInfo`), and the built-in callbacks (checkpoints, early stopping,
+loggers, trackers, displays, the profiler).
+
+This module only re-exports; each callback lives in a private module of its
+own, and the dispatcher that calls them (`_dispatch`) is not public.
+"""
+
 from ._base import (
     Callback as Callback,
     StepInfo as StepInfo,

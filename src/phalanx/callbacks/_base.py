@@ -159,7 +159,15 @@ class Callback(Generic[_Model]):
     for all of `eval_data`'s sets.
 
     A callback with state to keep across a resume (counters, best values)
-    overrides `state_dict` and `load_state_dict`; checkpoints store it.
+    overrides `state_dict` and `load_state_dict`; checkpoints store it under
+    its `state_key`: its class name, or ``ClassName:<state_name>`` where
+    `state_name` is set (needed where a fit has two stateful callbacks of one
+    class).
+
+    What a callback needs of a fit is declared here, never probed: which
+    processes run it (`main_process_only`), whether it is called after each
+    step (`needs_steps`), the metrics it reads (`monitors`) and those it adds
+    (`added_metrics`).
 
     ``Callback[M]`` (M the model class) types its hooks' `StepInfo`:
     ``info.trainer.model`` and ``info.state.model`` are then an ``M``.
@@ -178,6 +186,42 @@ class Callback(Generic[_Model]):
     # that decide something (early stopping) or that every process must join
     # (checkpoints) run everywhere; their inputs are the same global values.
     main_process_only: ClassVar[bool] = False
+
+    # Tells this callback's state in a checkpoint apart from that of another
+    # callback of its class in the same fit (see `state_key`); None: the
+    # class name alone is the key.
+    state_name: str | None = None
+
+    @property
+    def state_key(self) -> str:
+        """The key of this callback's `state_dict` in a checkpoint: the class
+        name, or ``ClassName:<state_name>``. It does not depend on the
+        callback's place in the list, so a resumed fit may add, drop or
+        reorder callbacks."""
+        name = type(self).__name__
+        return name if self.state_name is None else f"{name}:{self.state_name}"
+
+    @property
+    def needs_steps(self) -> bool:
+        """Whether `fit` calls `on_step_end` after each step (read once
+        `on_fit_start` has run): by default, where the class overrides it; a
+        callback with nothing to do after a step costs the loop nothing."""
+        return type(self).on_step_end is not Callback.on_step_end
+
+    def monitors(self) -> tuple[str, ...]:
+        """The metrics this callback reads at epoch ends (an ``eval_`` one
+        under ``fit(eval_every=)``: after each of those evaluations); `fit`
+        checks before its first step that the run produces each. None by
+        default (the empty tuple)."""
+        return ()
+
+    def added_metrics(self) -> tuple[str, ...] | None:
+        """The names this callback adds to the metrics of epoch ends and
+        evaluations (``()``: none). None, the default, declares nothing: a
+        monitor of a callback after this one, where this one overrides
+        `on_epoch_end` or `on_eval_end`, is then taken on trust, as this one
+        may add it."""
+        return None
 
     def on_fit_start(self, info: StepInfo[_Model]) -> None:
         """Called once when `fit` begins, before the first batch is read."""
@@ -221,6 +265,7 @@ def runs_here(callback: Callback) -> bool:
     return not callback.main_process_only or jax.process_index() == 0
 
 
-def overrides(callback: Callback, hook: str) -> bool:
-    """Whether `callback` does anything in `hook` (lets the loop skip no-ops)."""
-    return getattr(type(callback), hook) is not getattr(Callback, hook)
+def has_state(callback: Callback) -> bool:
+    """Whether `callback` declares state for checkpoints (its class
+    overrides `state_dict`)."""
+    return type(callback).state_dict is not Callback.state_dict

@@ -1,11 +1,17 @@
+"""`px.callbacks.CSVLogger`: a run's metrics as rows of a CSV file.
+
+When rows are written, and how a resume drops those past its checkpoint, is
+`RowLogger`'s; this module is the CSV format: a header that widens (the
+file rewritten atomically) when a new metric appears, and floats written
+exactly.
+"""
+
 import csv
 import io
-import os
 from typing import IO, Any, final
 
 from typing_extensions import override
 
-from .._typing import validates_own_arguments
 from ._files import replace_atomically
 from ._row_logger import RowLogger
 
@@ -49,21 +55,8 @@ class CSVLogger(RowLogger[dict[str, Any]]):
         ```
     """
 
-    @validates_own_arguments
-    def __init__(self, path: str | os.PathLike[str], *, log_every: int = 10):
-        """
-        Args:
-            path: the CSV file; its folder is created if needed.
-            log_every: write a step row after every this many steps.
-
-        Raises:
-            ValueError: `log_every` is not a positive int.
-            TypeError: `path` is not a str or path.
-            NotADirectoryError, IsADirectoryError, PermissionError: `path`
-                cannot be written.
-        """
-        super().__init__(path, log_every, example="metrics.csv")
-        self._columns: list[str] = list(_KEYS)
+    _example = "metrics.csv"
+    _columns: list[str]
 
     @override
     def _read(self) -> list[dict[str, Any]]:
@@ -102,8 +95,8 @@ class CSVLogger(RowLogger[dict[str, Any]]):
         return {"columns": list(self._columns)}
 
     @override
-    def _load_extra_state(self, state: dict[str, Any]) -> None:
-        self._columns = list(state["columns"])
+    def _load_extra_state(self, state: dict[str, Any] | None) -> None:
+        self._columns = list(_KEYS if state is None else state["columns"])
 
     def _format(self, rows: list[dict[str, Any]], *, header: bool) -> str:
         buffer = io.StringIO()

@@ -1,10 +1,20 @@
-"""Calling a run's callbacks: one typed method per hook."""
+"""Calling a run's callbacks: one typed method per hook, and their state
+for checkpoints, keyed by each callback's `state_key`.
 
-from collections.abc import Sequence
+It decides the order callbacks run in, which of them run on this process and
+after each step, and whose state a checkpoint's entry is, from what each
+callback declares on `Callback` (never by probing an object for a member);
+it runs no step and touches no device.
+"""
+
+import collections
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._state._snapshot import SnapshotStore
-from ._base import Callback, StepInfo, overrides, runs_here
+from .._log import logger
+from ..checkpoint._store import SnapshotStore
+from ._base import Callback, StepInfo, has_state, runs_here
 
 
 class Callbacks:
@@ -18,13 +28,21 @@ class Callbacks:
 
     A `display` the trainer adds (its default progress bar) runs after the
     user's callbacks and before the stores, but is not one of `all`: it
-    keeps no state in snapshots, and the user's callbacks keep their
-    indices whether it is shown or not. It is called after each step only
-    in a fit where, once started, its ``needs_steps`` says so (a live bar:
-    rows per epoch alone cost the loop nothing per step).
+    keeps no state in snapshots. A callback is called after each step only
+    in a fit where, once started, its ``needs_steps`` says so (the default
+    bar showing rows per epoch alone costs the loop nothing per step).
+
+    Each stateful callback's state is saved under its `state_key`, so the
+    list may be reordered, or callbacks added, between a save and a resume.
+
+    Raises:
+        ValueError: two stateful callbacks share a `state_key` (or the same
+            stateful callback is listed twice).
+        TypeError: a callback's `state_name` is not a str or None.
     """
 
     def __init__(self, callbacks: Sequence[Callback], display: Callback | None = None):
+        _check_state_keys(callbacks)
         self.all: tuple[Callback, ...] = tuple(
             sorted(callbacks, key=lambda c: isinstance(c, SnapshotStore))
         )
@@ -35,45 +53,39 @@ class Callbacks:
         self.here = tuple(c for c in ordered if runs_here(c))
         self.display = display
         # Only callbacks that do something after a step are called per step.
-        self.step_hooks = tuple(c for c in self.here if overrides(c, "on_step_end"))
+        self.step_hooks = tuple(c for c in self.here if c.needs_steps)
         self.stores: tuple[SnapshotStore, ...] = tuple(
             c for c in self.all if isinstance(c, SnapshotStore)
         )
 
     def fit_start(self, info: StepInfo) -> None:
-        for callback in self.here:
-            callback.on_fit_start(info)
-        display = self.display
-        self.step_hooks = tuple(
-            c
-            for c in self.here
-            if overrides(c, "on_step_end")
-            and (c is not display or getattr(display, "needs_steps", True))
-        )
+        self._each(lambda callback: callback.on_fit_start(info))
+        # A display knows whether it draws from steps once it has started.
+        self.step_hooks = tuple(c for c in self.here if c.needs_steps)
 
     def fit_end(self, info: StepInfo) -> None:
-        for callback in self.here:
-            callback.on_fit_end(info)
+        self._each(lambda callback: callback.on_fit_end(info))
 
     def epoch_start(self, info: StepInfo) -> None:
-        for callback in self.here:
-            callback.on_epoch_start(info)
+        self._each(lambda callback: callback.on_epoch_start(info))
 
     def epoch_end(self, info: StepInfo) -> None:
-        for callback in self.here:
-            callback.on_epoch_end(info)
+        self._each(lambda callback: callback.on_epoch_end(info))
 
     def step_end(self, info: StepInfo) -> None:
-        for callback in self.step_hooks:
+        for callback in self.step_hooks:  # per step: no call in between
             callback.on_step_end(info)
 
     def eval_start(self, info: StepInfo) -> None:
-        for callback in self.here:
-            callback.on_eval_start(info)
+        self._each(lambda callback: callback.on_eval_start(info))
 
     def eval_end(self, info: StepInfo) -> None:
+        self._each(lambda callback: callback.on_eval_end(info))
+
+    def _each(self, hook: Callable[[Callback], None]) -> None:
+        """Call `hook` on every callback this process runs, in order."""
         for callback in self.here:
-            callback.on_eval_end(info)
+            hook(callback)
 
     def exception(self, info: StepInfo, error: BaseException) -> None:
         """Every callback gets to clean up (close files, stop displays), even
@@ -89,17 +101,83 @@ class Callbacks:
                 )
 
     def state_dicts(self) -> dict[str, Any]:
-        """Every stateful callback's `state_dict`, by ``"index:ClassName"``."""
-        states = {_key(i, c): c.state_dict() for i, c in enumerate(self.all)}
+        """Every stateful callback's `state_dict`, by its `state_key`."""
+        states = {c.state_key: c.state_dict() for c in self.all if has_state(c)}
         return {key: state for key, state in states.items() if state is not None}
 
     def load_state_dicts(self, states: dict[str, Any]) -> None:
-        """Give each callback its state from `state_dicts` (where it has one)."""
+        """Give each callback its state from `state_dicts` (where it has one).
+
+        A checkpoint written before states were keyed by `state_key` keys
+        them ``"<index>:<ClassName>"``: such a state goes to the one
+        stateful callback of its class where the class names one state and
+        one callback, else (as it was written) to the callback at that index
+        of `all`. A state no callback takes is reported, not an error (as
+        Lightning does): the run goes on without it, as it would had that
+        callback been removed; a callback given no state keeps its own.
+        """
+        unclaimed = dict(states)
+        for callback, key in self._owners(states):
+            callback.load_state_dict(unclaimed.pop(key))
+        if unclaimed:
+            logger.warning(
+                f"the checkpoint holds the state of callbacks this trainer "
+                f"lacks, keyed {', '.join(map(repr, unclaimed))}; they are "
+                "left out. Pass those callbacks (with the same state_name, if "
+                "any) to resume them too"
+            )
+
+    def _owners(self, states: dict[str, Any]) -> list[tuple[Callback, str]]:
+        """Each callback with a state in `states`, and that state's key."""
+        legacy = {key: key.partition(":")[2] for key in states if _LEGACY.match(key)}
+        saved = collections.Counter(legacy.values())
+        stateful = collections.Counter(
+            type(c).__name__ for c in self.all if has_state(c)
+        )
+        owners = []
         for i, callback in enumerate(self.all):
-            state = states.get(_key(i, callback))
-            if state is not None:
-                callback.load_state_dict(state)
+            kind = type(callback).__name__
+            if not has_state(callback):
+                continue
+            if states.get(callback.state_key) is not None:
+                owners.append((callback, callback.state_key))
+            elif saved[kind] == 1 and stateful[kind] == 1:
+                owners.append((callback, next(k for k in legacy if legacy[k] == kind)))
+            elif states.get(f"{i}:{kind}") is not None:
+                owners.append((callback, f"{i}:{kind}"))
+        return owners
 
 
-def _key(index: int, callback: Callback) -> str:
-    return f"{index}:{type(callback).__name__}"
+# A key of a checkpoint written before `state_key`: "<index>:<ClassName>".
+_LEGACY = re.compile(r"\d+:")
+
+
+def _check_state_keys(callbacks: Sequence[Callback]) -> None:
+    """Raise unless every stateful callback has a `state_key` of its own."""
+    for i, callback in enumerate(callbacks):
+        name = callback.state_name
+        if name is not None and not isinstance(name, str):
+            raise TypeError(
+                f"callbacks[{i}].state_name={name!r} must be a str or None, "
+                "e.g. state_name='val'"
+            )
+    by_key = collections.defaultdict(list)
+    for i, callback in enumerate(callbacks):
+        if has_state(callback):
+            by_key[callback.state_key].append(i)
+    for key, places in by_key.items():
+        if len(places) < 2:
+            continue
+        first, second = places[:2]
+        if callbacks[first] is callbacks[second]:
+            raise ValueError(
+                f"callbacks[{first}] and callbacks[{second}] are the same "
+                f"{type(callbacks[first]).__name__}; pass it once"
+            )
+        raise ValueError(
+            f"callbacks[{first}] and callbacks[{second}] are both stateful "
+            f"callbacks with state_key={key!r}, so a checkpoint could keep "
+            "the state of only one; give the second a name of its own, e.g. "
+            f"callbacks[{second}].state_name = 'second' (its key is then "
+            f"{key + ':second'!r})"
+        )

@@ -1,3 +1,11 @@
+"""`px.callbacks.EarlyStopping`: ends `fit` when a monitored metric stops
+improving, and can put the best state back.
+
+It decides from the global values every process sees alike, so it runs on
+every process; it declares the metric it reads (`monitors`), checked before
+the fit starts, and keeps its counters (never the weights) in checkpoints.
+"""
+
 import math
 from typing import Any, Literal
 
@@ -111,6 +119,16 @@ class EarlyStopping(Callback):
         self.stopped_epoch: int | None = None
         self._best_state: TrainState | None = None
         self._last_step: int | None = None  # of the last value judged
+
+    @override
+    def monitors(self) -> tuple[str, ...]:
+        """The metric it watches, `monitor`."""
+        return (self.monitor,)
+
+    @override
+    def added_metrics(self) -> tuple[str, ...]:
+        """Nothing: it only reads its monitor."""
+        return ()
 
     def improves(self, value: float) -> bool:
         """Whether `value` beats the best so far by more than `min_delta`."""

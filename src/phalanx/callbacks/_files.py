@@ -1,3 +1,9 @@
+"""Files the callbacks write: a path checked when the callback is made, a
+file replaced all or nothing, and a logger's row.
+
+Nothing here opens a file for longer than a call, or knows a file format.
+"""
+
 import os
 import pathlib
 import secrets

@@ -1,12 +1,18 @@
+"""`px.callbacks.JSONLogger`: a run's metrics as JSON Lines, one object a
+row.
+
+When rows are written, and how a resume drops those past its checkpoint, is
+`RowLogger`'s; this module is the format: standard JSON that any parser
+reads, a non-finite float spelled as a string.
+"""
+
 import json
 import math
 import numbers
-import os
 from typing import IO, Any, final
 
 from typing_extensions import override
 
-from .._typing import validates_own_arguments
 from .._validate import is_real
 from ._files import replace_atomically
 from ._row_logger import RowLogger
@@ -43,20 +49,7 @@ class JSONLogger(RowLogger[str]):
         ```
     """
 
-    @validates_own_arguments
-    def __init__(self, path: str | os.PathLike[str], *, log_every: int = 10):
-        """
-        Args:
-            path: the JSON Lines file; its folder is created if needed.
-            log_every: write a step line after every this many steps.
-
-        Raises:
-            ValueError: `log_every` is not a positive int.
-            TypeError: `path` is not a str or path.
-            NotADirectoryError, IsADirectoryError, PermissionError: `path`
-                cannot be written.
-        """
-        super().__init__(path, log_every, example="metrics.jsonl")
+    _example = "metrics.jsonl"
 
     @override
     def _read(self) -> list[str]:
@@ -85,7 +78,7 @@ class JSONLogger(RowLogger[str]):
         return {}
 
     @override
-    def _load_extra_state(self, state: dict[str, Any]) -> None:
+    def _load_extra_state(self, state: dict[str, Any] | None) -> None:
         del state
 
 

@@ -1,3 +1,11 @@
+"""`px.callbacks.LearningRateMonitor`: the optimizer's learning rate added
+to the metrics, so loggers and `trainer.history` see it.
+
+It evaluates the optax schedule on the host at the trainer's step; it
+declares the metric it adds (`added_metrics`), so a monitor of it after this
+callback is checked before the fit, and changes nothing else of the run.
+"""
+
 import math
 from collections.abc import Callable
 from typing import Any
@@ -66,6 +74,11 @@ class LearningRateMonitor(Callback):
             raise ValueError(f"name={name!r} must be a non-empty str, e.g. 'lr'")
         self.schedule = schedule
         self.name = name
+
+    @override
+    def added_metrics(self) -> tuple[str, ...]:
+        """The rate, as `name`."""
+        return (self.name,)
 
     def rate(self, step: int) -> float:
         """The learning rate after `step` updates, as a float.

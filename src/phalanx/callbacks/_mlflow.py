@@ -1,18 +1,28 @@
+"""`px.callbacks.MLflowLogger`: a run's metrics and parameters logged to an
+MLflow run, continued across a resume.
+
+What is logged when is `ScalarLogger`'s; this module creates, ends and
+reopens the MLflow run through an `MlflowClient` (MLflow's active run is left
+alone), spells names as MLflow accepts them, logs no step a continued run
+already has, and raises MLflow's failures as `TrackerError`. It needs mlflow
+(an optional extra).
+"""
+
 import contextlib
 import os
 import pathlib
 import re
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 from typing_extensions import override
 
 from .._log import logger
 from .._typing import validates_own_arguments
-from .._validate import is_real, positive_int
-from ._base import Callback, StepInfo
+from ._base import StepInfo
 from ._hparams import check_config, flatten_config, hyperparameters
+from ._scalar_logger import ScalarLogger
 from ._tracker_error import tracker_call
 
 
@@ -20,7 +30,8 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 
-class MLflowLogger(Callback):
+@final
+class MLflowLogger(ScalarLogger):
     """Logs metrics and hyperparameters to an MLflow run.
 
     Every `log_every` steps the step's own metrics go to ``train/<name>``; at
@@ -65,18 +76,16 @@ class MLflowLogger(Callback):
 
     Example:
         ```python
-        logger = px.callbacks.MLflowLogger(
+        tracker = px.callbacks.MLflowLogger(
             "mnist", tracking_uri="http://localhost:5000", config={"lr": 1e-3}
         )
-        checkpoint = px.callbacks.Checkpoint("runs/mnist/checkpoints")
+        saves = px.callbacks.Checkpoint("runs/mnist/checkpoints")
         trainer = px.DataParallelTrainer(
-            model, optax.adam(1e-3), callbacks=[logger, checkpoint]
+            model, optax.adam(1e-3), callbacks=[tracker, saves]
         )
-        trainer.fit(data, epochs=3, eval_data=test, resume="latest")
+        trainer.fit(data, epochs=3, eval_data=test, resume="latest")  # continued
         ```
     """
-
-    main_process_only = True  # logged once, by process 0
 
     @validates_own_arguments
     def __init__(
@@ -129,11 +138,11 @@ class MLflowLogger(Callback):
                 f"tracking_uri={tracking_uri!r} must be a str, a path or None, "
                 "e.g. tracking_uri='http://localhost:5000'"
             )
+        super().__init__(log_every)
         self.experiment = experiment
         self.tracking_uri = tracking_uri
         self.run_name = run_name
         self.config = check_config(config)
-        self.log_every = positive_int("log_every", log_every, example="log_every=10")
         self.run_id: str | None = None
         self._client: MlflowClient | None = None
         # Where the run is: the URI the first fit resolved, or a restored one.
@@ -175,30 +184,6 @@ class MLflowLogger(Callback):
                 f"{max(self._floors.values(), default=0)})"
             )
         self._log_params(client, params, run.data.params)
-
-    @override
-    def on_step_end(self, info: StepInfo) -> None:
-        if info.step % self.log_every == 0:
-            self._log("train/", info.metrics, info.step)
-
-    @override
-    def on_eval_end(self, info: StepInfo) -> None:
-        if info.eval_every is not None:  # else with the epoch's metrics
-            self._log_epoch(info)
-
-    @override
-    def on_epoch_end(self, info: StepInfo) -> None:
-        self._log_epoch(info)
-
-    @override
-    def on_fit_end(self, info: StepInfo) -> None:
-        del info
-        self._end("FINISHED")
-
-    @override
-    def on_exception(self, info: StepInfo, error: BaseException) -> None:
-        del info
-        self._end("KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED")
 
     def state_dict(self) -> dict[str, Any]:
         """The run's id and tracking URI."""
@@ -250,33 +235,35 @@ class MLflowLogger(Callback):
             with self._calls(f"log the parameters of run {self.run_id}"):
                 client.log_batch(self.run_id, params=new)
 
-    def _log_epoch(self, info: StepInfo) -> None:
-        """An epoch's or evaluation's metrics: ``epoch/``, ``eval/`` ones."""
-        metrics = info.metrics
-        train = {k: v for k, v in metrics.items() if not k.startswith("eval_")}
-        evaluation = {
-            k.removeprefix("eval_"): v
-            for k, v in metrics.items()
-            if k.startswith("eval_")
-        }
-        self._log("epoch/", train, info.step)
-        self._log("eval/", evaluation, info.step)
+    @override
+    def _tag(self, prefix: str, name: str) -> str:
+        """A ``/`` in the metric's own name becomes ``_``, as does each
+        character MLflow refuses."""
+        return prefix + _name(name.replace("/", "_"))
 
-    def _log(self, prefix: str, metrics: dict[str, Any], step: int) -> None:
+    @override
+    def _log(self, scalars: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
         assert self._client is not None and self.run_id is not None
         timestamp = int(time.time() * 1000)
-        batch = []
-        for name, value in metrics.items():
-            key = prefix + _name(name.replace("/", "_"))
-            if is_real(value) and step > self._floors.get(key, -1):
-                batch.append(Metric(key, float(value), timestamp, step))
+        batch = [
+            Metric(key, value, timestamp, step)
+            for key, value in scalars.items()
+            if step > self._floors.get(key, -1)
+        ]
         if batch:
             with self._calls(f"log metrics to run {self.run_id}"):
                 self._client.log_batch(self.run_id, metrics=batch)
 
-    def _end(self, status: str) -> None:
+    @override
+    def _close(self, error: BaseException | None = None) -> None:
+        """End the run as ``FINISHED`` where `fit` returned, ``KILLED``
+        after an interrupt (or preemption), else ``FAILED``."""
+        if error is None:
+            status = "FINISHED"
+        else:
+            status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
         if self._client is not None and self.run_id is not None:
             client, self._client = self._client, None
             with self._calls(f"end run {self.run_id} as {status}"):

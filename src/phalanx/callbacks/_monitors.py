@@ -8,22 +8,19 @@ epoch's training, or (under ``eval_every``) never be judged at all. The
 names a run produces are its step's (``loss`` and the `metrics` hook's),
 known once the first batch has been traced through the model; those of its
 evaluation sets (each prefixed as `fit` names it); the trainer's own epoch
-additions (``skipped_steps``, ``loss_scale``); and those phalanx's callbacks
-add before the monitor. A callback of the user's own placed before the
-monitor may add any name, so its monitor is taken on trust. Nothing here
-runs on the devices.
+additions (``skipped_steps``, ``loss_scale``); and those the callbacks
+before the monitor declare they add (`Callback.added_metrics`). A callback
+before the monitor that declares nothing there but adds in its epoch or
+evaluation hooks may add any name, so its monitor is taken on trust. Which
+metrics a callback monitors is what it declares (`Callback.monitors`), never
+an attribute probed for. Nothing here runs on the devices.
 """
 
 import difflib
 from collections.abc import Sequence
-from typing import Any
 
 from .._typing import EvalSets
-from ._base import Callback, overrides
-from ._checkpoint import Checkpoint
-from ._early_stopping import EarlyStopping
-from ._lr_monitor import LearningRateMonitor
-from ._throughput import Throughput
+from ._base import Callback
 
 
 def check_monitors(
@@ -47,20 +44,17 @@ def check_monitors(
         epoch_extras: what the trainer adds to every epoch's metrics.
     """
     prefixes = [prefix for prefix, _ in sets or ()]
-    for i, callback in enumerate(callbacks):
-        monitor = getattr(callback, "monitor", None)
-        if not isinstance(monitor, str):
-            continue
+    monitored = [(i, c, m) for i, c in enumerate(callbacks) for m in c.monitors()]
+    for i, callback, monitor in monitored:
         earlier = callbacks[:i]
         name = f"{type(callback).__name__}(monitor={monitor!r})"
         at_evaluations = monitor.startswith("eval_") and eval_every is not None
-        hooks = ("on_eval_end",) if at_evaluations else ("on_epoch_end", "on_eval_end")
-        if _may_add(earlier, hooks):
+        if _may_add(earlier, at_evaluations=at_evaluations):
             continue
         if monitor.startswith("eval_"):
             _check_sets(name, monitor, prefixes)
-        if step_metrics is None or not isinstance(callback, Checkpoint | EarlyStopping):
-            continue  # a monitor of the user's own: read where it chooses
+        if step_metrics is None:
+            continue  # the rest is checked once the first batch is traced
         produced = [prefix + metric for prefix in prefixes for metric in step_metrics]
         if not at_evaluations:
             produced = [*step_metrics, *epoch_extras, *produced, *_added(earlier)]
@@ -122,23 +116,21 @@ def _unknown(
     )
 
 
-def _may_add(earlier: Sequence[Callback], hooks: Sequence[str]) -> bool:
-    """Whether a callback of the user's own among `earlier` may add metrics
-    in one of `hooks` (phalanx's own add only what `_added` lists)."""
-    return any(
-        not type(callback).__module__.startswith("phalanx.")
-        and any(overrides(callback, hook) for hook in hooks)
-        for callback in earlier
-    )
-
-
-def _added(earlier: Sequence[Any]) -> list[str]:
-    """The names phalanx's callbacks among `earlier` add to the epochs'
-    metrics."""
-    names: list[str] = []
+def _may_add(earlier: Sequence[Callback], *, at_evaluations: bool) -> bool:
+    """Whether a callback among `earlier` that declares nothing of what it
+    adds (`Callback.added_metrics`) has a hook that may add a metric: at
+    evaluations, or with `at_evaluations` False also at epoch ends."""
     for callback in earlier:
-        if isinstance(callback, LearningRateMonitor):
-            names.append(callback.name)
-        elif isinstance(callback, Throughput):
-            names += ["examples_per_sec", "steps_per_sec"]
-    return names
+        kind = type(callback)
+        adds = kind.on_eval_end is not Callback.on_eval_end or (
+            not at_evaluations and kind.on_epoch_end is not Callback.on_epoch_end
+        )
+        if adds and callback.added_metrics() is None:
+            return True
+    return False
+
+
+def _added(earlier: Sequence[Callback]) -> list[str]:
+    """The names the callbacks among `earlier` declare they add to the
+    epochs' metrics."""
+    return [name for callback in earlier for name in callback.added_metrics() or ()]

@@ -1,3 +1,11 @@
+"""`px.callbacks.PlotHistory`: the trainer's `History` drawn to an image
+file, redrawn at every epoch end.
+
+It draws with matplotlib's Agg canvas (never pyplot, so a user's figures
+and backend are left alone), replaces the file atomically, and only reads
+the history: it adds no metric.
+"""
+
 import os
 from collections.abc import Sequence
 
@@ -74,6 +82,11 @@ class PlotHistory(Callback):
                 f"end it with one of {['.' + f for f in formats]}, e.g. 'history.png'"
             )
         self.metrics = _check_metrics(metrics)
+
+    @override
+    def added_metrics(self) -> tuple[str, ...]:
+        """Nothing: it only reads the history."""
+        return ()
 
     @override
     def on_epoch_end(self, info: StepInfo) -> None:

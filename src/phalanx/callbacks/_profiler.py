@@ -1,3 +1,11 @@
+"""`px.callbacks.Profiler`: a `jax.profiler` trace of a range of training
+steps, for TensorBoard's profile plugin and Perfetto.
+
+It waits for the device only at the range's two ends (so the trace holds
+exactly its steps), traces on every process (each its own devices), and
+changes nothing of the run.
+"""
+
 import os
 import pathlib
 import warnings

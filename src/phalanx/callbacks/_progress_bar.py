@@ -1,3 +1,12 @@
+"""`px.callbacks.ProgressBar`: a run's progress on the console, drawn with
+rich: a live bar on a terminal, plain lines elsewhere, and a table row per
+epoch.
+
+It reads the step's metrics only at its log points (each read waits for the
+device), and declares through `needs_steps` whether a fit must call it after
+each step at all; it adds no metric and decides nothing about the run.
+"""
+
 import datetime
 import math
 import time
@@ -16,7 +25,8 @@ from typing_extensions import override
 
 from .._typing import HostMetrics, validates_own_arguments
 from .._validate import boolean, positive_int
-from ._base import Callback, StepInfo
+from ._base import StepInfo
+from ._output import Output
 from ._throughput import RateMeter
 
 
@@ -30,7 +40,7 @@ _HIDDEN = ("examples_per_sec", "steps_per_sec", "ex/s", "time")
 _REFRESH_SECONDS = 0.25
 
 
-class ProgressBar(Callback):
+class ProgressBar(Output):
     """Shows training progress with `rich`, and a table row per epoch.
 
     On a terminal, a live bar shows the step out of the fit's total (a
@@ -77,8 +87,6 @@ class ProgressBar(Callback):
         #     1/3    0.6931    0.5012     41,230     0.6012    0.7100     1.2s
         ```
     """
-
-    main_process_only = True  # written once, by process 0
 
     @validates_own_arguments
     def __init__(
@@ -150,6 +158,7 @@ class ProgressBar(Callback):
             self._progress.update(self._task, description=self._epoch_name(info.epoch))
 
     @property
+    @override
     def needs_steps(self) -> bool:
         """Whether the current fit's display is drawn from its steps (a live
         bar, or step lines): with only epoch rows, the trainer's default bar
@@ -227,20 +236,12 @@ class ProgressBar(Callback):
         )
 
     @override
-    def on_fit_end(self, info: StepInfo) -> None:
-        del info
-        self._close()
-
-    @override
-    def on_exception(self, info: StepInfo, error: BaseException) -> None:
-        del info, error
-        self._close()
-
-    def _close(self) -> None:
+    def _close(self, error: BaseException | None = None) -> None:
         """Stop the live display, leaving its last frame on screen."""
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        del error
+        progress, self._progress = self._progress, None
+        if progress is not None:
+            progress.stop()
 
     def _print(self, text: Text) -> None:
         # While the bar is live, the console prints above it.

@@ -1,19 +1,29 @@
+"""`RowLogger`: what `CSVLogger` and `JSONLogger` share, once: when a row is
+written, that each is one flushed write, and how a resumed logger drops the
+rows written after its checkpoint.
+
+A subclass says only how its file format reads, rewrites and appends rows;
+it may not write anything but whole rows.
+"""
+
 import abc
 import os
-from typing import IO, Any, Generic, TypeVar
+from typing import IO, Any, ClassVar, Generic, TypeVar
 
 from typing_extensions import override
 
+from .._typing import validates_own_arguments
 from .._validate import positive_int
-from ._base import Callback, StepInfo
+from ._base import StepInfo
 from ._files import check_file_path, log_row
+from ._output import Output
 
 
 # A row as the file holds it (a CSV row's cells, a JSON line).
 _Row = TypeVar("_Row")
 
 
-class RowLogger(Callback, abc.ABC, Generic[_Row]):
+class RowLogger(Output, Generic[_Row]):
     """Writes a row per logged step and per epoch to a file, crash-safely.
 
     Rows come from `log_row`: a step row every `log_every` steps, an epoch
@@ -30,17 +40,30 @@ class RowLogger(Callback, abc.ABC, Generic[_Row]):
     (`_extra_state`, `_load_extra_state`).
     """
 
-    main_process_only = True  # written once, by process 0
+    # A file name for the examples in error messages, e.g. "metrics.csv".
+    _example: ClassVar[str]
 
-    def __init__(self, path: object, log_every: object, *, example: str):
-        """Check `path` (`example` names a file for the error message) and
-        `log_every`; nothing is written until the first fit."""
-        self.path = check_file_path(path, "path", example=example)
+    @validates_own_arguments
+    def __init__(self, path: str | os.PathLike[str], *, log_every: int = 10):
+        """
+        Args:
+            path: the file; its folder is created if needed. Nothing is
+                written until the first fit.
+            log_every: write a step row after every this many steps.
+
+        Raises:
+            ValueError: `log_every` is not a positive int.
+            TypeError: `path` is not a str or path.
+            NotADirectoryError, IsADirectoryError, PermissionError: `path`
+                cannot be written.
+        """
+        self.path = check_file_path(path, "path", example=self._example)
         self.log_every = positive_int("log_every", log_every, example="log_every=10")
         # Complete rows in the file; None until the first fit starts a file.
         self._rows: int | None = None
         self._last_step: int | None = None
         self._file: IO[str] | None = None
+        self._load_extra_state(None)
 
     @override
     def on_fit_start(self, info: StepInfo) -> None:
@@ -60,16 +83,6 @@ class RowLogger(Callback, abc.ABC, Generic[_Row]):
     @override
     def on_epoch_end(self, info: StepInfo) -> None:
         self._write(log_row("epoch", info))
-
-    @override
-    def on_fit_end(self, info: StepInfo) -> None:
-        del info
-        self._close()
-
-    @override
-    def on_exception(self, info: StepInfo, error: BaseException) -> None:
-        del info, error
-        self._close()
 
     def state_dict(self) -> dict[str, Any]:
         """Rows written, the step of the last one, and what the format keeps."""
@@ -97,7 +110,9 @@ class RowLogger(Callback, abc.ABC, Generic[_Row]):
         self._rows = len(rows)
         self._file = self._reopen(rows)
 
-    def _close(self) -> None:
+    @override
+    def _close(self, error: BaseException | None = None) -> None:
+        del error
         if self._file is not None:
             self._file.flush()
             os.fsync(self._file.fileno())
@@ -132,5 +147,6 @@ class RowLogger(Callback, abc.ABC, Generic[_Row]):
         """What `state_dict` holds besides the row count and last step."""
 
     @abc.abstractmethod
-    def _load_extra_state(self, state: dict[str, Any]) -> None:
-        """Restore what `_extra_state` returned, from the whole `state`."""
+    def _load_extra_state(self, state: dict[str, Any] | None) -> None:
+        """Restore what `_extra_state` returned, from the whole `state`;
+        None: set up a new logger's."""

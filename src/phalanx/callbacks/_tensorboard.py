@@ -1,21 +1,30 @@
+"""`px.callbacks.TensorBoardLogger`: a run's metrics as TensorBoard scalars,
+written with tensorboardX into event files.
+
+What is logged when is `ScalarLogger`'s; this module opens, flushes and
+closes the event files, and after a resume tells TensorBoard to hide what
+the interrupted process wrote past its checkpoint. It needs tensorboardX
+(an optional extra) and reads nothing of the trainer.
+"""
+
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 from typing_extensions import override
 
 from .._typing import validates_own_arguments
-from .._validate import is_real, positive_int
-from ._base import Callback, StepInfo
+from ._base import StepInfo
 from ._files import check_file_path
-from ._names import tracker_names
+from ._scalar_logger import ScalarLogger
 
 
 if TYPE_CHECKING:
     from tensorboardX import SummaryWriter
 
 
-class TensorBoardLogger(Callback):
+@final
+class TensorBoardLogger(ScalarLogger):
     """Writes metrics as TensorBoard scalars (with tensorboardX).
 
     Every `log_every` steps the step's own metrics go to ``train/<name>``; at
@@ -41,8 +50,6 @@ class TensorBoardLogger(Callback):
         ```
     """
 
-    main_process_only = True  # written once, by process 0
-
     @validates_own_arguments
     def __init__(self, logdir: str | os.PathLike[str], *, log_every: int = 10):
         """
@@ -64,8 +71,8 @@ class TensorBoardLogger(Callback):
                 "TensorBoardLogger needs tensorboardX; install it with "
                 "pip install 'phalanx[tensorboard]'"
             ) from error
+        super().__init__(log_every)
         self.logdir = check_file_path(logdir, "logdir", directory=True)
-        self.log_every = positive_int("log_every", log_every, example="log_every=10")
         self._writer: SummaryWriter | None = None
         self._last_step: int | None = None
         self._restored = False
@@ -75,30 +82,10 @@ class TensorBoardLogger(Callback):
         self._open(info.step)
 
     @override
-    def on_step_end(self, info: StepInfo) -> None:
-        if info.step % self.log_every == 0:
-            self._add({f"train/{k}": v for k, v in info.metrics.items()}, info)
-
-    @override
-    def on_eval_end(self, info: StepInfo) -> None:
-        if info.eval_every is not None:  # else with the epoch's metrics
-            self._add(tracker_names(info.metrics), info)
-
-    @override
     def on_epoch_end(self, info: StepInfo) -> None:
-        self._add(tracker_names(info.metrics), info)
+        super().on_epoch_end(info)
         assert self._writer is not None
         self._writer.flush()
-
-    @override
-    def on_fit_end(self, info: StepInfo) -> None:
-        del info
-        self._close()
-
-    @override
-    def on_exception(self, info: StepInfo, error: BaseException) -> None:
-        del info, error
-        self._close()
 
     def state_dict(self) -> dict[str, Any]:
         """The step of the last scalars written."""
@@ -129,15 +116,17 @@ class TensorBoardLogger(Callback):
         )
         self._restored = False
 
-    def _add(self, scalars: dict[str, Any], info: StepInfo) -> None:
-        self._open(info.step)
+    @override
+    def _log(self, scalars: dict[str, float], step: int) -> None:
+        self._open(step)
         assert self._writer is not None
         for tag, value in scalars.items():
-            if is_real(value):
-                self._writer.add_scalar(tag, float(value), info.step)
-        self._last_step = info.step
+            self._writer.add_scalar(tag, value, step)
+        self._last_step = step
 
-    def _close(self) -> None:
+    @override
+    def _close(self, error: BaseException | None = None) -> None:
+        del error
         if self._writer is not None:
             self._writer.close()
             self._writer = None

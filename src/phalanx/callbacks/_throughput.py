@@ -1,3 +1,11 @@
+"""`px.callbacks.Throughput`: examples and steps per second added to the
+metrics, and the `RateMeter` that counts them (shared with `ProgressBar`).
+
+Rates are measured on the host between points where the device has caught
+up (a read of the step's metrics), never by timing a dispatch; it declares
+the metrics it adds (`added_metrics`) and changes nothing else of the run.
+"""
+
 import time
 
 import jax
@@ -91,6 +99,11 @@ class Throughput(Callback):
         self.log_every = positive_int("log_every", log_every, example="log_every=10")
         self._window = RateMeter()
         self._epoch = RateMeter()
+
+    @override
+    def added_metrics(self) -> tuple[str, ...]:
+        """The two rates."""
+        return ("examples_per_sec", "steps_per_sec")
 
     @override
     def on_epoch_start(self, info: StepInfo) -> None:

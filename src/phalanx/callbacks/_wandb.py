@@ -1,18 +1,27 @@
+"""`px.callbacks.WandbLogger`: a run's metrics and settings logged to a
+Weights & Biases run, continued across a resume.
+
+What is logged when is `ScalarLogger`'s; this module starts, finishes and
+resumes the W&B run, skips the steps a continued run has already (read back
+from W&B's local files with `_wandb_log`, without a server) and raises W&B's
+failures as `TrackerError`. It needs wandb (an optional extra).
+"""
+
 import contextlib
 import inspect
 import pathlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, final
 
 from typing_extensions import override
 
 from .._log import logger
 from .._preemption import Preempted
 from .._typing import validates_own_arguments
-from .._validate import is_real, one_of, positive_int
-from ._base import Callback, StepInfo
+from .._validate import one_of
+from ._base import StepInfo
 from ._hparams import check_config, hyperparameters
-from ._names import tracker_names
+from ._scalar_logger import ScalarLogger
 from ._tracker_error import tracker_call
 from ._wandb_log import last_step_on_disk, wait_until_written
 
@@ -27,7 +36,8 @@ _MODES: tuple[_Mode, ...] = ("online", "offline", "disabled", "shared")
 _OWN = ("resume", "resume_from", "fork_from")
 
 
-class WandbLogger(Callback):
+@final
+class WandbLogger(ScalarLogger):
     """Logs metrics and hyperparameters to a Weights & Biases run.
 
     Every `log_every` steps the step's own metrics go to ``train/<name>``; at
@@ -79,8 +89,6 @@ class WandbLogger(Callback):
         ```
     """
 
-    main_process_only = True  # logged once, by process 0
-
     @validates_own_arguments
     def __init__(
         self,
@@ -123,10 +131,10 @@ class WandbLogger(Callback):
             raise TypeError(
                 f"project={project!r} must be a str or None, e.g. project='mnist'"
             )
+        super().__init__(log_every)
         self.project = project
         self.mode: _Mode | None = None if mode is None else one_of("mode", mode, _MODES)
         self.config = check_config(config)
-        self.log_every = positive_int("log_every", log_every, example="log_every=10")
         accepted = inspect.signature(wandb.init).parameters
         for name, value in init_kwargs.items():
             if name in _OWN:
@@ -154,7 +162,7 @@ class WandbLogger(Callback):
     def on_fit_start(self, info: StepInfo) -> None:
         import wandb
 
-        self._finish(0)  # a run the last fit left open (its end was skipped)
+        self._close()  # a run the last fit left open (its end was skipped)
         resuming = self._run_id is not None
         config = {**hyperparameters(info.trainer), **self.config}
         with self._calls("start its run"):
@@ -183,35 +191,6 @@ class WandbLogger(Callback):
                 f"{self._floor} are in it already and are not logged again"
             )
 
-    @override
-    def on_step_end(self, info: StepInfo) -> None:
-        if info.step % self.log_every == 0 and info.step > self._floor:
-            self._log({f"train/{k}": v for k, v in info.metrics.items()}, info.step)
-
-    @override
-    def on_eval_end(self, info: StepInfo) -> None:
-        # Evaluations at epoch ends are logged with their epoch's metrics.
-        if info.eval_every is not None and info.step > self._floor:
-            self._log(tracker_names(info.metrics), info.step)
-
-    @override
-    def on_epoch_end(self, info: StepInfo) -> None:
-        if info.step > self._floor:
-            self._log(tracker_names(info.metrics), info.step)
-
-    @override
-    def on_fit_end(self, info: StepInfo) -> None:
-        del info
-        self._finish(0)
-
-    @override
-    def on_exception(self, info: StepInfo, error: BaseException) -> None:
-        del info
-        if isinstance(error, Preempted) and self.run is not None:
-            with self._calls(f"mark run {self.run.id} as preempted"):
-                self.run.mark_preempting()
-        self._finish(getattr(error, "exit_code", 1))
-
     def state_dict(self) -> dict[str, Any]:
         """The run's id and project, and the step last logged."""
         return {
@@ -222,27 +201,41 @@ class WandbLogger(Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from `state_dict`; the next fit continues that run."""
-        self._finish(0)
+        self._close()
         self._run_id = state["run_id"]
         self._project = state["project"]
         self._last_step = state["last_step"]
 
     # ----------------------------------------------------------- internals
 
-    def _log(self, scalars: dict[str, Any], step: int) -> None:
+    @override
+    def _has(self, step: int) -> bool:
+        return step <= self._floor
+
+    @override
+    def _log(self, scalars: dict[str, float], step: int) -> None:
         assert self.run is not None
-        values = {tag: float(v) for tag, v in scalars.items() if is_real(v)}
         with self._calls(f"log to run {self.run.id}"):
-            self.run.log(values, step=step)
+            self.run.log(scalars, step=step)
         self._last_step = step
 
-    def _finish(self, exit_code: int) -> None:
-        if self.run is not None:
-            run, self.run = self.run, None
-            with self._calls(f"finish run {run.id}"):
-                run.finish(exit_code=exit_code)
-            if run.offline:  # the next fit reads the file
-                wait_until_written(pathlib.Path(run.settings.sync_file))
+    @override
+    def _close(self, error: BaseException | None = None) -> None:
+        """Finish the run (if one is open): exit code 0 where `fit` returned,
+        else non-zero (W&B marks the run failed; a preempted one is marked
+        preempting first)."""
+        if self.run is None:
+            return
+        exit_code = 0 if error is None else 1
+        if isinstance(error, Preempted):
+            exit_code = error.exit_code
+            with self._calls(f"mark run {self.run.id} as preempted"):
+                self.run.mark_preempting()
+        run, self.run = self.run, None
+        with self._calls(f"finish run {run.id}"):
+            run.finish(exit_code=exit_code)
+        if run.offline:  # the next fit reads the file
+            wait_until_written(pathlib.Path(run.settings.sync_file))
 
     def _calls(self, what: str) -> contextlib.AbstractContextManager[None]:
         """W&B's errors inside, as a `TrackerError` saying what failed."""

@@ -1,14 +1,21 @@
-"""Finding and reading the checkpoint a fit resumes from.
+"""The one way a run resumes: finding and reading the snapshot it goes on from.
 
-``resume="latest"`` (or a checkpoint folder) takes the newest checkpoint that
-reads back whole: a damaged newest one (a truncated file, unreadable JSON) is
-skipped with a warning naming it and why, and the next older one is tried.
-With nothing to resume from yet, ``"latest"`` starts fresh (a first run of a
-script that resumes whenever it can); a path that names no checkpoint is an
-error, as is a folder whose every checkpoint is damaged.
+`find_snapshot` serves ``fit(resume=)``, `px.callbacks.Checkpoint.restore`
+and (through `fit`) ``phalanx train --resume``: the first snapshot store
+among the callbacks loads it, or, with none, the checkpoint folder `resume`
+names is read. ``resume="latest"`` (or a checkpoint folder) takes the newest
+checkpoint that reads back whole: a damaged newest one (a truncated file,
+unreadable JSON) is skipped with a warning naming it and why, and the next
+older one is tried. With nothing to resume from yet, ``"latest"`` starts
+fresh (a first run of a script that resumes whenever it can); a path that
+names no checkpoint is an error, as is a folder whose every checkpoint is
+damaged. This module reads; it never sets anything on the trainer (the
+caller restores the snapshot it returns).
 """
 
 import dataclasses
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +23,49 @@ import orbax.checkpoint as ocp
 
 from .._log import logger
 from .._state._snapshot import Snapshot
+from ..data import Resumable
 from ._errors import quiet_orbax_errors, release_failed_io, summary
 from ._items import check_compatible, from_checkpoint, read_arrays, read_host
+from ._store import SnapshotStore
+
+
+def find_snapshot(
+    resume: str | os.PathLike[str], like: Snapshot, stores: Sequence[SnapshotStore]
+) -> Snapshot | None:
+    """The snapshot `resume` names, laid out as `like`: loaded by the first of
+    `stores`, or, with none, read from the checkpoint folder `resume` names.
+
+    Args:
+        resume: ``"latest"`` (the first store's newest readable snapshot) or
+            the path of a checkpoint folder or of one step in it.
+        like: the restoring trainer's own snapshot (`trainer.snapshot()`).
+        stores: the snapshot stores among the trainer's callbacks.
+
+    Returns:
+        The snapshot, for the caller to restore (`trainer.restore`, then
+        `resume_data`); None where ``"latest"`` finds none yet.
+
+    Raises:
+        ValueError: ``"latest"`` without a store to say where checkpoints
+            are; as `read_checkpoint`.
+        FileNotFoundError: as `read_checkpoint`.
+    """
+    if stores:
+        return stores[0].load_snapshot(resume, like)
+    if resume == "latest":
+        raise ValueError(
+            "resume='latest' needs a px.callbacks.Checkpoint in callbacks to "
+            "know where checkpoints are; add one, or pass resume=PATH"
+        )
+    restored = read_checkpoint(like, resume, Path(resume).absolute())
+    return None if restored is None else restored.snapshot
+
+
+def resume_data(snapshot: Snapshot, data: Any) -> None:
+    """Put `data` back where the snapshot's run had read it to, where it is a
+    `Resumable` loader and the snapshot knows its position."""
+    if snapshot.data is not None and isinstance(data, Resumable):
+        data.load_state_dict(snapshot.data)
 
 
 @dataclasses.dataclass(frozen=True)

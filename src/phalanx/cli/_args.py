@@ -23,10 +23,10 @@ CONFIG_FILE = "config.toml"
 # written to, nor read from, a config file.
 PER_COMMAND = ("config", "resume", "overwrite", "run_dir", "distributed")
 # Options a resumed run may change: each leaves every update of the run as it
-# was (invariant 5: a resumed run continues exactly as if never stopped, onto
-# any strategy and device count). Every other option (the model, the data,
-# the optimizer and its schedule, the seed, the numerics) must be the
-# checkpointed run's; _cli_config checks them.
+# was (invariant 5 of docs/architecture.md: a resumed run continues exactly as
+# if never stopped, onto any strategy and device count). Every other option
+# (the model, the data, the optimizer and its schedule, the seed, the
+# numerics) must be the checkpointed run's; cli/_config.py checks them.
 RESUMABLE = (
     # How long it trains: the learning-rate schedule keeps the run's
     # schedule_steps (written at the start), and epoch e's data order comes

@@ -159,7 +159,8 @@ def rank_environment(
         # Only the CPU platform: on a host with accelerators JAX uses those.
         flags = env.get("XLA_FLAGS", "")
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={m}"
-        # NOTES-jax-cpu trap 1: XLA:CPU collectives need 2 threads per device.
+        # XLA:CPU's cross-device all-reduce needs a thread pool of 2 threads per
+        # device, or it can starve and abort ("JAX on CPU", docs/architecture.md).
         env.setdefault("NPROC", str(2 * m))
     return env
 

@@ -1,4 +1,9 @@
-"""The ``phalanx`` command line's parser: options, their types and help."""
+"""The ``phalanx`` command line's parser: options, their types and help.
+
+It turns text into values and nothing more. It imports no JAX (``phalanx
+--help`` and a bad option answer at once), and how options combine with a
+config file, or which ones a resumed run may change, is `cli/_config.py`'s.
+"""
 
 import argparse
 from typing import Any, NoReturn

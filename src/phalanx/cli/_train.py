@@ -193,7 +193,7 @@ def train_and_report(
                 else [cb.Profiler(run / "profile", steps=args.profile)]
             ),
             checkpoint,
-            folder.marker,  # last: the other callbacks' state keys stay
+            folder.marker,
         ],
     )
     resume = None

@@ -1,4 +1,8 @@
-"""Aligned host arrays for a loader's batches, reused once nothing holds them."""
+"""Aligned host arrays for a loader's batches, reused once nothing holds them.
+
+NumPy only: the pool hands out memory that JAX on CPU can use without a copy,
+and never reuses a buffer an array still views.
+"""
 
 import math
 import sys

@@ -1,4 +1,5 @@
-"""The UCI handwritten digits, shipped inside the package."""
+"""The UCI handwritten digits, shipped inside the package: read with NumPy,
+nothing downloaded."""
 
 import importlib.resources
 

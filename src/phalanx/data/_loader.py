@@ -1,4 +1,8 @@
-"""Batches of in-memory NumPy arrays: shuffled, padded, sliced per process."""
+"""Batches of in-memory NumPy arrays: shuffled, padded, sliced per process.
+
+NumPy only: the batches stay on the host (JAX is asked only for the process
+index and count), and putting them on devices is the trainer's job.
+"""
 
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, final

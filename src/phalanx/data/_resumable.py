@@ -1,3 +1,8 @@
+"""`Resumable`: the protocol of data that can say where it stands and go back
+there, so that a resumed fit continues with the next batch. A protocol only:
+loaders satisfy it by having the two methods (no base class to inherit);
+nothing here reads data or imports JAX."""
+
 from typing import Any, Protocol, runtime_checkable
 
 

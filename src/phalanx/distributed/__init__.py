@@ -1,1 +1,3 @@
+"""Joining this process to a multi-process run: `initialize`."""
+
 from ._initialize import initialize as initialize

@@ -1,3 +1,8 @@
+"""`fake_cpu_devices`: several CPU devices for JAX on a host without
+accelerators, so data parallelism can run (and be tested) there. It only
+configures JAX's CPU platform and ``NPROC`` before JAX starts its CPU backend;
+it creates no array, and once the backend has started it can only say so."""
+
 import os
 
 import jax
@@ -13,7 +18,7 @@ def fake_cpu_devices(n: int = 8) -> None:
     Call it before JAX runs anything. It only changes the CPU platform, so on
     a host with accelerators JAX still uses those. It also sets ``NPROC`` to
     ``2 n`` unless the user set it: XLA:CPU's cross-device all-reduce can
-    otherwise starve its thread pool and abort (NOTES-jax-cpu trap 1).
+    otherwise starve its thread pool and abort.
 
     Raises:
         ValueError: n is not a positive int.

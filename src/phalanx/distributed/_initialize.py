@@ -1,3 +1,11 @@
+"""`initialize`: this process joins a multi-process run (a thin layer over
+`jax.distributed.initialize`), described by the arguments, the environment
+``phalanx launch`` sets, or the cluster. It must run before JAX computes
+anything; a single-process run makes it a no-op. It checks every argument
+first and, on processes other than 0, waits for the coordinator to answer,
+so a mistake is an exception saying why rather than jaxlib aborting the
+process."""
+
 import os
 import socket
 import sys

@@ -1,3 +1,7 @@
+"""The check the built-in models make of one example's features, with the fix
+in its message. It runs at trace time on static shapes, so it costs nothing
+per step and never computes on the devices."""
+
 from jaxtyping import Array
 
 

@@ -1,3 +1,7 @@
+"""`px.models.Linear`: an affine map of one example, as an Equinox module. It
+takes one example, never a batch (the trainer maps it over the batch), and
+keeps no state beyond its parameters."""
+
 from typing import final
 
 import equinox as eqx

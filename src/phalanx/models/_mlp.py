@@ -1,3 +1,7 @@
+"""`px.models.MLP`: a multi-layer perceptron of one example, as an Equinox
+module. It takes one example, never a batch (the trainer maps it over the
+batch), and keeps no state beyond its parameters (no dropout, no BatchNorm)."""
+
 from collections.abc import Callable, Sequence
 from typing import final
 

@@ -1,4 +1,8 @@
+"""How a training step runs across devices: the strategy contract, the mesh
+strategy base, and the built-in strategies (re-exports only)."""
+
 from ._accumulating import AccumulatingStrategy as AccumulatingStrategy
+from ._device_mesh import DeviceMeshStrategy as DeviceMeshStrategy
 from ._fully_sharded import FullyShardedStrategy as FullyShardedStrategy
 from ._pmap import PmapStrategy as PmapStrategy
 from ._sharding import ShardingStrategy as ShardingStrategy

@@ -1,3 +1,8 @@
+"""`AccumulatingStrategy`: gradient accumulation as a wrapper around any
+per-device strategy, and `strategy_name`, which names a strategy with what
+it wraps. The wrapper delegates the mesh, the layout and the one reduction
+to the strategy it holds; it only scans each device's microbatches."""
+
 from typing import Any, final
 
 import jax
@@ -8,7 +13,7 @@ from typing_extensions import override
 
 from .._typing import validates_own_arguments
 from .._validate import is_int
-from ._strategy import LocalFn, MapFn, PerDeviceStrategy, Strategy
+from ._strategy import AxisName, LocalFn, MapFn, PerDeviceStrategy, Strategy
 
 
 @final
@@ -18,12 +23,13 @@ class AccumulatingStrategy(Strategy):
     Each device splits its slice of the batch into `microbatches` equal parts
     and adds up their sums (weighted loss, gradients, metrics) in a local
     `jax.lax.scan`; the inner strategy then reduces across devices once per
-    update (NOTES trap 3: an accumulation written in the global view would
-    all-reduce once per microbatch). Because sums are divided once by the
-    global weight, the update equals one step on the whole batch, padding and
-    ragged batches included. Model state (BatchNorm averages) is threaded
-    through the microbatches in order. Everything else (the mesh, the
-    state's layout, collectives' axis name) is the inner strategy's.
+    update (an accumulation written in the global view, under `jax.jit`'s
+    automatic sharding, would all-reduce once per microbatch). Because sums
+    are divided once by the global weight, the update equals one step on the
+    whole batch, padding and ragged batches included. Model state (BatchNorm
+    averages) is threaded through the microbatches in order. Everything else
+    (the mesh, the state's layout, collectives' axis name) is the inner
+    strategy's.
 
     Example:
         ```python
@@ -69,7 +75,7 @@ class AccumulatingStrategy(Strategy):
         return self.inner.mesh
 
     @property
-    def axis_name(self) -> str:  # pyright: ignore[reportIncompatibleVariableOverride]
+    def axis_name(self) -> AxisName:  # pyright: ignore[reportIncompatibleVariableOverride]
         return self.inner.axis_name
 
     @property
@@ -124,3 +130,13 @@ class AccumulatingStrategy(Strategy):
             return total, carry
 
         return accumulated
+
+
+def strategy_name(strategy: Strategy) -> str:
+    """The strategy's class, with what a wrapper wraps:
+    ``AccumulatingStrategy(PmapStrategy, microbatches=4)``."""
+    name = type(strategy).__name__
+    if isinstance(strategy, AccumulatingStrategy):
+        inner = strategy_name(strategy.inner)
+        return f"{name}({inner}, microbatches={strategy.microbatches})"
+    return name

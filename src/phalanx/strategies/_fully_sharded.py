@@ -1,17 +1,22 @@
+"""`FullyShardedStrategy` (ZeRO / FSDP): data parallelism with the
+parameters and optimizer state split over the devices. Its mesh, batch
+split, state shardings and per-device program (gathers before the work, a
+reduce-scatter after) come from `DeviceMeshStrategy`; this module holds the
+rule that says which leaves are split, along which axis."""
+
 import math
-from typing import Any, Literal, final
+from typing import Any, ClassVar, Literal, final
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec as P
 from jaxtyping import PyTree
 from typing_extensions import override
 
 from .._typing import Devices, validates_own_arguments
 from .._validate import is_int, one_of
-from ._mesh import _shard_map, make_mesh, shard_map_apply, shard_map_reduce
-from ._placement import named
-from ._strategy import LocalFn, MapFn, PerDeviceStrategy
+from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh
+from ._strategy import AxisName, LocalFn, MapFn
 
 
 Shard = Literal["all", "optimizer"]
@@ -19,7 +24,7 @@ SHARD: tuple[Shard, ...] = ("all", "optimizer")
 
 
 @final
-class FullyShardedStrategy(PerDeviceStrategy):
+class FullyShardedStrategy(DeviceMeshStrategy):
     """Data parallelism with the training state split over the devices
     (ZeRO / FSDP): each device keeps about 1/N of the parameters, gradients
     and optimizer state, and the update is still the one of one device on
@@ -58,7 +63,10 @@ class FullyShardedStrategy(PerDeviceStrategy):
     """
 
     mesh: Mesh
-    axis_name: str
+    axis_name: AxisName  # one name here: the 1-D mesh's axis
+    # Split gradients leave through a reduce-scatter, not a fixed-order sum.
+    # (A ClassVar may stand for an `eqx.AbstractVar`; pyright cannot tell.)
+    deterministic: ClassVar[bool] = False  # pyright: ignore[reportIncompatibleVariableOverride]
     # "all": parameters and optimizer state split; "optimizer": only the latter.
     shard: Shard
     # Leaves with fewer elements stay replicated (splitting them saves less
@@ -94,21 +102,6 @@ class FullyShardedStrategy(PerDeviceStrategy):
         self.shard = one_of("shard", shard, SHARD)
         self.min_size = min_size
 
-    @property
-    @override
-    def num_devices(self) -> int:
-        return self.mesh.size
-
-    @property
-    @override
-    def batch_sharding(self) -> NamedSharding:
-        return named(self.mesh, P(self.axis_name))
-
-    @property
-    @override
-    def batch_multiple(self) -> int:
-        return self.mesh.size
-
     def spec(self, shape: tuple[int, ...], dtype: Any) -> P:
         """Where a leaf of this shape and dtype is split (`P()`: whole)."""
         n = self.mesh.size
@@ -122,19 +115,11 @@ class FullyShardedStrategy(PerDeviceStrategy):
         dim = max(fits, key=lambda i: (shape[i], -i))
         return P(*[None] * dim, self.axis_name)
 
-    def _specs(self, tree: PyTree) -> PyTree[P]:
-        return jax.tree.map(lambda x: self.spec(x.shape, x.dtype), tree)
-
     @override
-    def state_shardings(self, state: PyTree[Any]) -> PyTree[NamedSharding]:
-        fields = ("model", "opt_state") if self.shard == "all" else ("opt_state",)
-
-        def place(path: tuple[Any, ...], x: Any) -> NamedSharding:
-            field = getattr(path[0], "name", None) if path else None
-            spec = self.spec(x.shape, x.dtype) if field in fields else P()
-            return named(self.mesh, spec)
-
-        return jax.tree_util.tree_map_with_path(place, state)
+    def state_spec(self, role: StateRole, leaf: jax.ShapeDtypeStruct) -> P:
+        if role == "parameters" and self.shard == "optimizer":
+            return P()  # ZeRO-2: a whole copy of the parameters per device
+        return self.spec(leaf.shape, leaf.dtype)
 
     @override
     def reduce(
@@ -145,33 +130,5 @@ class FullyShardedStrategy(PerDeviceStrategy):
         return self.reduce_per_device(fn, replicated, carry, examples)
 
     @override
-    def reduce_per_device(
-        self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
-    ) -> tuple[PyTree, PyTree]:
-        gathered = self._specs(replicated) if self.shard == "all" else None
-        # The sums' shapes (a trace, nothing runs) decide which are scattered.
-        whole = _shard_map(
-            fn,
-            self.mesh,
-            self.axis_name,
-            (P(), P(), P(self.axis_name)),
-            (P(), P()),
-        )
-        sums = jax.eval_shape(whole, replicated, carry, examples)[0]
-        return shard_map_reduce(
-            self.mesh,
-            self.axis_name,
-            fn,
-            replicated,
-            carry,
-            examples,
-            gathered=gathered,
-            scattered=self._specs(sums),
-        )
-
-    @override
     def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
-        gathered = self._specs(replicated) if self.shard == "all" else None
-        return shard_map_apply(
-            self.mesh, self.axis_name, fn, replicated, examples, gathered=gathered
-        )
+        return self.map_per_device(fn, replicated, examples)

@@ -57,10 +57,18 @@ def available_devices() -> list[Any]:
     return jax.local_devices() if single_process() else jax.devices()
 
 
-def local_share(mesh: Mesh) -> int:
-    """How many of `mesh`'s devices are this process's."""
+def local_rows(sharding: Sharding, rows: int) -> int:
+    """How many of a batch's `rows` this process's devices hold when it is
+    laid out as `sharding` says: each distinct slice once, so devices that
+    hold the same rows (a mesh axis the batch is not split over) count once.
+    """
     me = jax.process_index()
-    return sum(d.process_index == me for d in mesh.devices.flat)
+    held = {
+        index[0].indices(rows)
+        for device, index in sharding.devices_indices_map((rows,)).items()
+        if device.process_index == me
+    }
+    return sum(len(range(*bounds)) for bounds in held)
 
 
 def put_state(leaves: Sequence[Any], shardings: Sequence[Sharding]) -> list[jax.Array]:

@@ -1,23 +1,24 @@
-from typing import Any, final
+"""`PmapStrategy`: data parallelism as a per-device program with explicit
+collectives, the state replicated on every device. Its mesh, batch split
+and per-device program come from `DeviceMeshStrategy`; this module says
+that every step runs per device, and checks the axis name users' code
+passes to collectives."""
 
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from typing import final
+
+import jax
+from jax.sharding import Mesh, PartitionSpec as P
 from jaxtyping import PyTree
 from typing_extensions import override
 
 from .._typing import Devices, validates_own_arguments
 from .._validate import boolean
-from ._mesh import (
-    make_mesh,
-    replicated_everywhere,
-    shard_map_apply,
-    shard_map_reduce,
-)
-from ._placement import named
-from ._strategy import LocalFn, MapFn, PerDeviceStrategy
+from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh
+from ._strategy import AxisName, LocalFn, MapFn
 
 
 @final
-class PmapStrategy(PerDeviceStrategy):
+class PmapStrategy(DeviceMeshStrategy):
     """Data parallelism as a per-device program with explicit collectives.
 
     Each device runs the step on its slice of the batch inside `jax.shard_map`
@@ -36,7 +37,7 @@ class PmapStrategy(PerDeviceStrategy):
     """
 
     mesh: Mesh
-    axis_name: str
+    axis_name: AxisName  # one name here: the 1-D mesh's axis
     # Whether the one cross-device reduction adds in a fixed device order.
     deterministic: bool
 
@@ -69,24 +70,10 @@ class PmapStrategy(PerDeviceStrategy):
         self.mesh = make_mesh(devices, axis_name)
         self.deterministic = boolean("deterministic", deterministic)
 
-    @property
     @override
-    def num_devices(self) -> int:
-        return self.mesh.size
-
-    @property
-    @override
-    def batch_sharding(self) -> NamedSharding:
-        return named(self.mesh, P(self.axis_name))
-
-    @property
-    @override
-    def batch_multiple(self) -> int:
-        return self.mesh.size
-
-    @override
-    def state_shardings(self, state: PyTree[Any]) -> PyTree[NamedSharding]:
-        return replicated_everywhere(self.mesh, state)
+    def state_spec(self, role: StateRole, leaf: jax.ShapeDtypeStruct) -> P:
+        del role, leaf
+        return P()  # a full replica on every device
 
     @override
     def reduce(
@@ -95,19 +82,5 @@ class PmapStrategy(PerDeviceStrategy):
         return self.reduce_per_device(fn, replicated, carry, examples)
 
     @override
-    def reduce_per_device(
-        self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
-    ) -> tuple[PyTree, PyTree]:
-        return shard_map_reduce(
-            self.mesh,
-            self.axis_name,
-            fn,
-            replicated,
-            carry,
-            examples,
-            deterministic=self.deterministic,
-        )
-
-    @override
     def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
-        return shard_map_apply(self.mesh, self.axis_name, fn, replicated, examples)
+        return self.map_per_device(fn, replicated, examples)

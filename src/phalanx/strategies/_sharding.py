@@ -1,22 +1,23 @@
-from typing import Any, final
+"""`ShardingStrategy`: data parallelism in the global view of `jax.jit`, the
+state replicated on every device. Its mesh, batch split and per-device
+program come from `DeviceMeshStrategy`; this module says only that the
+step is one global program, which the compiler splits."""
 
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from typing import final
+
+import jax
+from jax.sharding import Mesh, PartitionSpec as P
 from jaxtyping import PyTree
 from typing_extensions import override
 
 from .._typing import Devices, validates_own_arguments
 from .._validate import boolean
-from ._mesh import (
-    make_mesh,
-    replicated_everywhere,
-    shard_map_reduce,
-)
-from ._placement import named
-from ._strategy import LocalFn, MapFn, PerDeviceStrategy
+from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh
+from ._strategy import AxisName, LocalFn, MapFn
 
 
 @final
-class ShardingStrategy(PerDeviceStrategy):
+class ShardingStrategy(DeviceMeshStrategy):
     """Data parallelism in the global view: `jax.jit` over sharded arrays.
 
     The step is written as if on one device over the whole batch; the batch is
@@ -33,7 +34,7 @@ class ShardingStrategy(PerDeviceStrategy):
     """
 
     mesh: Mesh
-    axis_name: str
+    axis_name: AxisName  # one name here: the 1-D mesh's axis
     # Whether the one cross-device reduction adds in a fixed device order.
     deterministic: bool
 
@@ -54,25 +55,6 @@ class ShardingStrategy(PerDeviceStrategy):
         self.mesh = make_mesh(devices, self.axis_name)
         self.deterministic = boolean("deterministic", deterministic)
 
-    @property
-    @override
-    def num_devices(self) -> int:
-        return self.mesh.size
-
-    @property
-    @override
-    def batch_sharding(self) -> NamedSharding:
-        return named(self.mesh, P(self.axis_name))
-
-    @property
-    @override
-    def batch_multiple(self) -> int:
-        return self.mesh.size
-
-    @override
-    def state_shardings(self, state: PyTree[Any]) -> PyTree[NamedSharding]:
-        return replicated_everywhere(self.mesh, state)
-
     @override
     def reduce(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
@@ -82,19 +64,10 @@ class ShardingStrategy(PerDeviceStrategy):
         return fn(replicated, carry, examples)
 
     @override
-    def reduce_per_device(
-        self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
-    ) -> tuple[PyTree, PyTree]:
-        return shard_map_reduce(
-            self.mesh,
-            self.axis_name,
-            fn,
-            replicated,
-            carry,
-            examples,
-            deterministic=self.deterministic,
-        )
-
-    @override
     def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
         return fn(replicated, examples)
+
+    @override
+    def state_spec(self, role: StateRole, leaf: jax.ShapeDtypeStruct) -> P:
+        del role, leaf
+        return P()  # every array whole on every device: nothing to gather

@@ -1,3 +1,12 @@
+"""The strategy contract: what every strategy answers, and nothing it does.
+
+`Strategy` is the interface the trainer, the compiled steps, the batch
+pipeline, checkpoints and `save_model` talk to; `PerDeviceStrategy` adds the
+per-device program that `AccumulatingStrategy` needs. This module holds no
+behaviour: the members built-in strategies share are implemented once in
+`DeviceMeshStrategy` (``_device_mesh.py``), and the concrete ones are final.
+"""
+
 import abc
 from collections.abc import Callable
 from typing import Any, TypeAlias
@@ -13,6 +22,9 @@ from jaxtyping import PyTree
 LocalFn: TypeAlias = Callable[[Any, Any, Any], tuple[Any, Any]]
 # ``fn(replicated, examples) -> per-example outputs``.
 MapFn: TypeAlias = Callable[[Any, Any], Any]
+# The mesh axes a batch is split over, as collectives take them: one name,
+# or a tuple of names for several axes.
+AxisName: TypeAlias = str | tuple[str, ...]
 
 
 class Strategy(eqx.Module):
@@ -23,20 +35,25 @@ class Strategy(eqx.Module):
     respects its answers and never asks which strategy it holds:
 
     - how state is laid out: `state_shardings`;
-    - how a batch is split: `batch_sharding` and `batch_multiple`;
+    - how a batch is split: `batch_sharding` and `batch_multiple` (the
+      padding of a step, and each process's share of it, derive from the
+      batch sharding: over which mesh axes the examples axis is split);
     - how a slice's work becomes a global result, with exactly one
       cross-device reduction per update: `reduce` (and `map` for outputs).
 
     The base class carries no behaviour. Concrete strategies:
     [`phalanx.ShardingStrategy`][], [`phalanx.PmapStrategy`][],
-    [`phalanx.FullyShardedStrategy`][] and [`phalanx.AccumulatingStrategy`][];
-    a new one implements the abstract
-    members below (see ``docs/architecture.md``).
+    [`phalanx.FullyShardedStrategy`][] and [`phalanx.AccumulatingStrategy`][].
+    A new one implements the abstract members below, or, on a named device
+    mesh, the fewer ones of [`phalanx.strategies.DeviceMeshStrategy`][]
+    (see ``docs/architecture.md``).
     """
 
     mesh: eqx.AbstractVar[Mesh]
-    # The mesh axis batches are split along (and collectives' axis name).
-    axis_name: eqx.AbstractVar[str]
+    # The mesh axes batches are split over, as collectives in user code take
+    # them (``jax.lax.psum(x, strategy.axis_name)``): one name for one axis,
+    # a tuple of names for several.
+    axis_name: eqx.AbstractVar[AxisName]
 
     @property
     @abc.abstractmethod
@@ -52,7 +69,7 @@ class Strategy(eqx.Module):
     @abc.abstractmethod
     def batch_multiple(self) -> int:
         """A step's global batch is padded to a multiple of this (for an even
-        split over the devices, and the microbatches of each)."""
+        split over the batch's slices, and the microbatches of each)."""
 
     @abc.abstractmethod
     def state_shardings(self, state: PyTree[Any]) -> PyTree[Sharding]:

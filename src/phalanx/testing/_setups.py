@@ -8,7 +8,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._engine._summary import strategy_name
 from ..strategies import (
     AccumulatingStrategy,
     FullyShardedStrategy,
@@ -16,6 +15,7 @@ from ..strategies import (
     ShardingStrategy,
     Strategy,
 )
+from ..strategies._accumulating import strategy_name
 
 
 def replayable(batches: object) -> list[Any]:

@@ -1,0 +1,77 @@
+"""Evaluation: every example of a set through the compiled eval step, its
+weighted sums added up on the devices and divided once on the host.
+
+Used by ``trainer.evaluate`` and by the evaluations inside ``fit``; it reads
+the state's arrays it is given and changes nothing.
+"""
+
+from collections.abc import Iterable
+from typing import Any
+
+import jax
+
+from .._checks._batch import empty_data_message
+from .._state._sums import means
+from .._typing import EvalSets, HostMetrics
+from ._feed import Feed
+from ._prepare import Preparer
+
+
+def evaluate_sets(
+    preparer: Preparer,
+    leaves: list[jax.Array],
+    sets: EvalSets,
+    *,
+    depth: int,
+    sync_every: int,
+) -> HostMetrics:
+    """Every set's results, prefixed as its metrics are named in `fit`
+    (``eval_loss``, ``eval_<name>_loss``, ...)."""
+    results: HostMetrics = {}
+    for prefix, data in sets:
+        where = "eval_data" if prefix == "eval_" else f"eval_data[{prefix[5:-1]!r}]"
+        metrics = evaluate(
+            preparer, leaves, data, where, depth=depth, sync_every=sync_every
+        )
+        results.update({prefix + name: value for name, value in metrics.items()})
+    return results
+
+
+def evaluate(
+    preparer: Preparer,
+    leaves: list[jax.Array],
+    data: Iterable[Any],
+    name: str,
+    *,
+    depth: int,
+    sync_every: int,
+) -> HostMetrics:
+    """Loss and metrics over every example of `data` (called `name` in
+    errors), from the state's arrays `leaves`: batches prepared `depth`
+    ahead, the host waiting for the device every `sync_every` batches."""
+    sums: Any = None
+    feed = Feed(
+        preparer,
+        data,
+        depth=depth,
+        where=lambda i: f"batch {i}" if name == "data" else f"{name} batch {i}",
+    )
+    with feed as batches:
+        for i, placed in enumerate(batches):
+            steps = preparer.built()
+            if sums is None:
+                sums = preparer.compiler.eval_sums(steps)
+            sums = steps.evaluate(leaves, sums, placed.leaves, placed.weight)
+            if (i + 1) % sync_every == 0:
+                jax.block_until_ready(sums)
+    if sums is None:
+        raise ValueError(empty_data_message(name))
+    names = preparer.built().sum_names
+    host = jax.device_get(sums)
+    if host[names.index("weight")] == 0:
+        raise ValueError(
+            f"{name}: every example has sample_weight 0 (total weight 0: "
+            "all weights 0, or only padding), so there is nothing to "
+            "average; give some examples a weight > 0"
+        )
+    return means(host, names)

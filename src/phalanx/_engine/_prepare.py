@@ -1,0 +1,86 @@
+"""A user's batch made ready for a step, and the steps built for the first.
+
+`Preparer.prepare` is the one way a host batch reaches the devices (in
+`fit`, `evaluate`, `compute_step` and `lower`): the trainer's host hooks
+split it, the `BatchPipeline` checks, pads and places it, and, at the first
+batch ever, the `StepCompiler` is asked for the steps of its spec, once and
+explicitly, before anything is placed. It runs on the calling thread or on
+the feed's background thread; it never calls the loop or the callbacks.
+"""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from .._checks._batch import label_shape_hint
+from .._checks._hooks import HookError, check_split
+from ._compiled import StepCompiler, Steps
+from ._pipeline import BatchPipeline, DeviceBatch
+
+
+class HostHooks(NamedTuple):
+    """The trainer's hooks that run on the host, per batch.
+
+    Attributes:
+        split_batch: ``split_batch(batch) -> (inputs, targets)``.
+        sample_weight: ``sample_weight(batch) -> weights | None``.
+    """
+
+    split_batch: Callable[[Any], Any]
+    sample_weight: Callable[[Any], Any]
+
+
+class Preparer:
+    """Host batches to device batches, and the steps they run in.
+
+    Attributes:
+        pipeline: checks, pads and places the split batches.
+        compiler: builds the steps for the first batch's spec.
+        steps: the steps, once the first batch has been seen (None before).
+    """
+
+    def __init__(
+        self, hooks: HostHooks, pipeline: BatchPipeline, compiler: StepCompiler
+    ):
+        self.hooks = hooks
+        self.pipeline = pipeline
+        self.compiler = compiler
+        self.steps: Steps | None = None
+
+    def split(self, batch: Any) -> tuple[Any, Any, Any]:
+        """``(inputs, targets, sample_weight)`` of a user's batch."""
+        inputs, targets = check_split(self.hooks.split_batch(batch))
+        return inputs, targets, self.hooks.sample_weight(batch)
+
+    def prepare(
+        self, batch: Any, where: str, first: int | None, *, train: bool = False
+    ) -> DeviceBatch:
+        """`batch` checked, padded and placed (see `BatchPipeline.prepare`);
+        at the first batch ever, the steps are built for it first."""
+        parts = self.split(batch)
+        if self.steps is None:
+            self.steps = self.build(parts, where)
+        return self.pipeline.prepare(parts, where, first, train=train)
+
+    def build(self, parts: tuple[Any, Any, Any], where: str) -> Steps:
+        """The steps for the first batch's spec, checked against the model and
+        loss abstractly: a batch that does not fit is refused before anything
+        is placed or compiled."""
+        first = self.pipeline.first_batch(parts, where)
+        try:
+            steps = self.compiler.build(first.spec, first.size)
+        except HookError:
+            raise  # a hook's own fault, named by its message
+        except (TypeError, ValueError) as error:
+            hint = (
+                label_shape_hint(first.labels) if self.pipeline.class_labels else None
+            )
+            if hint is None:
+                raise
+            raise TypeError(hint) from error
+        self.pipeline.expect(first, steps.outputs)
+        return steps
+
+    def built(self) -> Steps:
+        """The steps, which a prepared batch has built."""
+        assert self.steps is not None, "a batch is prepared before a step runs"
+        return self.steps

@@ -1,0 +1,54 @@
+"""A run as one value, and the one place a trainer keeps it.
+
+A `Run` is the train state's arrays (as the strategy lays them out) and the
+`RunProgress` that says where they are: the two always move together, so
+they travel together. A `RunSlot` holds a trainer's current run, between
+fits and during one: the trainer reads it (``trainer.state``,
+``trainer.progress``, ``trainer.snapshot()``) and replaces it when the
+state is set or a snapshot restored; the loop replaces it after each
+compiled call. Nothing here touches the devices.
+"""
+
+import dataclasses
+
+import jax
+
+from ._progress import RunProgress
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """The train state's arrays and where the run is.
+
+    Attributes:
+        leaves: the `TrainState`'s arrays, flat (as `StateLayout` orders and
+            the strategy lays them out). A step donates them: a run that has
+            been stepped from is spent.
+        progress: the step, epoch, plan and the epoch's sums.
+    """
+
+    leaves: list[jax.Array]
+    progress: RunProgress
+
+    def replace(
+        self,
+        *,
+        leaves: list[jax.Array] | None = None,
+        progress: RunProgress | None = None,
+    ) -> "Run":
+        """This run with new `leaves` and/or `progress`."""
+        return Run(
+            self.leaves if leaves is None else leaves,
+            self.progress if progress is None else progress,
+        )
+
+
+class RunSlot:
+    """Where a trainer's current `Run` lives: the one home of its state.
+
+    Replaced whole, never changed in place: whoever holds a `Run` read from
+    here holds a consistent state and progress.
+    """
+
+    def __init__(self, run: Run):
+        self.run = run
