@@ -16,6 +16,21 @@ _FAST_COMPILE = "--xla_backend_optimization_level=0"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}"
 
+# Tests, and the CLI and multi-process runs they start, build many trainers
+# whose steps compile to the same programs: one persistent compilation cache
+# for the session compiles each program once. The first process to load this
+# file (pytest's controller, before its workers start) makes it and passes it
+# on in the environment, with the others' settings; a size limit turns on the
+# cache's file lock, so that no process reads an entry another is still
+# writing. Removed when that process ends.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _XLA_CACHE = tempfile.TemporaryDirectory(prefix="phalanx-test-xla-cache-")
+    atexit.register(_XLA_CACHE.cleanup)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE.name
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(16 * 2**30)
+
 import jax  # noqa: E402
 
 
@@ -26,17 +41,6 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 
 import jax.random as jr  # noqa: E402
 import pytest  # noqa: E402
-
-
-# Tests build many trainers whose steps compile to the same programs: a
-# persistent compilation cache for the session compiles each program once
-# (in-process test files ran ~30% faster with it). Set before anything
-# compiles; removed when the session ends.
-_XLA_CACHE = tempfile.TemporaryDirectory(prefix="phalanx-test-xla-cache-")
-atexit.register(_XLA_CACHE.cleanup)
-jax.config.update("jax_compilation_cache_dir", _XLA_CACHE.name)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 @pytest.fixture
@@ -56,7 +60,6 @@ from typing_extensions import override  # noqa: E402
 import phalanx as px  # noqa: E402
 from cli_runs import (  # noqa: E402
     COMMON,
-    ENV,
     EPOCHS,
     EVERY_5,
     FINAL,
@@ -66,15 +69,6 @@ from cli_runs import (  # noqa: E402
     finish,
     state_arrays,
 )
-
-
-@pytest.fixture(scope="session")
-def cli_compilation_cache(tmp_path_factory):
-    """Every CLI run compiles the same programs: a persistent compilation
-    cache saves each later run ~2.5 s of its ~4 s start."""
-    ENV["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path_factory.mktemp("jax-cache"))
-    yield
-    del ENV["JAX_COMPILATION_CACHE_DIR"]
 
 
 @pytest.fixture(scope="session")
@@ -115,7 +109,7 @@ def restore() -> Callable[[pathlib.Path, int], list[np.ndarray]]:
 
 
 @pytest.fixture(scope="session")
-def straight(tmp_path_factory, cli_compilation_cache) -> tuple[pathlib.Path, str]:
+def straight(tmp_path_factory) -> tuple[pathlib.Path, str]:
     """A run that is never stopped: its folder and its last stdout line."""
     cwd = tmp_path_factory.mktemp("straight")
     run = finish(cwd, *COMMON, *EVERY_5, "--run-dir", "RUN")

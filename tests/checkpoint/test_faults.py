@@ -39,8 +39,6 @@ from cli_runs import (
 )
 
 
-pytestmark = pytest.mark.usefixtures("cli_compilation_cache")
-
 # How long a process may take to end once a fault has hit it.
 FAULT_SECONDS = 60
 SCRIPT = pathlib.Path(__file__).with_name("fault_script.py")

@@ -47,7 +47,7 @@ for name in ("tensorboardX", "matplotlib"):
 
 
 @pytest.fixture(scope="module")
-def plain_env(tmp_path_factory, cli_compilation_cache) -> dict[str, str]:
+def plain_env(tmp_path_factory) -> dict[str, str]:
     folder = tmp_path_factory.mktemp("plain-install")
     (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
     path = os.pathsep.join(p for p in (str(folder), ENV.get("PYTHONPATH")) if p)
@@ -337,7 +337,7 @@ def test_mlflow_that_cannot_start_leaves_no_folder(tmp_path, capsys, monkeypatch
 
 
 @pytest.mark.slow
-def test_wandb_with_a_bad_setting_leaves_no_folder(tmp_path, cli_compilation_cache):
+def test_wandb_with_a_bad_setting_leaves_no_folder(tmp_path):
     # In their own processes, as a user runs them: W&B keeps the settings it
     # first read for the rest of a process.
     work = tmp_path / "work"

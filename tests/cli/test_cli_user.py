@@ -108,7 +108,7 @@ def user_dir(tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.fixture(scope="module")
-def cnn_run(user_dir, cli_compilation_cache) -> tuple[pathlib.Path, Phalanx]:
+def cnn_run(user_dir) -> tuple[pathlib.Path, Phalanx]:
     """The CNN trained straight through, checkpointing every 5 steps and
     profiling steps 2 to 4."""
     run = finish(

@@ -59,9 +59,6 @@ from helpers import RaiseAt, make_data, make_model
 from phalanx.cli import main
 
 
-pytestmark = pytest.mark.usefixtures("cli_compilation_cache")
-
-
 # --- the straight run is the reference ----------------------------------------
 
 

@@ -11,26 +11,22 @@ import subprocess
 import sys
 from typing import Any
 
-import jax
 import pytest
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
-XLA_CACHE = jax.config.jax_compilation_cache_dir  # set by conftest.py
 VERSUS = ("sharding", "pmap", "accum-sharding", "accum-pmap", "steps-per-call")
 RUN = [sys.executable, str(ROOT / "benchmarks" / "run.py")]
 SUBPROCESS = {
     # CPU even on a host with accelerators: the harness fakes CPU devices.
     # No NPROC of the test process's: each run sets its own. The session's
-    # compilation cache (conftest.py): the runs compile the same programs
-    # (each case's first-step measurement, each device count's process)
-    # once; the smoke tests check that the harness works, not its times.
+    # compilation cache (conftest.py, in os.environ): the runs compile the
+    # same programs (each case's first-step measurement, each device count's
+    # process) once; the smoke tests check that the harness works, not its
+    # times.
     "env": {
         **{k: v for k, v in os.environ.items() if k != "NPROC"},
         "JAX_PLATFORMS": "cpu",
-        "JAX_COMPILATION_CACHE_DIR": XLA_CACHE,
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
     },
     "capture_output": True,
     "text": True,

@@ -297,20 +297,9 @@ def test_skipped_blocks_have_a_reason():
                 )
 
 
-@pytest.fixture(scope="module")
-def compilation_cache(tmp_path_factory) -> dict[str, str]:
-    """The files' blocks compile many of the same programs: one persistent
-    compilation cache for all of them."""
-    return {
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("jax-cache")),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("path", [p for p in MARKDOWN if _has_python(p)], ids=_name)
-def test_python_blocks_run(path, tmp_path, compilation_cache):
+def test_python_blocks_run(path, tmp_path):
     blocks = [(b.line, b.code) for b in python_blocks(path) if b.skip is None]
     if not blocks:
         return
@@ -326,7 +315,6 @@ def test_python_blocks_run(path, tmp_path, compilation_cache):
             "JAX_PLATFORMS": "cpu",
             "JAX_NUM_CPU_DEVICES": "8",
             "NPROC": "16",
-            **compilation_cache,
         },
         timeout=600,
     )
