@@ -34,7 +34,9 @@ from phalanx.cli._train import make_optimizer, make_schedule, make_strategy
 
 STEPS_PER_EPOCH, EPOCHS, LOG_EVERY = 23, 3, 5  # digits: 1437 examples, batch 64
 TOTAL = STEPS_PER_EPOCH * EPOCHS
-COMMON = ["--epochs", str(EPOCHS), "--log-every", str(LOG_EVERY)]
+# --no-plot: these runs test resume and faults; drawing history.png (tested in
+# test_cli.py) would add ~3 s to each of some fifty runs.
+COMMON = ["--epochs", str(EPOCHS), "--log-every", str(LOG_EVERY), "--no-plot"]
 EVERY_5 = ["--checkpoint-every", "5"]
 NOTICE = (
     "phalanx: no accelerator found; using 8 fake CPU devices (--devices N to change)"

@@ -3,6 +3,7 @@ the user's own model type through the trainer."""
 
 import importlib.resources
 import inspect
+import json
 import re
 import shutil
 import subprocess
@@ -38,44 +39,74 @@ def test_public_signatures_carry_shapes():
     assert predict.return_annotation.leaftype.dim_str == "rows ..."
 
 
-def pyright(*args: str) -> str:
+KERAS_CALLS = (
+    "import jax, optax\n"
+    "import numpy as np\n"
+    "import phalanx as px\n"
+    "m = px.models.Linear(3, 1, key=jax.random.key(0))\n"
+    "t = px.DataParallelTrainer(m, optax.sgd(0.1))\n"
+    "reveal_type(t.model)\n"
+    "reveal_type(t.state)\n"
+    "reveal_type(t.fit([]))\n"
+    "x, y = np.zeros((4, 3), np.float32), np.zeros(4, np.int32)\n"
+    "t.fit([(x, y)], epochs=1, eval_data=[(x, y)])\n"
+    "t.evaluate([(x, y)])\n"
+    # Keras' calls, each an error (lines 12 to 14):
+    "t.fit(x, y)\n"
+    "t.evaluate(x, y)\n"
+    "t.fit([(x, y)], batch_size=128)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def pyright(tmp_path_factory) -> dict[str, str]:
+    """pyright's report on src/ and on two users' files (KERAS_CALLS and
+    USER_SUBCLASS below), from one run (each run analyses phalanx anew):
+    for each, its diagnostics as pyright prints them, a line each
+    (``FILE:LINE:COLUMN - SEVERITY: MESSAGE``), then its counts
+    (``N errors, N warnings``)."""
+    folder = tmp_path_factory.mktemp("usage")
+    files = {"keras_calls": KERAS_CALLS, "user_subclass": USER_SUBCLASS}
+    for name, code in files.items():
+        (folder / f"{name}.py").write_text(code)
     exe = shutil.which("pyright") or str(Path(sys.executable).parent / "pyright")
+    paths = {"src": str(ROOT / "src")}
+    paths |= {name: str(folder / f"{name}.py") for name in files}
     done = subprocess.run(
-        [exe, *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [exe, "--outputjson", *paths.values()],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    return done.stdout + done.stderr
+    diagnostics = json.loads(done.stdout)["generalDiagnostics"]
+    reports = {}
+    for name, path in paths.items():
+        mine = [d for d in diagnostics if d["file"].startswith(path)]
+        lines = [
+            f"{d['file']}:{d['range']['start']['line'] + 1}:"
+            f"{d['range']['start']['character'] + 1} - {d['severity']}: "
+            f"{d['message']}"
+            for d in mine
+        ]
+        counts = [sum(d["severity"] == s for d in mine) for s in ("error", "warning")]
+        lines.append(f"{counts[0]} errors, {counts[1]} warnings")
+        reports[name] = "\n".join(lines)
+    return reports
 
 
 @pytest.mark.slow
-def test_pyright_clean_on_src():
-    output = pyright("src")
-    assert "0 errors, 0 warnings" in output, output
+def test_pyright_clean_on_src(pyright):
+    output = pyright["src"]
+    assert output.endswith("0 errors, 0 warnings"), output
 
 
 @pytest.mark.slow
-def test_model_type_flows_through_the_trainer_and_keras_calls_are_errors(tmp_path):
-    usage = tmp_path / "usage.py"
-    usage.write_text(
-        "import jax, optax\n"
-        "import numpy as np\n"
-        "import phalanx as px\n"
-        "m = px.models.Linear(3, 1, key=jax.random.key(0))\n"
-        "t = px.DataParallelTrainer(m, optax.sgd(0.1))\n"
-        "reveal_type(t.model)\n"
-        "reveal_type(t.state)\n"
-        "reveal_type(t.fit([]))\n"
-        "x, y = np.zeros((4, 3), np.float32), np.zeros(4, np.int32)\n"
-        "t.fit([(x, y)], epochs=1, eval_data=[(x, y)])\n"
-        "t.evaluate([(x, y)])\n"
-        # Keras' calls, each an error (lines 12 to 14):
-        "t.fit(x, y)\n"
-        "t.evaluate(x, y)\n"
-        "t.fit([(x, y)], batch_size=128)\n"
-    )
-    output = pyright(str(usage))
+def test_model_type_flows_through_the_trainer_and_keras_calls_are_errors(pyright):
+    output = pyright["keras_calls"]
     assert 'Type of "t.model" is "Linear"' in output, output
     assert 'Type of "t.state" is "TrainState[Linear]"' in output, output
-    errors = re.findall(r"usage\.py:(\d+):\d+ - error", output)
+    errors = re.findall(r"keras_calls\.py:(\d+):\d+ - error", output)
     assert errors == ["12", "13", "14"], output
     assert "Expected 1 positional argument" in output, output
     assert 'No parameter named "batch_size"' in output, output
@@ -119,10 +150,8 @@ reveal_type(trainer.fit([]).model)
 
 
 @pytest.mark.slow
-def test_a_subclass_sees_its_own_model_in_hooks_callbacks_and_predict(tmp_path):
-    usage = tmp_path / "usage.py"
-    usage.write_text(USER_SUBCLASS)
-    output = pyright(str(usage))
+def test_a_subclass_sees_its_own_model_in_hooks_callbacks_and_predict(pyright):
+    output = pyright["user_subclass"]
     for expression, shown in (
         ("model", "Net"),
         ("state.model", "Net"),
@@ -132,4 +161,4 @@ def test_a_subclass_sees_its_own_model_in_hooks_callbacks_and_predict(tmp_path):
         ("trainer.fit([]).model", "Net"),
     ):
         assert f'Type of "{expression}" is "{shown}"' in output, output
-    assert "0 errors" in output, output
+    assert output.splitlines()[-1].startswith("0 errors,"), output

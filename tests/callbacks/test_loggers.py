@@ -151,6 +151,27 @@ def test_plot_one_epoch_and_chosen_metrics(tmp_path):
     assert matplotlib.image.imread(tmp_path / "all.png").shape == (300, 800, 4)
 
 
+def test_plot_is_not_redrawn_when_the_history_is_unchanged(tmp_path):
+    path = tmp_path / "history.png"
+    drawn = []  # the file as each epoch end left it, and as fit left it
+
+    class Seen(px.Callback):  # after the plot
+        @override
+        def on_epoch_end(self, info):
+            drawn.append(os.stat(path).st_mtime_ns)
+
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-2), callbacks=[PlotHistory(path), Seen()]
+    )
+    trainer.fit(batches(), epochs=1)
+    drawn.append(os.stat(path).st_mtime_ns)
+    assert drawn[0] == drawn[1]  # fit's end drew nothing new
+    trainer.evaluate(eval_batches())  # (not in the history)
+    trainer.fit(batches(), epochs=1)
+    drawn.append(os.stat(path).st_mtime_ns)
+    assert drawn[1] < drawn[2] == drawn[3]
+
+
 def test_plot_unknown_metric_names_the_history(tmp_path):
     plot = PlotHistory(tmp_path / "h.png", metrics=["loss", "nope"])
     trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2), callbacks=[plot])

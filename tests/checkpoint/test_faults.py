@@ -291,7 +291,7 @@ def test_a_diverging_run_exits_3_in_one_line(tmp_path):
 def test_a_run_folder_that_turns_unwritable_exits_74_in_one_line(tmp_path):
     # The logs' folder refuses new files: the history plot, written whole and
     # renamed into place at the first epoch's end, cannot be.
-    run = Phalanx(tmp_path, *ARGS)
+    run = Phalanx(tmp_path, *(arg for arg in ARGS if arg != "--no-plot"))
     run.wait_for(run.started, "progress line")
     with unwritable(tmp_path / "RUN"):
         code = ended(run)

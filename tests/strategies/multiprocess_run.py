@@ -1,6 +1,9 @@
 """One small training run, the same in one process and in several (imported
 by test_multiprocess.py, and run by the processes it launches)."""
 
+import os
+import sys
+
 import equinox as eqx
 import jax
 import numpy as np
@@ -15,6 +18,9 @@ STRATEGIES = {
     "pmap": lambda n: px.PmapStrategy(n),
     "accumulating": lambda n: px.AccumulatingStrategy(px.ShardingStrategy(n), 2),
     "fsdp": lambda n: px.FullyShardedStrategy(n, min_size=1),
+    # Hybrid: replicated over data (one position per process), split over
+    # fsdp within each process's two devices.
+    "mesh": lambda n: px.MeshStrategy(n, data=2, fsdp=-1, min_size=1),
     # The same, summing over devices in a fixed order: bitwise reproducible.
     "sharding-deterministic": lambda n: px.ShardingStrategy(n, deterministic=True),
     "pmap-deterministic": lambda n: px.PmapStrategy(n, deterministic=True),
@@ -55,28 +61,39 @@ def parameters(trainer: px.DataParallelTrainer) -> list[np.ndarray]:
     ]
 
 
-if __name__ == "__main__":
-    # Under phalanx launch: STRATEGY OUT [STEPS CHECKPOINTS resume|fresh].
-    import sys
-
-    px.distributed.initialize()
-    name, out, *rest = sys.argv[1:]
+def run_job(out: str, job: str) -> None:
+    """One job of a launch: ``LABEL=STRATEGY`` trains 20 steps,
+    ``LABEL=STRATEGY:STEPS:CHECKPOINTS:resume|fresh`` to STEPS saving every 5
+    steps in CHECKPOINTS (resuming from its latest or not); each writes its
+    parameters, model, predictions, logs and a history line in OUT/LABEL."""
+    label, spec = job.split("=")
+    name, *rest = spec.split(":")
+    folder = f"{out}/{label}"
+    os.makedirs(folder, exist_ok=True)
     callbacks: list[px.Callback] = [
-        px.callbacks.CSVLogger(f"{out}/metrics.csv", log_every=5),
+        px.callbacks.CSVLogger(f"{folder}/metrics.csv", log_every=5),
         px.callbacks.ProgressBar(log_every=5),
     ]
     steps, resume = 20, None
     if rest:
-        steps, folder, mode = int(rest[0]), rest[1], rest[2]
-        callbacks.append(px.callbacks.Checkpoint(folder, every_n_steps=5))
+        steps, checkpoints, mode = int(rest[0]), rest[1], rest[2]
+        callbacks.append(px.callbacks.Checkpoint(checkpoints, every_n_steps=5))
         resume = "latest" if mode == "resume" else None
     trainer = train(STRATEGIES[name](None), callbacks, steps=steps, resume=resume)
-    np.savez(f"{out}/rank{jax.process_index()}.npz", *parameters(trainer))
-    px.save_model(f"{out}/model.npz", trainer.model)
+    np.savez(f"{folder}/rank{jax.process_index()}.npz", *parameters(trainer))
+    px.save_model(f"{folder}/model.npz", trainer.model)
     mine = PREDICT[:SPLIT] if jax.process_index() == 0 else PREDICT[SPLIT:]
     np.savez(
-        f"{out}/predict{jax.process_index()}.npz",
+        f"{folder}/predict{jax.process_index()}.npz",
         whole=trainer.predict(mine),
         chunked=trainer.predict(mine, batch_size=3),
     )
-    print("history", trainer.history[-1])
+    print("history", label, trainer.history[-1])
+
+
+if __name__ == "__main__":
+    # Under phalanx launch: OUT JOB... (see run_job), one after another: a
+    # launch's processes start, import and connect once for all of them.
+    px.distributed.initialize()
+    for job in sys.argv[2:]:
+        run_job(sys.argv[1], job)

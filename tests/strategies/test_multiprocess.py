@@ -21,7 +21,9 @@ from multiprocess_run import PREDICT, STRATEGIES, parameters, train
 RUN = pathlib.Path(__file__).with_name("multiprocess_run.py")
 
 
-def launch(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
+def launch(
+    *args: str, ok: bool = True, timeout: int = 300
+) -> subprocess.CompletedProcess:
     """`multiprocess_run.py ARGS` (or `python ARGS`, e.g. ``-c SCRIPT``, when
     the first one starts with -) in 2 processes × 2 fake CPU devices."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA"))}
@@ -37,7 +39,7 @@ def launch(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
         env=env | {"JAX_PLATFORMS": "cpu"},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert (done.returncode == 0) == ok, done.stdout + done.stderr
     return done
@@ -58,15 +60,44 @@ def assert_ranks_hold(
                 np.testing.assert_array_equal(a, b)
 
 
+# Checkpoints crossing between process counts: saved by one strategy, resumed
+# by another, and the tolerance of the comparison.
+CROSSINGS = [
+    ("sharding", "pmap", 1e-6),
+    # Split over the devices: each process writes and reads its own parts.
+    ("fsdp", "fsdp", 1e-6),
+    # With the deterministic reduction the resumed runs are bitwise exact.
+    ("sharding-deterministic", "pmap-deterministic", 0),
+]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> tuple[pathlib.Path, str]:
+    """Every 2-process run the tests below compare, in one launch (its
+    processes start and connect once): each strategy's 20 steps in OUT/NAME;
+    for each crossing, 2 processes saving (steps 5, 10, 13) in OUT/two-SAVE,
+    and 2 processes resuming, in OUT/resume-SAVE, to step 20 from what 1
+    process saved in OUT/one-SAVE. The folder and the launch's stdout."""
+    out = tmp_path_factory.mktemp("launched")
+    jobs = [f"{name}={name}" for name in STRATEGIES]
+    for save, resume, _ in CROSSINGS:
+        one = px.callbacks.Checkpoint(out / f"one-{save}", every_n_steps=5)
+        train(STRATEGIES[save](4), [one], steps=13)
+        jobs.append(f"save-{save}={save}:13:{out}/two-{save}:fresh")
+        jobs.append(f"resume-{save}={resume}:20:{out}/one-{save}:resume")
+    return out, launch(str(out), *jobs, timeout=900).stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(STRATEGIES))
-def test_two_processes_equal_one_process(tmp_path, name):
-    done = launch(name, str(tmp_path))
+def test_two_processes_equal_one_process(launched, name):
+    out, stdout = launched
+    folder = out / name
     one = train(STRATEGIES[name](4))
     bitwise = name.endswith("deterministic")
-    assert_ranks_hold(tmp_path, parameters(one), atol=0 if bitwise else 1e-6)
+    assert_ranks_hold(folder, parameters(one), atol=0 if bitwise else 1e-6)
     # save_model (by process 0) holds the trained model.
-    model = px.load_model(tmp_path / "model.npz", like=one.model)
+    model = px.load_model(folder / "model.npz", like=one.model)
     saved = [
         np.asarray(leaf) for leaf in jax.tree.leaves(eqx.filter(model, eqx.is_array))
     ]
@@ -75,48 +106,36 @@ def test_two_processes_equal_one_process(tmp_path, name):
     # predict: each process passes its rows, each gets everyone's outputs.
     expected = np.asarray(one.predict(PREDICT))
     for rank in (0, 1):
-        predicted = np.load(tmp_path / f"predict{rank}.npz")
+        predicted = np.load(folder / f"predict{rank}.npz")
         for key in ("whole", "chunked"):
             np.testing.assert_allclose(predicted[key], expected, rtol=0, atol=1e-5)
     # Both processes report the same global history as the one process.
-    reports = [line for line in done.stdout.splitlines() if " history " in line]
+    reports = [line for line in stdout.splitlines() if f" history {name} " in line]
     assert sorted(line[:4] for line in reports) == ["[0] ", "[1] "]
     assert reports[0][4:] == reports[1][4:]
     assert f"'accuracy': {one.history[-1]['accuracy']}" in reports[0]
     # Logs and progress are written once, by process 0.
-    lines = (tmp_path / "metrics.csv").read_text().splitlines()[1:]
+    lines = (folder / "metrics.csv").read_text().splitlines()[1:]
     rows = [line.split(",")[:2] for line in lines]
     assert [step for kind, step in rows if kind == "step"] == ["5", "10", "15", "20"]
     assert [step for kind, step in rows if kind == "epoch"] == ["10", "20"]
-    progress = [line for line in done.stdout.splitlines() if "  step " in line]
+    progress = [line for line in stdout.splitlines() if "  step " in line]
     assert progress and all(line.startswith("[0] ") for line in progress)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("save", "resume", "atol"),
-    [
-        ("sharding", "pmap", 1e-6),
-        # Split over the devices: each process writes and reads its own parts.
-        ("fsdp", "fsdp", 1e-6),
-        # With the deterministic reduction the resumed runs are bitwise exact.
-        ("sharding-deterministic", "pmap-deterministic", 0),
-    ],
-)
-def test_checkpoints_cross_between_process_counts(tmp_path, save, resume, atol):
+@pytest.mark.parametrize(("save", "resume", "atol"), CROSSINGS)
+def test_checkpoints_cross_between_process_counts(launched, save, resume, atol):
+    out, _ = launched
     straight = parameters(train(STRATEGIES[save](4)))
-    # 2 processes save (steps 5, 10, 13); 1 process resumes to step 20.
-    launch(save, str(tmp_path), "13", str(tmp_path / "two"), "fresh")
-    checkpoint = px.callbacks.Checkpoint(tmp_path / "two", every_n_steps=5)
+    # 2 processes saved (steps 5, 10, 13); 1 process resumes to step 20.
+    checkpoint = px.callbacks.Checkpoint(out / f"two-{save}", every_n_steps=5)
     resumed = train(STRATEGIES[resume](4), [checkpoint], resume="latest")
     assert int(resumed.state.step) == 20
     for a, b in zip(parameters(resumed), straight, strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=atol)
-    # 1 process saves; 2 processes resume to step 20.
-    one = px.callbacks.Checkpoint(tmp_path / "one", every_n_steps=5)
-    train(STRATEGIES[save](4), [one], steps=13)
-    launch(resume, str(tmp_path), "20", str(tmp_path / "one"), "resume")
-    assert_ranks_hold(tmp_path, straight, atol=atol)
+    # 1 process saved (to step 13); 2 processes resumed to step 20.
+    assert_ranks_hold(out / f"resume-{save}", straight, atol=atol)
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ the history: it adds no metric.
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from typing_extensions import override
 
@@ -21,8 +22,9 @@ class PlotHistory(Callback):
     """Draws the trainer's `History` to an image: a panel per metric, train
     and eval curves over epochs (or steps).
 
-    The image is redrawn at every epoch end and when `fit` returns, and
-    replaced atomically (a viewer never sees half a file). Each panel shows a
+    The image is redrawn at every epoch end and when `fit` returns (unless
+    the history is unchanged since the last drawing), and replaced
+    atomically (a viewer never sees half a file). Each panel shows a
     metric (``loss``, ``accuracy``, values earlier callbacks add such as
     ``lr``) against epochs completed, with its ``eval_`` counterpart beside
     it when there is one (one per set, for named eval sets); points are
@@ -82,6 +84,9 @@ class PlotHistory(Callback):
                 f"end it with one of {['.' + f for f in formats]}, e.g. 'history.png'"
             )
         self.metrics = _check_metrics(metrics)
+        # The history last drawn to `path`, as plain data: drawing takes
+        # ~0.5 s, and fit usually ends right after an epoch end drew it.
+        self._drawn: dict[str, Any] | None = None
 
     @override
     def added_metrics(self) -> tuple[str, ...]:
@@ -101,6 +106,8 @@ class PlotHistory(Callback):
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
 
+        if history.state_dict() == self._drawn:
+            return  # the file already shows it
         names = self._names(history)
         if not names:
             return
@@ -121,6 +128,7 @@ class PlotHistory(Callback):
         replace_atomically(
             self.path, lambda file: figure.savefig(file, format=self.format)
         )
+        self._drawn = history.state_dict()
 
     def _names(self, history: History) -> list[str]:
         present = history.names
