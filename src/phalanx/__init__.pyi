@@ -23,6 +23,7 @@ from .distributed._fake_devices import fake_cpu_devices as fake_cpu_devices
 from .strategies import (
     AccumulatingStrategy as AccumulatingStrategy,
     FullyShardedStrategy as FullyShardedStrategy,
+    MeshStrategy as MeshStrategy,
     PmapStrategy as PmapStrategy,
     ShardingStrategy as ShardingStrategy,
     Strategy as Strategy,

@@ -34,6 +34,7 @@ OPTIONS = (
     "--dataset",
     "--strategy",
     "--shard",
+    "--mesh",
     "--precision",
     "--microbatches",
     "--devices",
@@ -341,12 +342,17 @@ def test_readme_main_job(tmp_path, record_property):
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
 
 
+# The runs compared with the default run: its options, without drawing
+# history.png (tested above).
+COMPARED = ["--epochs", str(EPOCHS), "--log-every", "5", "--no-plot"]
+
+
 @pytest.mark.slow
 def test_bf16_reaches_the_accuracy_of_fp32(default_run, tmp_path):
     # Float32 weights, bfloat16 forward and backward passes: the test
     # accuracy within half a point of the float32 run's.
     result, _ = default_run
-    common = ["--epochs", str(EPOCHS), "--log-every", "5", "--run-dir", "RUN"]
+    common = [*COMPARED, "--run-dir", "RUN"]
     bf16 = train(tmp_path, *common, "--precision", "bf16")
     assert bf16.stdout.splitlines()[0].endswith(", bf16")
     accuracy = [
@@ -367,12 +373,16 @@ def test_bf16_reaches_the_accuracy_of_fp32(default_run, tmp_path):
         (["--microbatches", "4"], "AccumulatingStrategy on 8 cpu device(s)"),
         (["--devices", "1"], "ShardingStrategy on 1 cpu device(s)"),
         (["--strategy", "fsdp"], "FullyShardedStrategy on 8 cpu device(s)"),
+        (
+            ["--strategy", "mesh", "--mesh", "data=2,fsdp=4"],
+            "MeshStrategy on 8 cpu device(s)",
+        ),
     ],
-    ids=["pmap", "microbatches-4", "devices-1", "fsdp"],
+    ids=["pmap", "microbatches-4", "devices-1", "fsdp", "mesh"],
 )
 def test_same_losses_as_the_default(default_run, tmp_path, args, banner):
     _, default = default_run
-    common = ["--epochs", str(EPOCHS), "--log-every", "5", "--run-dir", "RUN"]
+    common = [*COMPARED, "--run-dir", "RUN"]
     result = train(tmp_path, *common, *args)
     assert banner in result.stdout.splitlines()[0]
     expected = epoch_rows(default / "metrics.jsonl")
@@ -388,7 +398,8 @@ def test_same_losses_as_the_default(default_run, tmp_path, args, banner):
 
 @pytest.mark.slow
 def test_eval_every_writes_eval_rows(tmp_path, steps_per_epoch):
-    train(tmp_path, "--epochs", "1", "--eval-every", "5", "--run-dir", "RUN")
+    args = ["--epochs", "1", "--eval-every", "5", "--no-plot", "--run-dir", "RUN"]
+    train(tmp_path, *args)
     rows = read_jsonl(tmp_path / "RUN" / "metrics.jsonl")
     evals = [row for row in rows if row["kind"] == "eval"]
     assert [row["step"] for row in evals] == list(range(5, steps_per_epoch + 1, 5))
@@ -530,8 +541,20 @@ def refused_in_process(tmp_path, capsys, argv: list[str], needles: list[str]):
     ("args", "needles"),
     [
         (["--model", "foo"], ["--model", "'foo'", "linear", "mlp"]),
-        (["--strategy", "foo"], ["--strategy", "'foo'", "sharding", "pmap", "fsdp"]),
+        (
+            ["--strategy", "foo"],
+            ["--strategy", "'foo'", "sharding", "pmap", "fsdp", "mesh"],
+        ),
         (["--shard", "optimizer"], ["--shard optimizer", "--strategy fsdp"]),
+        (["--mesh", "data=2"], ["--mesh data=2,fsdp=1,tensor=1", "--strategy mesh"]),
+        (
+            ["--strategy", "mesh", "--mesh", "model=2"],
+            ["--mesh", "'model=2'", "data, fsdp, tensor", "e.g. data=2,fsdp=4"],
+        ),
+        (
+            ["--strategy", "mesh", "--mesh", "fsdp=3", "--run-dir", "RUN"],
+            ["--mesh data=-1,fsdp=3,tensor=1", "do not fit 8 devices"],
+        ),
         (["--precision", "fp8"], ["--precision", "'fp8'", "fp32", "bf16", "fp16"]),
         (["--optimizer", "foo"], ["--optimizer", "'foo'", "adam", "sgd"]),
         (["--devices", "0"], ["--devices", "positive integer, got 0"]),

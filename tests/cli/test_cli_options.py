@@ -37,8 +37,8 @@ def test_the_options_resume_accepts_are_pinned():
     # update of the run. Adding one needs the same argument.
     assert set(RESUMABLE) == {
         "epochs", "log_every", "checkpoint_every", "eval_every", "loggers",
-        "no_plot", "profile", "strategy", "shard", "microbatches", "devices",
-        "steps_per_call",
+        "no_plot", "profile", "strategy", "shard", "mesh", "microbatches",
+        "devices", "steps_per_call",
     }  # fmt: skip
 
 

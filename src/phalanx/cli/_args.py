@@ -49,6 +49,7 @@ RESUMABLE = (
     # per-device batch statistics (BatchNorm) are the documented exception.
     "strategy",
     "shard",
+    "mesh",
     "microbatches",
     "devices",
     "steps_per_call",
@@ -84,6 +85,8 @@ class TrainArgs:
     distributed: bool = False
     # FullyShardedStrategy's (None: its default, "all").
     shard: Literal["all", "optimizer"] | None = None
+    # MeshStrategy's axis sizes, "data=D,fsdp=F,tensor=T" (None: not a mesh).
+    mesh: str | None = None
     # --model-arg NAME=VALUE, as given (VALUE a Python literal).
     model_arg: tuple[str, ...] = ()
     loggers: tuple[str, ...] = DEFAULT_LOGGERS

@@ -66,6 +66,11 @@ def check_arguments(args: TrainArgs) -> None:
             f"--shard {args.shard} splits the state of --strategy fsdp, not of "
             f"--strategy {args.strategy}; add --strategy fsdp, or drop --shard"
         )
+    if args.mesh is not None and args.strategy != "mesh":
+        raise UsageError(
+            f"--mesh {args.mesh} sizes the axes of --strategy mesh, not of "
+            f"--strategy {args.strategy}; add --strategy mesh, or drop --mesh"
+        )
     if args.model_arg and not args.user_model:
         raise UsageError(
             f"--model-arg is for --model MODULE:FACTORY, not the built-in "

@@ -10,7 +10,15 @@ from typing import Any, NoReturn
 
 from .._version import __version__
 from ._args import UsageError
-from ._values import model, model_arg, positive_float, positive_int, steps, widths
+from ._values import (
+    mesh,
+    model,
+    model_arg,
+    positive_float,
+    positive_int,
+    steps,
+    widths,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -114,11 +122,19 @@ def build_parser(
     )
     add(
         "--strategy",
-        choices=("sharding", "pmap", "fsdp"),
+        choices=("sharding", "pmap", "fsdp", "mesh"),
         default="sharding",
         help="ShardingStrategy (jit over sharded arrays), PmapStrategy "
-        "(per-device program) or FullyShardedStrategy (the state split over "
-        "the devices)",
+        "(per-device program), FullyShardedStrategy (the state split over "
+        "the devices) or MeshStrategy (a data x fsdp x tensor mesh: --mesh)",
+    )
+    add(
+        "--mesh",
+        type=mesh,
+        default=None,
+        metavar="AXIS=SIZE,...",
+        help="with --strategy mesh: the sizes of its data, fsdp and tensor "
+        "axes, e.g. data=2,fsdp=4 (data -1 unless given: what the others leave)",
     )
     add(
         "--shard",

@@ -17,6 +17,7 @@ from ..data import ArrayLoader
 from ..strategies import (
     AccumulatingStrategy,
     FullyShardedStrategy,
+    MeshStrategy,
     PmapStrategy,
     ShardingStrategy,
     Strategy,
@@ -30,6 +31,7 @@ from ._model import (
     model_args,
     model_factory,
 )
+from ._values import mesh_sizes
 
 
 if TYPE_CHECKING:
@@ -135,8 +137,21 @@ def make_plot(path: Path) -> list[Callback]:
 
 
 def make_strategy(args: "TrainArgs", devices: list[Any]) -> Strategy:
+    """The strategy the options ask for, on `devices`.
+
+    Raises:
+        UsageError: --mesh sizes that do not fit the devices.
+    """
     if args.strategy == "fsdp":
         inner = FullyShardedStrategy(devices, shard=args.shard or "all")
+    elif args.strategy == "mesh":
+        try:
+            sizes = mesh_sizes(args.mesh or "data=-1")
+            inner = MeshStrategy(
+                devices, data=sizes["data"], fsdp=sizes["fsdp"], tensor=sizes["tensor"]
+            )
+        except ValueError as error:  # sizes that do not fit the devices
+            raise UsageError(f"--mesh {args.mesh}: {error}") from None
     elif args.strategy == "pmap":
         inner = PmapStrategy(devices)
     else:
@@ -168,11 +183,11 @@ def train_and_report(
     args = args.with_schedule_steps(len(loader))
     schedule = make_schedule(args, args.schedule_length(len(loader)))
 
+    strategy = make_strategy(args, devices)
     run = args.run_dir
     main = jax.process_index() == 0  # files and lines are written once
     folder.create(main=main)
     every = args.log_every
-    strategy = make_strategy(args, devices)
     checkpoint = cb.Checkpoint(run / "checkpoints", every_n_steps=args.checkpoint_every)
     trainer = DataParallelTrainer(
         model,

@@ -74,3 +74,44 @@ def steps(text: str) -> tuple[int, int]:
             f"{text!r} is not START:END with 1 <= START < END, e.g. 10:20"
         )
     return steps
+
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
+def mesh_sizes(text: str) -> dict[str, int]:
+    """``data=2,fsdp=4`` as `MeshStrategy`'s sizes (axes not named: 1, or
+    ``data`` -1 when not named: what the others leave).
+
+    Raises:
+        ValueError: an axis that is not data, fsdp or tensor, one named
+            twice, or a size that is not an int >= 1 (or -1).
+    """
+    sizes: dict[str, int] = {}
+    for part in text.split(","):
+        name, equals, value = part.strip().partition("=")
+        try:
+            size = int(value)
+        except ValueError:
+            size = 0
+        if not equals or name not in MESH_AXES or name in sizes:
+            raise ValueError(
+                f"{text!r}: {part!r} is not AXIS=SIZE for a distinct axis of "
+                f"{', '.join(MESH_AXES)}; e.g. data=2,fsdp=4"
+            )
+        if size < 1 and size != -1:
+            raise ValueError(
+                f"{text!r}: {name} must be an int >= 1 (or -1: what the others "
+                "leave); e.g. data=2,fsdp=4"
+            )
+        sizes[name] = size
+    return {"data": -1, "fsdp": 1, "tensor": 1} | sizes
+
+
+def mesh(text: str) -> str:
+    """--mesh's text, checked and written as `mesh_sizes` reads it."""
+    try:
+        sizes = mesh_sizes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return ",".join(f"{name}={size}" for name, size in sizes.items())

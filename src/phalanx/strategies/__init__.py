@@ -4,6 +4,7 @@ strategy base, and the built-in strategies (re-exports only)."""
 from ._accumulating import AccumulatingStrategy as AccumulatingStrategy
 from ._device_mesh import DeviceMeshStrategy as DeviceMeshStrategy
 from ._fully_sharded import FullyShardedStrategy as FullyShardedStrategy
+from ._mesh_strategy import MeshStrategy as MeshStrategy
 from ._pmap import PmapStrategy as PmapStrategy
 from ._sharding import ShardingStrategy as ShardingStrategy
 from ._strategy import PerDeviceStrategy as PerDeviceStrategy, Strategy as Strategy

@@ -1,0 +1,104 @@
+"""`px.models.Stacked`: n layers of one structure, stored stacked and applied
+with `jax.lax.scan`, optionally rematerialised.
+
+Stored stacked (one leading layer axis per array), the step compiles one
+layer's program once, whatever n; under a strategy that splits the
+parameters over devices, each layer is gathered inside the loop, so a step
+holds one layer gathered, not the model.
+"""
+
+import inspect
+from collections.abc import Callable
+from typing import Any, final
+
+import equinox as eqx
+import jax
+import jax.random as jr
+from jaxtyping import Array, PRNGKeyArray, PyTree
+
+from .._stacking import AbstractStacked
+from .._typing import validates_own_arguments
+from .._validate import is_int
+
+
+@final
+class Stacked(AbstractStacked):
+    """`n` layers of the same structure, each mapping an input to an output
+    of the same shape, applied in order.
+
+    The layers are built with `eqx.filter_vmap` (``make_layer(key)`` once per
+    key) and stored stacked: each array has a leading axis of size `n`. The
+    call runs them with `jax.lax.scan`, so compile time grows little with
+    `n`. A key passed to the call is split into one per layer, for layers
+    that take a ``key`` (dropout); without one (at inference) they get none.
+
+    Sharding rules see a stacked array with its layer axis first: the path
+    of a stacked `eqx.nn.Linear`'s weight in a field ``blocks`` is
+    ``"blocks.layers.weight"``, its shape ``(n, out, in)``.
+
+    Example:
+        ```python
+        blocks = px.models.Stacked(
+            lambda key: eqx.nn.MLP(64, 64, 128, 1, key=key), 8,
+            key=jax.random.key(0), remat=True,
+        )
+        y = blocks(jnp.ones(64))
+        ```
+    """
+
+    layers: Any
+    n: int = eqx.field(static=True)
+    # False; True (recompute every activation of a layer in the backward
+    # pass); or a `jax.checkpoint_policies` policy (what to keep).
+    remat: bool | Callable[..., Any] = eqx.field(static=True)
+
+    @validates_own_arguments
+    def __init__(
+        self,
+        make_layer: Callable[[PRNGKeyArray], eqx.Module],
+        n: int,
+        *,
+        key: PRNGKeyArray,
+        remat: bool | Callable[..., Any] = False,
+    ):
+        """
+        Args:
+            make_layer: builds one layer from a key.
+            n: the number of layers.
+            key: split into one key per layer.
+            remat: recompute each layer's activations in the backward pass
+                instead of keeping them: True for all, or a
+                `jax.checkpoint_policies` policy saying what to keep.
+
+        Raises:
+            ValueError: `n` is not an int >= 1.
+            TypeError: `remat` is neither a bool nor a policy.
+        """
+        if not is_int(n) or n < 1:
+            raise ValueError(f"n={n!r} must be an int >= 1 (the number of layers)")
+        if not (isinstance(remat, bool) or callable(remat)):
+            raise TypeError(
+                f"remat={remat!r} must be a bool or a jax.checkpoint_policies "
+                "policy, e.g. remat=jax.checkpoint_policies.dots_saveable"
+            )
+        self.layers = eqx.filter_vmap(make_layer)(jr.split(key, n))
+        self.n = n
+        self.remat = remat
+
+    def __call__(self, x: PyTree[Array], *, key: PRNGKeyArray | None = None) -> Any:
+        """The output of the last layer, for one input."""
+        params, static = eqx.partition(self.layers, eqx.is_array)
+        takes_key = "key" in inspect.signature(self.layers).parameters
+        keys = jr.split(key, self.n) if key is not None and takes_key else None
+
+        def layer(x: Any, inputs: tuple[Any, Any]) -> tuple[Any, None]:
+            arrays, layer_key = inputs
+            module = eqx.combine(arrays, static)
+            if layer_key is None:
+                return module(x), None
+            return module(x, key=layer_key), None
+
+        if self.remat is not False:
+            policy = None if self.remat is True else self.remat
+            layer = jax.checkpoint(layer, policy=policy)  # pyright: ignore[reportAssignmentType]
+        return jax.lax.scan(layer, x, (params, keys))[0]

@@ -1,0 +1,310 @@
+"""`MeshStrategy`: training on a mesh of named axes ``("data", "fsdp",
+"tensor")``: data parallelism, fully sharded (and hybrid) data parallelism
+and tensor parallelism by sharding rules, in one global `jax.jit` program.
+
+The batch is split over ``data`` × ``fsdp``. The parameters and optimizer
+state are split over ``fsdp`` by size (as `FullyShardedStrategy` splits
+them) and over any axis as the rules say (`_rules.py`); the compiler adds
+the collectives (an all-gather where a split parameter is used, a
+reduce-scatter where a gradient meets its split optimizer state).
+"""
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar, final
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jaxtyping import PyTree
+from typing_extensions import override
+
+from .._log import logger
+from .._stacking import AbstractStacked
+from .._typing import Devices, validates_own_arguments
+from .._validate import is_int
+from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh
+from ._per_device import spec_axes
+from ._placement import named
+from ._rules import CheckedRule, Rule, RuleBook, check_rules, path_name
+from ._strategy import AxisName, LocalFn, MapFn
+
+
+AXES = ("data", "fsdp", "tensor")
+# Lines already logged about leaves left whole: each is said once a process.
+_WARNED: set[str] = set()
+
+
+@final
+class MeshStrategy(DeviceMeshStrategy):
+    """Data, fully sharded and tensor parallelism on one mesh of named axes
+    ``("data", "fsdp", "tensor")``, in the global view of `jax.jit`.
+
+    - **Batch**: split over ``data`` × ``fsdp`` (each position along them
+      gets an equal slice), whole along ``tensor``.
+    - **State over ``data``**: replicated.
+    - **State over ``fsdp``**: each floating leaf of at least `min_size`
+      elements split along its longest dimension that the axis divides (the
+      rule of `FullyShardedStrategy`; never the layer axis of a
+      [`Stacked`][phalanx.models.Stacked] array, so that each layer is
+      gathered on its turn), unless a rule says otherwise.
+    - **State over ``tensor``**: only what `rules` says.
+    - **`rules`**: ``(pattern, spec)`` pairs. `pattern` is a regular
+      expression `re.fullmatch`ed against a parameter's path in the model
+      (``jax.tree_util.keystr(path, simple=True, separator=".")``, e.g.
+      ``"blocks.layers.0.weight"``); `spec` has an entry per dimension of the
+      leaf: an axis name, a tuple of axis names, or None (whole). The first
+      matching rule is the leaf's whole layout (name ``"fsdp"`` in it where
+      the leaf should be split over that axis too). Optimizer-state leaves
+      (adam's moments) follow their parameter.
+
+    ``data=1, fsdp=N`` is FSDP; ``data=H, fsdp=N/H`` is hybrid sharding
+    (replicated across hosts, split within each); ``tensor=T`` with rules is
+    Megatron-style tensor parallelism. Devices fill the mesh in order, the
+    last axis varying fastest: with one process per host, consecutive
+    devices are a host's, so ``tensor`` and then ``fsdp`` stay within a host
+    and ``data`` goes across hosts.
+
+    The step is one program in the global view: the compiler places the
+    collectives, so under a mixed `precision` policy the gradients cross
+    devices where it puts them, not per device as under the 1-D strategies.
+
+    Example:
+        ```python
+        strategy = px.MeshStrategy(data=2, fsdp=4)  # hybrid sharding on 8
+        strategy = px.MeshStrategy(
+            data=2, fsdp=2, tensor=2,
+            rules=[
+                (r"blocks\\..*\\.up\\.weight", ("tensor", "fsdp")),
+                (r"blocks\\..*\\.down\\.weight", ("fsdp", "tensor")),
+            ],
+        )
+        ```
+    """
+
+    mesh: Mesh
+    axis_name: AxisName  # ("data", "fsdp"): the axes a batch is split over
+    # One global program: the compiler chooses how the sums cross devices.
+    # (A ClassVar may stand for an `eqx.AbstractVar`; pyright cannot tell.)
+    deterministic: ClassVar[bool] = False  # pyright: ignore[reportIncompatibleVariableOverride]
+    rules: tuple[CheckedRule, ...]
+    # Leaves with fewer elements stay replicated over fsdp (splitting them
+    # saves less than their collectives cost).
+    min_size: int
+
+    @validates_own_arguments
+    def __init__(
+        self,
+        devices: Devices = None,
+        *,
+        data: int = -1,
+        fsdp: int = 1,
+        tensor: int = 1,
+        rules: Sequence[Rule] = (),
+        min_size: int = 2**12,
+    ):
+        """
+        Args:
+            devices: None for all local devices (every process's in a
+                multi-process run), an int for the first n, or a sequence of
+                devices.
+            data, fsdp, tensor: the axes' sizes; their product is the device
+                count, and one of them may be -1 (what is left).
+            rules: ``(pattern, spec)`` pairs saying where parameters are
+                split (see above).
+            min_size: leaves with fewer elements stay replicated over fsdp
+                (a rule still splits them).
+
+        Raises:
+            ValueError: a size is not an int >= 1 or -1, the sizes do not
+                multiply to the device count, a rule names an unknown axis
+                or is not a regular expression.
+            TypeError: `rules` is not a sequence of (pattern, spec) pairs.
+        """
+        sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+        for name, size in sizes.items():
+            if not is_int(size) or (size < 1 and size != -1):
+                raise ValueError(
+                    f"{name}={size!r} must be an int >= 1, or -1 for what the "
+                    f"other axes leave of the devices; e.g. {name}=2"
+                )
+        if not is_int(min_size) or min_size < 1:
+            raise ValueError(
+                f"min_size={min_size!r} must be an int >= 1 (leaves with fewer "
+                "elements stay replicated), e.g. min_size=4096"
+            )
+        self.rules = check_rules(rules, AXES)
+        self.axis_name = ("data", "fsdp")
+        self.mesh = make_mesh(devices, sizes)
+        self.min_size = min_size
+
+    @override
+    def state_spec(self, role: StateRole, leaf: jax.ShapeDtypeStruct) -> P:
+        """The fsdp rule by size, for an array whose path is not known."""
+        del role
+        return self._by_size(tuple(leaf.shape))
+
+    @override
+    def state_shardings(self, state: PyTree[Any]) -> PyTree[NamedSharding]:
+        """The model's floating arrays by the rules, then by size; the
+        optimizer state's as their parameters (by size where it holds an
+        array of no parameter's shape); everything else whole.
+
+        Raises:
+            ValueError: a rule does not fit a leaf it matches (its number of
+                entries, or an axis size that does not divide), or matches
+                no leaf.
+        """
+        book = RuleBook(self.rules, dict(self.mesh.shape))
+        stacked = _stacked_leaves(state.model)
+        model_specs = jax.tree_util.tree_map_with_path(
+            lambda path, leaf: self._model_spec(
+                book, path_name(path), leaf, id(leaf) in stacked
+            ),
+            state.model,
+        )
+        book.check_all_used()
+        self._warn_whole(state.model, model_specs)
+        opt_specs = _follow(state.model, model_specs, state.opt_state, self._leaf_spec)
+        whole = named(self.mesh, P())
+
+        def place(specs: PyTree[P]) -> PyTree[NamedSharding]:
+            return jax.tree.map(lambda s: named(self.mesh, s), specs, is_leaf=_is_spec)
+
+        return eqx.tree_at(
+            lambda s: (s.model, s.opt_state),
+            jax.tree.map(lambda _: whole, state),
+            (place(model_specs), place(opt_specs)),
+        )
+
+    @override
+    def reduce(
+        self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
+    ) -> tuple[PyTree, PyTree]:
+        return fn(replicated, carry, examples)
+
+    @override
+    def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
+        return fn(replicated, examples)
+
+    @override
+    def reduce_per_device(
+        self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
+    ) -> tuple[PyTree, PyTree]:
+        """The global program: a layout by path has no per-device form here."""
+        return self.reduce(fn, replicated, carry, examples)
+
+    def _model_spec(
+        self, book: RuleBook, path: str, leaf: Any, stacked: bool = False
+    ) -> P:
+        if not _floating(leaf):
+            return P()
+        spec = book.spec(path, tuple(leaf.shape))
+        if spec is not None:
+            return spec
+        return self._by_size(tuple(leaf.shape), keep_first=stacked)
+
+    def _leaf_spec(self, leaf: Any) -> P:
+        return self._by_size(tuple(leaf.shape)) if _floating(leaf) else P()
+
+    def _by_size(self, shape: tuple[int, ...], keep_first: bool = False) -> P:
+        """The fsdp rule: split along the longest dimension fsdp divides
+        (never the first, the layer axis, with `keep_first`)."""
+        n = self.mesh.shape["fsdp"]
+        if n == 1 or math.prod(shape) < self.min_size:
+            return P()
+        fits = [
+            i
+            for i, length in enumerate(shape)
+            if length and length % n == 0 and not (keep_first and i == 0)
+        ]
+        if not fits:
+            return P()
+        dim = max(fits, key=lambda i: (shape[i], -i))
+        return P(*[None] * dim, "fsdp")
+
+    def _warn_whole(self, model: PyTree[Any], specs: PyTree[P]) -> None:
+        """One line naming the large floating leaves left whole on every
+        device while the mesh could split them."""
+        sizes = self.mesh.shape
+        if sizes["fsdp"] == 1 and sizes["tensor"] == 1:
+            return
+        whole = []
+        pairs = jax.tree_util.tree_leaves_with_path(model)
+        for (path, leaf), spec in zip(
+            pairs, jax.tree.leaves(specs, is_leaf=_is_spec), strict=True
+        ):
+            split = any(spec_axes(entry) for entry in spec)
+            if _floating(leaf) and leaf.size >= self.min_size and not split:
+                nbytes = leaf.size * jnp.dtype(leaf.dtype).itemsize
+                whole.append(
+                    f"{path_name(path)} {leaf.dtype}{list(leaf.shape)} "
+                    f"({nbytes:,} bytes)"
+                )
+        line = (
+            f"MeshStrategy({dict(sizes)}): kept whole on every device: "
+            f"{'; '.join(whole)}; add a rule for it, or make a dimension "
+            "divisible by fsdp"
+        )
+        if whole and line not in _WARNED:
+            _WARNED.add(line)
+            logger.warning(line)
+
+
+def _floating(leaf: Any) -> bool:
+    """Whether `leaf` is a floating array of at least one dimension."""
+    return (
+        isinstance(leaf, jax.ShapeDtypeStruct | jax.Array)
+        and bool(leaf.shape)
+        and jnp.issubdtype(leaf.dtype, jnp.inexact)
+    )
+
+
+def _stacked_leaves(model: PyTree[Any]) -> set[int]:
+    """The ids of the arrays of `model` stored stacked (a layer axis first)."""
+    found = set()
+    nodes = jax.tree.leaves(model, is_leaf=lambda x: isinstance(x, AbstractStacked))
+    for node in nodes:
+        if isinstance(node, AbstractStacked):
+            found.update(id(leaf) for leaf in jax.tree.leaves(node.layers))
+    return found
+
+
+def _is_spec(x: Any) -> bool:
+    return isinstance(x, P)
+
+
+def _follow(
+    model: PyTree[Any], model_specs: PyTree[P], opt_state: PyTree[Any], by_size: Any
+) -> PyTree[P]:
+    """The optimizer state's layout: a subtree shaped as the model's arrays
+    (or its floating arrays, as optax states are initialised on) takes the
+    model's layout; any other array its layout by size."""
+    flat = jax.tree.leaves(model_specs, is_leaf=_is_spec)
+    leaves, treedef = jax.tree.flatten(model)
+    floating = jax.tree.map(lambda x: x if _floating(x) else None, model)
+    floating_leaves, floating_def = jax.tree.flatten(floating)
+    floating_specs = [s for x, s in zip(leaves, flat, strict=True) if _floating(x)]
+    known = [
+        (treedef, [tuple(x.shape) for x in leaves], flat),
+        (floating_def, [tuple(x.shape) for x in floating_leaves], floating_specs),
+    ]
+
+    def twin(node: Any) -> list[P] | None:
+        if node is None or isinstance(node, jax.ShapeDtypeStruct | jax.Array):
+            return None
+        structure = jax.tree.structure(node)
+        shapes = [tuple(x.shape) for x in jax.tree.leaves(node)]
+        for candidate, candidate_shapes, specs in known:
+            if structure == candidate and shapes == candidate_shapes:
+                return specs
+        return None
+
+    def spec(node: Any) -> Any:
+        specs = twin(node)
+        if specs is not None:
+            return jax.tree.unflatten(jax.tree.structure(node), specs)
+        return by_size(node)
+
+    return jax.tree.map(spec, opt_state, is_leaf=lambda node: twin(node) is not None)

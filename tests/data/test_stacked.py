@@ -1,0 +1,118 @@
+"""`px.models.Stacked`: layers stored stacked, applied with `jax.lax.scan`."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import phalanx as px
+
+
+def block(key) -> eqx.nn.MLP:
+    return eqx.nn.MLP(8, 8, 16, 1, key=key)
+
+
+class Noisy(eqx.Module):
+    """A layer with dropout: it takes a key."""
+
+    linear: eqx.nn.Linear
+    dropout: eqx.nn.Dropout
+
+    def __init__(self, key):
+        self.linear = eqx.nn.Linear(8, 8, key=key)
+        self.dropout = eqx.nn.Dropout(0.5)
+
+    def __call__(self, x, *, key=None):
+        return self.dropout(self.linear(x), key=key, inference=key is None)
+
+
+def test_the_layers_run_in_order():
+    stacked = px.models.Stacked(block, 3, key=jax.random.key(0))
+    assert stacked.layers.layers[0].weight.shape == (3, 16, 8)
+    params, static = eqx.partition(stacked.layers, eqx.is_array)
+    x = jnp.arange(8.0)
+    expected = x
+    for i in range(3):
+        layer = eqx.combine(jax.tree.map(lambda a, i=i: a[i], params), static)
+        expected = layer(expected)
+    np.testing.assert_allclose(stacked(x), expected, rtol=1e-6)
+    # Built from the keys jr.split(key, 3) gives, one layer each.
+    keys = jax.random.split(jax.random.key(0), 3)
+    first = block(keys[0])
+    np.testing.assert_array_equal(params.layers[0].weight[0], first.layers[0].weight)
+
+
+@pytest.mark.parametrize("remat", [True, jax.checkpoint_policies.dots_saveable])
+def test_remat_changes_no_gradient(remat):
+    plain = px.models.Stacked(block, 4, key=jax.random.key(1))
+    again = px.models.Stacked(block, 4, key=jax.random.key(1), remat=remat)
+
+    def loss(model):
+        return jnp.sum(model(jnp.linspace(-1, 1, 8)) ** 2)
+
+    want = eqx.filter_grad(loss)(plain)
+    have = eqx.filter_grad(loss)(again)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(have), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_each_layer_gets_its_own_key_and_none_at_inference():
+    stacked = px.models.Stacked(Noisy, 2, key=jax.random.key(2))
+    x = jnp.ones(8)
+    once = stacked(x, key=jax.random.key(3))
+    np.testing.assert_array_equal(once, stacked(x, key=jax.random.key(3)))
+    assert not np.array_equal(once, stacked(x, key=jax.random.key(4)))
+    # Without a key every layer runs without dropout.
+    params, static = eqx.partition(stacked.layers, eqx.is_array)
+    expected = x
+    for i in range(2):
+        layer = eqx.combine(jax.tree.map(lambda a, i=i: a[i], params), static)
+        expected = layer(expected)
+    np.testing.assert_allclose(stacked(x), expected, rtol=1e-6)
+
+
+def test_dropout_layers_train_with_steps_per_call():
+    class Net(eqx.Module):
+        blocks: px.models.Stacked
+        head: eqx.nn.Linear
+
+        def __init__(self, key):
+            one, two = jax.random.split(key)
+            self.blocks = px.models.Stacked(Noisy, 2, key=one, remat=True)
+            self.head = eqx.nn.Linear(8, 3, key=two)
+
+        def __call__(self, x, *, key=None):
+            return self.head(self.blocks(x, key=key))
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 64).astype(np.int32)
+    batches = [(x[:32], y[:32]), (x[32:], y[32:])]
+    trained = []
+    for steps_per_call in (1, 2):
+        trainer = px.DataParallelTrainer(
+            Net(jax.random.key(0)),
+            optax.adam(1e-2),
+            steps_per_call=steps_per_call,
+            progress=False,
+        )
+        trainer.fit(batches, epochs=4)
+        trained.append(trainer)
+    # The same dropout masks, whether steps run one by one or two at a time.
+    for a, b in zip(
+        jax.tree.leaves(eqx.filter(trained[0].model, eqx.is_array)),
+        jax.tree.leaves(eqx.filter(trained[1].model, eqx.is_array)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    history = trained[0].history
+    assert history[-1]["loss"] < history[0]["loss"]
+
+
+def test_bad_arguments_say_what_to_pass():
+    with pytest.raises(ValueError, match=r"n=0 must be an int >= 1"):
+        px.models.Stacked(block, 0, key=jax.random.key(0))
+    with pytest.raises(TypeError, match=r"remat='all' must be a bool or a jax"):
+        px.models.Stacked(block, 2, key=jax.random.key(0), remat="all")  # type: ignore[arg-type]
