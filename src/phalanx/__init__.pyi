@@ -27,4 +27,5 @@ from .strategies import (
     PmapStrategy as PmapStrategy,
     ShardingStrategy as ShardingStrategy,
     Strategy as Strategy,
+    sharded_model as sharded_model,
 )

@@ -237,3 +237,21 @@ def test_checkpoints_cross_meshes(tmp_path):
         other.fit(ragged_batches(), steps=3)  # 3 more: as the straight run's
         for a, b in zip(arrays(other.model), arrays(straight.model), strict=True):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+def test_a_model_built_in_its_shards():
+    strategy = mesh(data=1, fsdp=4, tensor=2, rules=RULES)
+    built = px.sharded_model(Net, strategy, key=jax.random.key(0))
+    # The model make_model builds, its arrays already laid out.
+    for a, b in zip(arrays(built), arrays(model(0)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    fitted = trainer(strategy)
+    assert specs(built) == specs(fitted.state.model)
+    up = built.blocks.layers.up.weight
+    assert up.addressable_shards[0].data.shape == (2, 64 // 2, 32 // 4)
+    # The trainer takes it as it is.
+    tx = optax.adam(1e-2, eps=1e-4)
+    taken = px.DataParallelTrainer(built, tx, strategy=strategy, progress=False)
+    assert specs(taken.state.model) == specs(built)
+    with pytest.raises(TypeError, match=r"is not a phalanx strategy"):
+        px.sharded_model(Net, "fsdp", key=jax.random.key(0))  # type: ignore[arg-type]

@@ -109,8 +109,13 @@ class MeshStrategy(DeviceMeshStrategy):
             devices: None for all local devices (every process's in a
                 multi-process run), an int for the first n, or a sequence of
                 devices.
-            data, fsdp, tensor: the axes' sizes; their product is the device
-                count, and one of them may be -1 (what is left).
+            data: the size of the ``data`` axis (the batch split, the state
+                replicated); -1: what the other axes leave of the devices.
+            fsdp: the size of the ``fsdp`` axis (the batch and the state
+                split); the sizes multiply to the device count, one of them
+                may be -1.
+            tensor: the size of the ``tensor`` axis (the state split where
+                `rules` say, the batch whole).
             rules: ``(pattern, spec)`` pairs saying where parameters are
                 split (see above).
             min_size: leaves with fewer elements stay replicated over fsdp
