@@ -17,8 +17,9 @@ its train step lowered and compiled):
   device, the model's full parameter bytes, and the compiled step's
   temporary bytes per device (`memory_analysis()`), with the median step
   time of a few steps;
-- **remat**: a deep stack at a wide batch (activations dominate) under
-  ``data=8``, with and without ``remat=True``: temporary bytes;
+- **remat**: a deep, narrow stack (a quarter of ``--width``) at a batch 64
+  times ``--batch`` (activations dominate) under ``data=8``, with and
+  without ``remat=True``: temporary bytes;
 - **compile**: the train step's compile time for ``--depths`` layers of
   width 64, stacked and unrolled.
 """
@@ -162,17 +163,22 @@ def remat(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     import phalanx as px
 
-    wide = 8 * args.batch  # activations dominate
+    # Activations dominate: a narrow stack (a quarter of --width) at a batch
+    # 64 times --batch.
+    width, wide = args.width // 4, 64 * args.batch
     rng = np.random.default_rng(0)
     batch = (
-        rng.normal(size=(wide, args.width)).astype(np.float32),
+        rng.normal(size=(wide, width)).astype(np.float32),
         rng.integers(0, 10, wide).astype(np.int32),
     )
     rows = []
     for on in (False, True):
-        model = make_net(args.width, 2 * args.layers, stacked=True, remat=on)
+        model = make_net(width, 2 * args.layers, stacked=True, remat=on)
         row = measure(model, px.MeshStrategy(), batch, 0)
-        rows.append({"remat": on, "layers": 2 * args.layers, "batch": wide, **row})
+        rows.append(
+            {"remat": on, "layers": 2 * args.layers, "width": width, "batch": wide}
+            | row
+        )
     return rows
 
 
@@ -212,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     for row in results["remat"]:
         print(
-            f"remat={row['remat']!s:5} {row['layers']} layers, batch {row['batch']}: "
+            f"remat={row['remat']!s:5} {row['layers']} layers of {row['width']}, "
+            f"batch {row['batch']}: "
             f"temp {row['temp_bytes'] / mib:.1f} MiB per device"
         )
     for row in results["compile"]:

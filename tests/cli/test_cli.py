@@ -8,6 +8,7 @@ import math
 import os
 import pathlib
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -295,6 +296,12 @@ def test_history_png(default_run):
 # --- the README's main job, as written ----------------------------------------
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 @pytest.mark.slow
 def test_readme_main_job(tmp_path, record_property):
     # The README's Quick start: install, then `phalanx train` with no arguments.
@@ -314,7 +321,7 @@ def test_readme_main_job(tmp_path, record_property):
         if k not in ("NPROC", "XLA_FLAGS") and not k.startswith(_CACHE_SETTINGS)
     }
     env["JAX_PLATFORMS"] = "cpu"
-    start = time.perf_counter()
+    start, before = time.perf_counter(), _children_cpu()
     result = subprocess.run(
         [str(script), "train", "--run-dir", str(run)],
         cwd=tmp_path,
@@ -323,9 +330,10 @@ def test_readme_main_job(tmp_path, record_property):
         text=True,
         timeout=300,
     )
-    wall = time.perf_counter() - start
-    print(f"phalanx train (the README's main job): {wall:.1f} s")
+    wall, cpu = time.perf_counter() - start, _children_cpu() - before
+    print(f"phalanx train (the README's main job): {wall:.1f} s, {cpu:.1f} s CPU")
     record_property("wall_s", round(wall, 1))  # in --junitxml reports
+    record_property("cpu_s", round(cpu, 1))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr.splitlines() == [NOTICE]
     lines = result.stdout.splitlines()
@@ -335,8 +343,10 @@ def test_readme_main_job(tmp_path, record_property):
     assert float(final.group(2)) >= 0.97, lines[-1]
     # The issue's bound is 60 s on its 2-core machine (about 30 s there);
     # 120 s leaves room for slower CI machines while still catching a job
-    # that has become several times slower.
-    assert wall < 120, f"phalanx train took {wall:.1f} s"
+    # that has become several times slower. Bounded in CPU seconds, which
+    # the tests running beside it on the same cores do not inflate as they
+    # do its wall time (the job keeps about one core busy).
+    assert cpu < 120, f"phalanx train took {cpu:.1f} s of CPU ({wall:.1f} s)"
     for name in ("metrics.csv", "metrics.jsonl", "history.png"):
         assert (run / name).stat().st_size > 0, name
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
