@@ -23,6 +23,31 @@ Shard = Literal["all", "optimizer"]
 SHARD: tuple[Shard, ...] = ("all", "optimizer")
 
 
+def split_by_size(
+    shape: tuple[int, ...],
+    axis: str,
+    n: int,
+    min_size: int,
+    *,
+    keep_first: bool = False,
+) -> P:
+    """The fully sharded rule for a floating array of `shape`: split over
+    `axis` (of `n` devices) along its longest dimension that `n` divides
+    (the first of equal ones; never the first dimension with `keep_first`),
+    if it has at least `min_size` elements; else whole."""
+    if n == 1 or math.prod(shape) < min_size:
+        return P()
+    fits = [
+        i
+        for i, length in enumerate(shape)
+        if length and length % n == 0 and not (keep_first and i == 0)
+    ]
+    if not fits:
+        return P()
+    dim = max(fits, key=lambda i: (shape[i], -i))
+    return P(*[None] * dim, axis)
+
+
 @final
 class FullyShardedStrategy(DeviceMeshStrategy):
     """Data parallelism with the training state split over the devices
@@ -104,16 +129,9 @@ class FullyShardedStrategy(DeviceMeshStrategy):
 
     def spec(self, shape: tuple[int, ...], dtype: Any) -> P:
         """Where a leaf of this shape and dtype is split (`P()`: whole)."""
-        n = self.mesh.size
-        if n == 1 or not jnp.issubdtype(dtype, jnp.inexact):
+        if not jnp.issubdtype(dtype, jnp.inexact):
             return P()
-        if math.prod(shape) < self.min_size:
-            return P()
-        fits = [i for i, length in enumerate(shape) if length and length % n == 0]
-        if not fits:
-            return P()
-        dim = max(fits, key=lambda i: (shape[i], -i))
-        return P(*[None] * dim, self.axis_name)
+        return split_by_size(shape, self.axis_name, self.mesh.size, self.min_size)
 
     @override
     def state_spec(self, role: StateRole, leaf: jax.ShapeDtypeStruct) -> P:

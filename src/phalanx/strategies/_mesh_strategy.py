@@ -5,11 +5,10 @@ and tensor parallelism by sharding rules, in one global `jax.jit` program.
 The batch is split over ``data`` × ``fsdp``. The parameters and optimizer
 state are split over ``fsdp`` by size (as `FullyShardedStrategy` splits
 them) and over any axis as the rules say (`_rules.py`); the compiler adds
-the collectives (an all-gather where a split parameter is used, a
-reduce-scatter where a gradient meets its split optimizer state).
+the collectives (an all-gather where a split parameter is used, a reduction
+of each gradient into its optimizer state's layout).
 """
 
-import math
 from collections.abc import Sequence
 from typing import Any, ClassVar, final
 
@@ -25,6 +24,7 @@ from .._stacking import AbstractStacked
 from .._typing import Devices, validates_own_arguments
 from .._validate import is_int
 from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh
+from ._fully_sharded import split_by_size
 from ._per_device import spec_axes
 from ._placement import named
 from ._rules import CheckedRule, Rule, RuleBook, check_rules, path_name
@@ -214,20 +214,9 @@ class MeshStrategy(DeviceMeshStrategy):
         return self._by_size(tuple(leaf.shape)) if _floating(leaf) else P()
 
     def _by_size(self, shape: tuple[int, ...], keep_first: bool = False) -> P:
-        """The fsdp rule: split along the longest dimension fsdp divides
-        (never the first, the layer axis, with `keep_first`)."""
+        """The fsdp rule (never the layer axis of a stacked array)."""
         n = self.mesh.shape["fsdp"]
-        if n == 1 or math.prod(shape) < self.min_size:
-            return P()
-        fits = [
-            i
-            for i, length in enumerate(shape)
-            if length and length % n == 0 and not (keep_first and i == 0)
-        ]
-        if not fits:
-            return P()
-        dim = max(fits, key=lambda i: (shape[i], -i))
-        return P(*[None] * dim, "fsdp")
+        return split_by_size(shape, "fsdp", n, self.min_size, keep_first=keep_first)
 
     def _warn_whole(self, model: PyTree[Any], specs: PyTree[P]) -> None:
         """One line naming the large floating leaves left whole on every
