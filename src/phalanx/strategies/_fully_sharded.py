@@ -25,7 +25,7 @@ SHARD: tuple[Shard, ...] = ("all", "optimizer")
 
 def split_by_size(
     shape: tuple[int, ...],
-    axis: str,
+    axis: AxisName,
     n: int,
     min_size: int,
     *,
