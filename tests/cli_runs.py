@@ -19,13 +19,13 @@ import threading
 import time
 from collections.abc import Callable
 
-import equinox as eqx
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
 import phalanx as px
+from helpers import host_arrays
 from phalanx.cli._args import TrainArgs
 from phalanx.cli._main import build_parser
 from phalanx.cli._start import load_dataset
@@ -200,15 +200,7 @@ def cli_args(*args: str) -> TrainArgs:
 def state_arrays(trainer: px.DataParallelTrainer) -> list[np.ndarray]:
     """Every array of the trainer's state (parameters, optimizer state, step,
     PRNG key data) on the host."""
-    leaves = jax.tree.leaves(eqx.filter(trainer.state, eqx.is_array))
-    return [
-        np.asarray(
-            jax.random.key_data(leaf)
-            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-            else leaf
-        )
-        for leaf in leaves
-    ]
+    return host_arrays(trainer.state)
 
 
 def same_arrays(a: list[np.ndarray], b: list[np.ndarray]) -> bool:

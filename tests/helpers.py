@@ -48,6 +48,20 @@ def params_of(model) -> list[jax.Array]:
     return jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))
 
 
+def host_arrays(tree) -> list[np.ndarray]:
+    """Every array of `tree` (a model, a state) on the host, PRNG keys as
+    their data."""
+    leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_array))
+    return [
+        np.asarray(
+            jax.random.key_data(leaf)
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+            else leaf
+        )
+        for leaf in leaves
+    ]
+
+
 def max_abs_diff(a, b) -> float:
     """Max |a - b| over the parameters of two models (or pytrees of arrays)."""
     la, lb = params_of(a), params_of(b)

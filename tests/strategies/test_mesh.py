@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import phalanx as px
+from helpers import host_arrays
 
 
 WIDTH = 32
@@ -208,19 +209,6 @@ def test_a_large_leaf_left_whole_is_named_once(caplog):
     ]
 
 
-def arrays(tree) -> list[np.ndarray]:
-    """The arrays of `tree` on the host (PRNG keys as their data)."""
-    leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_array))
-    return [
-        np.asarray(
-            jax.random.key_data(x)
-            if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-            else x
-        )
-        for x in leaves
-    ]
-
-
 def test_checkpoints_cross_meshes(tmp_path):
     # Saved under (2,4,1), restored on one device and under (1,2,2) with rules:
     # every array bitwise, and training goes on as if never stopped.
@@ -232,10 +220,14 @@ def test_checkpoints_cross_meshes(tmp_path):
     for strategy in (mesh(1, data=1), mesh(4, data=1, fsdp=2, tensor=2, rules=RULES)):
         other = trainer(strategy, seed=9)
         other.fit(ragged_batches(), steps=3, resume=tmp_path / "3")  # nothing left
-        for a, b in zip(arrays(other.state), arrays(saved.state), strict=True):
+        for a, b in zip(
+            host_arrays(other.state), host_arrays(saved.state), strict=True
+        ):
             np.testing.assert_array_equal(a, b)
         other.fit(ragged_batches(), steps=3)  # 3 more: as the straight run's
-        for a, b in zip(arrays(other.model), arrays(straight.model), strict=True):
+        for a, b in zip(
+            host_arrays(other.model), host_arrays(straight.model), strict=True
+        ):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
 
 
@@ -243,7 +235,7 @@ def test_a_model_built_in_its_shards():
     strategy = mesh(data=1, fsdp=4, tensor=2, rules=RULES)
     built = px.sharded_model(Net, strategy, key=jax.random.key(0))
     # The model make_model builds, its arrays already laid out.
-    for a, b in zip(arrays(built), arrays(model(0)), strict=True):
+    for a, b in zip(host_arrays(built), host_arrays(model(0)), strict=True):
         np.testing.assert_array_equal(a, b)
     fitted = trainer(strategy)
     assert specs(built) == specs(fitted.state.model)
