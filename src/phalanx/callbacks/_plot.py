@@ -106,7 +106,8 @@ class PlotHistory(Callback):
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
 
-        if history.state_dict() == self._drawn:
+        drawn = history.state_dict()
+        if drawn == self._drawn:
             return  # the file already shows it
         names = self._names(history)
         if not names:
@@ -128,7 +129,7 @@ class PlotHistory(Callback):
         replace_atomically(
             self.path, lambda file: figure.savefig(file, format=self.format)
         )
-        self._drawn = history.state_dict()
+        self._drawn = drawn
 
     def _names(self, history: History) -> list[str]:
         present = history.names
