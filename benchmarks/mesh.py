@@ -15,8 +15,8 @@ its train step lowered and compiled):
   ``fsdp=8`` (stacked and unrolled), ``data=2, fsdp=4`` and ``fsdp=4,
   tensor=2`` with rules: the parameters and optimizer state on the fullest
   device, the model's full parameter bytes, and the compiled step's
-  temporary bytes per device (`memory_analysis()`), with the median step
-  time of a few steps;
+  temporary and peak bytes per device (`memory_analysis()`), with the
+  median step time of a few steps;
 - **remat**: a deep, narrow stack (a quarter of ``--width``) at a batch 64
   times ``--batch`` (activations dominate) under ``data=8``, with and
   without ``remat=True``: temporary bytes;
@@ -32,7 +32,8 @@ import time
 from typing import Any
 
 
-TINY = {"width": 64, "layers": 2, "batch": 16, "depths": "2,4", "steps": 1}
+# --tiny compiles every case but times no step (a smoke test of the harness).
+TINY = {"width": 64, "layers": 2, "batch": 16, "depths": "2,4", "steps": 0}
 DEFAULTS = {"width": 1024, "layers": 8, "batch": 64, "depths": "4,16,64", "steps": 5}
 
 
@@ -115,6 +116,12 @@ def measure(model: Any, strategy: Any, batch: Any, steps: int) -> dict[str, Any]
         "param_bytes": sum(x.nbytes for x in jax.tree.leaves(params)),
         "state_bytes_per_device": max(held.values()),
         "temp_bytes": stats.temp_size_in_bytes,
+        # What trainer.summary(batch).step.peak says: the inputs, the
+        # temporaries and the outputs that reuse no input's buffer.
+        "peak_bytes": stats.argument_size_in_bytes
+        + stats.output_size_in_bytes
+        - stats.alias_size_in_bytes
+        + stats.temp_size_in_bytes,
         "compile_s": compile_s,
     }
     if steps:
@@ -208,13 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     mib = 2**20
-    columns = ("params MiB", "state/dev", "temp/dev")
+    columns = ("params MiB", "state/dev", "temp/dev", "peak/dev")
     print(f"{'layout':38} " + " ".join(f"{c:>10}" for c in columns) + "  step ms")
     for row in results["layouts"]:
         print(
             f"{row['side']:38} {row['param_bytes'] / mib:10.1f} "
             f"{row['state_bytes_per_device'] / mib:10.1f} "
-            f"{row['temp_bytes'] / mib:10.1f} {1e3 * row.get('step_s', 0):8.1f}"
+            f"{row['temp_bytes'] / mib:10.1f} {row['peak_bytes'] / mib:10.1f} "
+            f"{1e3 * row.get('step_s', 0):8.1f}"
         )
     for row in results["remat"]:
         print(

@@ -164,6 +164,8 @@ BASES = {
     "pmap": px.PmapStrategy,
     "fsdp": lambda n: px.FullyShardedStrategy(n, min_size=1),
     "zero2": lambda n: px.FullyShardedStrategy(n, shard="optimizer", min_size=1),
+    # Hybrid sharding: replicated over 2 (where there are 2), split over the rest.
+    "mesh": lambda n: px.MeshStrategy(n, data=min(n, 2), fsdp=-1, min_size=1),
 }
 
 

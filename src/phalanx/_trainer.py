@@ -50,7 +50,7 @@ from ._engine._pipeline import BatchPipeline
 from ._engine._predict import predict_rows
 from ._engine._prepare import HostHooks, Preparer
 from ._engine._step import StepParts
-from ._engine._summary import ModelSummary, summarize
+from ._engine._summary import ModelSummary, StepMemory, summarize
 from ._precision import Precision, PrecisionName, cast_floating, precision_of
 from ._preemption import Preempted, preemption
 from ._state._history import History
@@ -674,7 +674,7 @@ class DataParallelTrainer(Generic[_Model]):
             self.strategy.batch_sharding,
         )
 
-    def summary(self) -> ModelSummary:
+    def summary(self, batch: PyTree | None = None) -> ModelSummary:
         """The model's parameters and the memory the state takes per device.
 
         Each parameter leaf's path, shape, dtype, size and bytes (whole, and
@@ -684,8 +684,20 @@ class DataParallelTrainer(Generic[_Model]):
         table; ``str()`` is the same table as plain text; ``.short()`` one
         line. Arrays at rest only: activations, gradients and the parameters
         a fully sharded step gathers come on top.
+
+        Given a batch, the summary also compiles the train step for batches
+        of its shape and says what a step takes on each device at its peak
+        (``.step``: XLA's `memory_analysis`): before the first step, whether
+        a model and batch fit. Nothing runs on the devices.
+
+        Example:
+            ```python
+            print(trainer.summary((x[:256], y[:256])).short())
+            # "...; step peak 41.2 MiB per device, MeshStrategy on 8 devices"
+            ```
         """
-        return summarize(self._layout, self.state, self.strategy)
+        step = None if batch is None else StepMemory.of(self.lower(batch).compile())
+        return summarize(self._layout, self.state, self.strategy, step)
 
     def lower(self, batch: PyTree) -> jax.stages.Lowered:
         """The train step lowered for `batch`, to inspect what it compiles to.

@@ -126,3 +126,30 @@ def test_tiny_precision_benchmark_run(tmp_path):
         assert (
             row["vs_fp32"] == 1.0 if row["precision"] == "fp32" else row["vs_fp32"] > 0
         )
+
+
+@pytest.mark.slow
+def test_tiny_mesh_benchmark_run(tmp_path):
+    out = tmp_path / "mesh.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "mesh.py"), "--tiny"]
+    result = subprocess.run([*command, "--out", str(out)], **SUBPROCESS, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads(out.read_text())
+    layouts = {row["side"]: row for row in results["layouts"]}
+    assert len(layouts) == 6 and "Mesh fsdp=8, Stacked" in layouts
+    for row in layouts.values():
+        assert row["temp_bytes"] > 0 and "step_s" not in row  # tiny: no timing
+        assert row["peak_bytes"] >= row["state_bytes_per_device"] + row["temp_bytes"]
+    # Split eight ways, the state on a device is below the replicated one's.
+    assert (
+        layouts["Mesh fsdp=8, Stacked"]["state_bytes_per_device"]
+        < layouts["ShardingStrategy"]["state_bytes_per_device"]
+    )
+    assert [row["remat"] for row in results["remat"]] == [False, True]
+    assert [(row["layers"], row["stacked"]) for row in results["compile"]] == [
+        (2, True),
+        (2, False),
+        (4, True),
+        (4, False),
+    ]
+    assert "peak/dev" in result.stdout

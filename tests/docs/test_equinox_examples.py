@@ -488,15 +488,16 @@ def test_bert_classifier_with_adam_is_equivalent_under_every_setup():
     # Dropout on: each example's mask comes from (seed, step, example), so
     # every set-up draws the reference's masks.
     results = px.testing.assert_equivalent(bert, [sentences(16)], steps=2)
-    assert len(results) == 4
+    assert len(results) == 5
     for name, result in results.items():
         assert result.gradient <= 1e-4 and result.values <= 1e-4, name
         # The key bias's true gradient is 0 (softmax ignores a constant added
         # to every key): only it may have adam amplify its rounding.
         assert set(result.amplified) <= {KEY_BIAS}, name
-    (fsdp,) = [r for n, r in results.items() if n.startswith("FullyShardedStrategy")]
-    assert "encoder.layers[0].ff_block.mlp.weight" in fsdp.split
-    assert len(fsdp.split) >= 8
+    for kind in ("FullyShardedStrategy", "MeshStrategy"):
+        (split,) = [r for n, r in results.items() if n.startswith(kind)]
+        assert "encoder.layers[0].ff_block.mlp.weight" in split.split, kind
+        assert len(split.split) >= 8, kind
 
 
 def test_bert_classifier_predicts_and_evaluates_with_dropout_off():

@@ -1,5 +1,6 @@
 """Smoke tests: every script in examples/ runs and prints what it promises."""
 
+import ast
 import os
 import pathlib
 import re
@@ -19,6 +20,7 @@ ARGS = {
     "gradient_accumulation.py": ["--epochs", "1"],
     "collectives.py": ["--epochs", "2"],
     "custom_data.py": ["--epochs", "3"],
+    "transformer.py": ["--steps", "20"],
 }
 
 
@@ -157,3 +159,24 @@ def test_custom_data():
     assert len(losses) == 3 and losses == sorted(losses, reverse=True), out
     [accuracy] = floats(r"final test loss \S+, accuracy (\S+)", out)
     assert accuracy > 0.85, out
+
+
+@pytest.mark.slow
+def test_transformer():
+    # Issue 31, acceptance 7: a Stacked transformer on a (2, 2, 2) mesh, its
+    # weights split by the rules, built in its shards; its loss falls.
+    out = run_example("transformer.py", *ARGS["transformer.py"])
+    assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in out, out
+    layout = dict(
+        re.findall(r"(?m)^  (attention query|mlp down)\s+\(.*?\)\s+(P\(.*?\))", out)
+    )
+    assert layout == {
+        "attention query": "P(None, 'tensor', 'fsdp')",
+        "mlp down": "P(None, 'fsdp', 'tensor')",
+    }, out
+    assert "(2, 32, 32)" in out, out  # a query weight: a quarter per device
+    losses = floats(r"(?m)^step\s+\d+\s+loss (\S+)", out)
+    assert len(losses) == 11, out  # step 1, then every 2nd
+    assert losses[-1] < losses[0] - 0.5, out
+    [written] = re.findall(r"(?m)^written: (.*)$", out)
+    assert len(ast.literal_eval(written)) == 60, out

@@ -362,9 +362,10 @@ def test_throughput_leaves_evaluations_out_of_its_log_points():
     trainer.fit(data, steps=8, eval_data=SlowSet(), eval_every=4)
     # The log point of step 8 measures steps 5 to 8, and the evaluation of
     # two seconds after step 8 (before its hooks): were it counted, those 4
-    # steps would run at under 2 steps a second.
+    # steps would run at under 2 steps a second, however fast they ran (the
+    # bound is no timing of the steps, which a busy machine stretches).
     assert set(rates.steps_per_sec) == {4, 8}
-    assert rates.steps_per_sec[8] > 6
+    assert rates.steps_per_sec[8] > 2
     # The epoch's figure is its wall-clock pace, evaluations included.
     assert trainer.history[0]["steps_per_sec"] < 2  # 8 steps and 4 s of it
 

@@ -90,6 +90,20 @@ def test_bf16_matches_the_casts_by_hand(kind, devices, bf16_reference):
     assert max_abs_diff(trainer.model, bf16_reference) <= tolerance
 
 
+@pytest.mark.parametrize("kind", ["mesh", "mesh+acc2"])
+def test_bf16_on_a_mesh_matches_the_casts_by_hand(kind, bf16_reference):
+    # MeshStrategy is one global program: the compiler places the reduction,
+    # in float32 as the policy says, so it rounds as ShardingStrategy does.
+    trainer = px.DataParallelTrainer(
+        make_model(),
+        optax.adam(1e-2),
+        strategy=make_strategy(kind, 8),
+        precision="bf16",
+    )
+    trainer.fit([make_data(64)], steps=10)
+    assert max_abs_diff(trainer.model, bf16_reference) <= BF16_TOLERANCE
+
+
 def test_the_bf16_tolerance_tells_bf16_from_fp32(bf16_reference):
     fp32 = reference_fit(make_model(), [make_data(64)], steps=10)
     assert max_abs_diff(fp32, bf16_reference) > 2 * BF16_TOLERANCE

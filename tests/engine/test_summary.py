@@ -171,3 +171,34 @@ def cells(lines: list[str], first: str) -> list[str]:
 )
 def test_format_bytes(n, text):
     assert format_bytes(int(n)) == text
+
+
+def test_given_a_batch_the_summary_says_what_a_step_takes_per_device():
+    model = px.models.MLP(64, 10, hidden=(128,), key=jr.key(0))
+    x, y = np.ones((2048, 64), np.float32), np.zeros(2048, np.int32)
+
+    def summary(strategy: px.Strategy, rows: int) -> ModelSummary:
+        trainer = px.DataParallelTrainer(model, optax.adam(1e-2), strategy=strategy)
+        summary = trainer.summary((x[:rows], y[:rows]))
+        assert int(trainer.state.step) == 0  # compiled, not run
+        assert trainer.summary().step is None  # no batch, no step
+        return summary
+
+    small = summary(px.ShardingStrategy(8), 64)
+    large = summary(px.ShardingStrategy(8), 2048)
+    split = summary(px.FullyShardedStrategy(8), 64)
+    assert small.step is not None and large.step is not None
+    assert split.step is not None
+    # The step's inputs are the state and the batch (8 of 64 rows here).
+    assert small.step.arguments >= small.state_bytes_per_device + 8 * 64 * 4
+    # The state is donated: the new state reuses its buffers.
+    assert 0 < small.step.aliased <= small.step.outputs
+    assert small.step.peak >= small.step.arguments + small.step.temporaries
+    # 256 rows per device, not 8: more activations, the same state; each
+    # row brings 64 features, a label and its weight in the loss.
+    assert large.step.temporaries > small.step.temporaries
+    assert large.step.arguments - small.step.arguments == (256 - 8) * (64 + 2) * 4
+    # Split parameters and optimizer state: less in, gathered inside.
+    assert split.step.arguments < small.step.arguments
+    assert f"step peak {format_bytes(small.step.peak)} per device" in small.short()
+    assert "train step: peak" in str(small)

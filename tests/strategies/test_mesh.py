@@ -162,6 +162,17 @@ def test_each_device_holds_its_share_of_the_state(sizes):
             held += shard.data.nbytes
     assert held <= total / split * 1.1 + small, (held, total, small)
     assert total > 20 * small
+    # The summary reads the same from the layout, and names the mesh.
+    summary = fitted.summary()
+    params = eqx.filter(fitted.state.model, eqx.is_inexact_array)
+    assert summary.param_bytes_per_device == sum(
+        leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(params)
+    )
+    names = {
+        "(2,2,2) rules": "MeshStrategy(data=2, fsdp=2, tensor=2)",
+        "(1,4,2) rules": "MeshStrategy(fsdp=4, tensor=2)",
+    }
+    assert summary.strategy == names[sizes]
 
 
 def test_bad_meshes_and_rules_say_what_to_fix():

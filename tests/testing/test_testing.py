@@ -111,6 +111,7 @@ def test_correct_custom_loss_passes_every_default_setup():
         "PmapStrategy",
         "AccumulatingStrategy",
         "FullyShardedStrategy",
+        "MeshStrategy",
     }
     assert all(name.endswith("on 8 devices") for name in results)
     for result in results.values():
@@ -127,7 +128,10 @@ def test_default_fully_sharded_setup_splits_the_model():
     (name,) = [name for name in results if name.startswith("FullyShardedStrategy")]
     assert name == "FullyShardedStrategy(min_size=24) on 8 devices"
     assert results[name].split == ("layers[0].weight", "layers[1].weight")
-    assert all(not r.split for n, r in results.items() if n != name)
+    # Hybrid sharding: replicated over 2, the same leaves split over 4.
+    hybrid = "MeshStrategy(data=2, fsdp=4, min_size=24) on 8 devices"
+    assert results[hybrid].split == results[name].split
+    assert all(not r.split for n, r in results.items() if n not in (name, hybrid))
 
 
 def test_correct_collective_passes_under_per_device_strategies():

@@ -1,6 +1,7 @@
 """A model's parameters and the training state's memory, per device: the
 `ModelSummary` that `trainer.summary()` returns, read from the state's
-layout (its shapes and shardings), never from the arrays' values."""
+layout (its shapes and shardings), never from the arrays' values; and,
+given a batch, the compiled train step's memory (`StepMemory`)."""
 
 import dataclasses
 import io
@@ -15,7 +16,7 @@ from rich.table import Table
 
 from .._state._train_state import TrainState
 from ..strategies import Strategy
-from ..strategies._accumulating import strategy_name
+from ..strategies._names import strategy_name
 from ._layout import StateLayout
 
 
@@ -42,6 +43,46 @@ class ParameterRow:
 
 
 @dataclasses.dataclass(frozen=True)
+class StepMemory:
+    """What the compiled train step takes on each device, as XLA plans it
+    (`jax.stages.Compiled.memory_analysis`).
+
+    Attributes:
+        arguments: the bytes of its inputs (the state and the batch).
+        outputs: the bytes of its outputs (the new state, the step's sums).
+        aliased: the outputs' bytes that reuse their inputs' buffers (the
+            state, donated).
+        temporaries: the bytes it allocates while it runs: activations,
+            gradients and, where the parameters are split, the gathered ones.
+    """
+
+    arguments: int
+    outputs: int
+    aliased: int
+    temporaries: int
+
+    @property
+    def peak(self) -> int:
+        """The most a step holds at once on a device: inputs, temporaries
+        and the outputs that do not reuse an input's buffer (an upper
+        bound: XLA may free an input before the last temporary is made)."""
+        return self.arguments + self.outputs - self.aliased + self.temporaries
+
+    @classmethod
+    def of(cls, compiled: jax.stages.Compiled) -> "StepMemory | None":
+        """The memory of `compiled`; None where the backend does not say."""
+        stats = compiled.memory_analysis()
+        if stats is None:
+            return None
+        return cls(
+            arguments=int(stats.argument_size_in_bytes),
+            outputs=int(stats.output_size_in_bytes),
+            aliased=int(stats.alias_size_in_bytes),
+            temporaries=int(stats.temp_size_in_bytes),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSummary:
     """The model's parameters, one row per array, and the memory the
     training state takes on each device.
@@ -49,7 +90,8 @@ class ModelSummary:
     Print it with rich for a table (``rich.print(summary)``), or as text
     (``print(summary)``); `short` is one line. Bytes are those of the arrays
     at rest, between steps: a step also holds activations, gradients and,
-    under `FullyShardedStrategy`, the gathered parameters.
+    under `FullyShardedStrategy`, the gathered parameters. `step` says how
+    much, where the summary was asked for a batch.
 
     Attributes:
         model: the model's class name.
@@ -66,6 +108,8 @@ class ModelSummary:
         state_bytes, state_bytes_per_device: the whole `TrainState`'s (step,
             key, model with any non-floating arrays, optimizer and model
             state, loss scale).
+        step: the compiled train step's memory per device, for the batch
+            ``trainer.summary(batch)`` was given; None without one.
     """
 
     model: str
@@ -81,6 +125,7 @@ class ModelSummary:
     model_state_bytes_per_device: int
     state_bytes: int
     state_bytes_per_device: int
+    step: StepMemory | None = None
 
     def short(self) -> str:
         """The summary in one line: parameters, memory per device, strategy."""
@@ -96,6 +141,8 @@ class ModelSummary:
                 f"model state {format_bytes(self.model_state_bytes_per_device)} "
                 "per device"
             )
+        if self.step is not None:
+            parts.append(f"step peak {format_bytes(self.step.peak)} per device")
         parts.append(f"{self.strategy} on {self._devices()}")
         return ", ".join(parts)
 
@@ -115,6 +162,11 @@ class ModelSummary:
             for name, whole, here in parts
             if whole or name != "model state"
         )
+        if self.step is not None:
+            caption += (
+                f"\ntrain step: peak {format_bytes(self.step.peak)} per device "
+                f"(temporaries {format_bytes(self.step.temporaries)})"
+            )
         table = Table(
             title=f"{self.model} under {self.strategy} on {self._devices()}",
             caption=caption,
@@ -163,7 +215,10 @@ def format_bytes(n: int) -> str:
 
 
 def summarize(
-    layout: StateLayout, state: TrainState, strategy: Strategy
+    layout: StateLayout,
+    state: TrainState,
+    strategy: Strategy,
+    step: StepMemory | None = None,
 ) -> ModelSummary:
     """The summary of `state`, laid out on devices as `layout` says.
 
@@ -172,6 +227,7 @@ def summarize(
         state: the training state (its arrays are not read, only their
             shapes and dtypes).
         strategy: the strategy the layout is of.
+        step: the compiled train step's memory, where known.
     """
     # The layout as two `TrainState`s (of shardings, of shapes as the arrays
     # travel), so each part of the state is read by its field.
@@ -214,6 +270,7 @@ def summarize(
         model_state_bytes_per_device=model_state[1],
         state_bytes=everything[0],
         state_bytes_per_device=everything[1],
+        step=step,
     )
 
 

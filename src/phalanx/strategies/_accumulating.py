@@ -1,6 +1,5 @@
 """`AccumulatingStrategy`: gradient accumulation as a wrapper around any
-per-device strategy, and `strategy_name`, which names a strategy with what
-it wraps. The wrapper delegates the mesh, the layout and the one reduction
+per-device strategy. The wrapper delegates the mesh, the layout and the one reduction
 to the strategy it holds; it only scans each device's microbatches."""
 
 from typing import Any, final
@@ -130,13 +129,3 @@ class AccumulatingStrategy(Strategy):
             return total, carry
 
         return accumulated
-
-
-def strategy_name(strategy: Strategy) -> str:
-    """The strategy's class, with what a wrapper wraps:
-    ``AccumulatingStrategy(PmapStrategy, microbatches=4)``."""
-    name = type(strategy).__name__
-    if isinstance(strategy, AccumulatingStrategy):
-        inner = strategy_name(strategy.inner)
-        return f"{name}({inner}, microbatches={strategy.microbatches})"
-    return name

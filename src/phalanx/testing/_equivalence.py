@@ -80,12 +80,15 @@ def assert_equivalent(
         strategies: the set-ups to compare with the reference: strategies, or
             ``(name, strategy)`` pairs. Default, on all devices:
             `ShardingStrategy()`, `PmapStrategy()`,
-            ``AccumulatingStrategy(ShardingStrategy(), 2)`` and a
+            ``AccumulatingStrategy(ShardingStrategy(), 2)``, a
             `FullyShardedStrategy` whose ``min_size`` is chosen from your model
             so that it splits the larger half of the leaves it can split (the
-            default 4096 would split none of a test-sized model); the result's
-            ``split`` names them. Pass per-device strategies only for a loss
-            with collectives.
+            default 4096 would split none of a test-sized model; the result's
+            ``split`` names them) and, on an even count of 4 devices or more,
+            hybrid sharding: ``MeshStrategy(data=2, fsdp=n // 2)`` splitting
+            the same way. Tensor parallelism needs your model's rules: pass
+            ``MeshStrategy(..., tensor=2, rules=...)`` here to check them.
+            Pass per-device strategies only for a loss with collectives.
         steps: training steps to compare.
         rtol: the largest difference allowed in a step's gradient, loss,
             metrics and model state, relative to their scale.

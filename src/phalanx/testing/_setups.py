@@ -11,11 +11,12 @@ import jax.numpy as jnp
 from ..strategies import (
     AccumulatingStrategy,
     FullyShardedStrategy,
+    MeshStrategy,
     PmapStrategy,
     ShardingStrategy,
     Strategy,
 )
-from ..strategies._accumulating import strategy_name
+from ..strategies._names import strategy_name
 
 
 def replayable(batches: object) -> list[Any]:
@@ -68,11 +69,13 @@ def setups(strategies: object, params: list[jax.Array]) -> list[tuple[str, Strat
 
 def default_setups(params: list[jax.Array]) -> list[tuple[str, Strategy]]:
     """`ShardingStrategy`, `PmapStrategy`, two microbatches of a
-    `ShardingStrategy` and a `FullyShardedStrategy` whose `min_size` splits
-    about half of this model's parameter leaves, on all local devices."""
+    `ShardingStrategy`, a `FullyShardedStrategy` whose `min_size` splits
+    about half of this model's parameter leaves, on all local devices; and,
+    on an even count of at least 4, hybrid sharding: a `MeshStrategy`
+    replicating over 2 and splitting the same way over the rest."""
     n = jax.device_count()
     min_size = fsdp_min_size(params, n)
-    return [
+    named = [
         (f"ShardingStrategy on {n} devices", ShardingStrategy()),
         (f"PmapStrategy on {n} devices", PmapStrategy()),
         (
@@ -84,6 +87,16 @@ def default_setups(params: list[jax.Array]) -> list[tuple[str, Strategy]]:
             FullyShardedStrategy(min_size=min_size),
         ),
     ]
+    if n >= 4 and n % 2 == 0:
+        within = fsdp_min_size(params, n // 2)
+        named.append(
+            (
+                f"MeshStrategy(data=2, fsdp={n // 2}, min_size={within}) on {n} "
+                "devices",
+                MeshStrategy(data=2, fsdp=n // 2, min_size=within),
+            )
+        )
+    return named
 
 
 def fsdp_min_size(params: list[jax.Array], devices: int) -> int:
