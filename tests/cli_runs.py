@@ -24,6 +24,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import forkserver
 import phalanx as px
 from helpers import host_arrays
 from phalanx.cli._args import TrainArgs
@@ -72,7 +73,8 @@ TIMEOUT = 120
 class Phalanx:
     """`python -m phalanx train ARGS` in `cwd`, stdout read line by line
     (or `prefix` instead of ``python -m phalanx``, and with `script`, ARGS
-    alone: a script of one's own)."""
+    alone: a script of one's own); started by the fork server
+    (forkserver.py) where it can be."""
 
     def __init__(
         self,
@@ -84,13 +86,12 @@ class Phalanx:
         self.stderr_path = cwd / f"stderr-{time.monotonic_ns()}.txt"
         command = prefix or (sys.executable, "-m", "phalanx")
         with open(self.stderr_path, "w") as stderr:
-            self.process = subprocess.Popen(
+            self.process = forkserver.Popen(
                 [*command, *([] if script else ["train"]), *args],
                 cwd=cwd,
                 env=ENV,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
-                text=True,
             )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -175,13 +176,8 @@ def finish(cwd: pathlib.Path, *args: str) -> Phalanx:
 def refused(cwd: pathlib.Path, *args: str) -> str:
     """`python -m phalanx ARGS` must exit 2 with one line on stderr and
     nothing on stdout; returns that line."""
-    result = subprocess.run(
-        [sys.executable, "-m", "phalanx", *args],
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
+    result = forkserver.run(
+        [sys.executable, "-m", "phalanx", *args], cwd=cwd, env=ENV, timeout=TIMEOUT
     )
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""

@@ -18,6 +18,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+import forkserver
 from helpers import read_event_scalars
 from phalanx import __version__ as px_version
 from phalanx.cli import main
@@ -86,15 +87,14 @@ PROGRESS_LINE = re.compile(
 
 
 def phalanx(cwd: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m phalanx ARGS` in `cwd`, as a user would run it."""
-    return subprocess.run(
+    """`python -m phalanx ARGS` in `cwd`, as a user would run it (started
+    by the fork server, forkserver.py)."""
+    return forkserver.run(
         [sys.executable, "-m", "phalanx", *args],
         cwd=cwd,
         # CPU even on a host with accelerators: the expected output names
         # fake CPU devices.
         env={**os.environ, "NPROC": "16", "JAX_PLATFORMS": "cpu"},
-        capture_output=True,
-        text=True,
         timeout=300,
     )
 

@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
+import forkserver
+
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SRC = ROOT / "src" / "phalanx"
@@ -305,11 +307,9 @@ def test_python_blocks_run(path, tmp_path):
         return
     (tmp_path / "blocks.json").write_text(json.dumps([str(path), _name(path), blocks]))
     (tmp_path / "run").mkdir()
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-c", _RUNNER, str(tmp_path / "blocks.json")],
         cwd=tmp_path / "run",
-        capture_output=True,
-        text=True,
         env={
             **os.environ,
             "JAX_PLATFORMS": "cpu",

@@ -4,10 +4,11 @@ import ast
 import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import pytest
+
+import forkserver
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -25,17 +26,13 @@ ARGS = {
 
 
 def run_example(name: str, *args: str, cwd: pathlib.Path = ROOT) -> str:
-    """Run one example in a fresh interpreter; return its stdout."""
+    """Run one example as a fresh interpreter would (started by the fork
+    server, forkserver.py); return its stdout."""
     env = dict(os.environ)
     # Eight fake CPU devices need a thread pool of at least 16 ("JAX on CPU").
     env.setdefault("NPROC", "16")
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLES / name), *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = forkserver.run(
+        [sys.executable, str(EXAMPLES / name), *args], cwd=cwd, env=env, timeout=120
     )
     assert result.returncode == 0, (
         f"{name} exited with {result.returncode}\n"

@@ -6,11 +6,12 @@ README and the docs run in test_docs.py."""
 import os
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import forkserver
 
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -28,11 +29,9 @@ def test_readme_own_model_on_the_command_line(tmp_path):
     (tmp_path / "mymodels.py").write_text(match.group(1))
     command = shlex.split(match.group(2).replace("\\\n", " "))
     assert command[:2] == ["phalanx", "train"]
-    done = subprocess.run(
+    done = forkserver.run(
         [sys.executable, "-m", "phalanx", *command[1:], "--run-dir", "RUN"],
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         env={**os.environ, "NPROC": "16", "JAX_PLATFORMS": "cpu"},
         timeout=300,
     )
