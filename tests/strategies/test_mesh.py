@@ -145,6 +145,17 @@ def test_rules_then_size_lay_out_the_state():
     assert specs(fitted.state.opt_state) == [P(), *specs(fitted.state.model) * 2]
 
 
+@pytest.mark.parametrize("sizes", ["(1,8,1)", "(2,2,2) rules"])
+def test_gradients_come_back_laid_out_as_their_parameters(sizes):
+    # Split where the parameter is split, whole where it is whole (left to
+    # itself, the compiler keeps a small bias's gradient split over fsdp).
+    fitted = trainer(mesh(**MESHES[sizes]))
+    grads = fitted.compute_step(ragged_batches()[0]).grads
+    params = eqx.filter(fitted.state.model, eqx.is_inexact_array)
+    assert specs(grads) == specs(params)
+    assert P() in specs(params) and len(set(specs(params))) > 1
+
+
 @pytest.mark.parametrize("sizes", ["(2,2,2) rules", "(1,4,2) rules"])
 def test_each_device_holds_its_share_of_the_state(sizes):
     fitted = trainer(mesh(**MESHES[sizes]))
@@ -258,3 +269,39 @@ def test_a_model_built_in_its_shards():
     assert specs(taken.state.model) == specs(built)
     with pytest.raises(TypeError, match=r"is not a phalanx strategy"):
         px.sharded_model(Net, "fsdp", key=jax.random.key(0))  # type: ignore[arg-type]
+
+
+def test_predict_save_model_and_a_skipped_step_on_a_mesh(tmp_path):
+    strategy = mesh(data=2, fsdp=2, tensor=2, rules=RULES)
+    fitted = trainer(strategy)
+    fitted.fit(ragged_batches(), steps=3)
+    alone = trainer(mesh(1, data=1))
+    alone.state = fitted.state  # the same values, on one device
+    x, y = ragged_batches()[2]  # 27 rows: padded to the mesh's batch multiple
+    np.testing.assert_allclose(
+        fitted.predict(x), alone.predict(x), rtol=1e-6, atol=1e-6
+    )
+    results, expected = fitted.evaluate([(x, y)]), alone.evaluate([(x, y)])
+    assert results == pytest.approx(expected, rel=1e-6)
+    # save_model writes whole arrays and leaves the layout as it was.
+    before = specs(fitted.state)
+    px.save_model(tmp_path / "model.npz", fitted.model)
+    loaded = px.load_model(tmp_path / "model.npz", like=model(seed=1))
+    for a, b in zip(host_arrays(loaded), host_arrays(fitted.model), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert specs(fitted.state) == before
+    # nan_policy="skip": a batch with a NaN (let through the value checks)
+    # leaves every sharded array as it was, and the step is counted skipped.
+    skipping = px.DataParallelTrainer(
+        model(), optax.adam(1e-2), strategy=strategy, nan_policy="skip",
+        checks="off", progress=False,
+    )  # fmt: skip
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    start = host_arrays(skipping.model)
+    skipping.fit([(bad, y)], steps=1)
+    for a, b in zip(host_arrays(skipping.model), start, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert skipping.history[-1]["skipped_steps"] == 1
+    assert np.isnan(skipping.history[-1]["loss"])  # no applied step to average
+    assert specs(skipping.state) == specs(fitted.state)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import optax
+from jax.lax import with_sharding_constraint
 from jaxtyping import PyTree
 
 from .._checks._batch import ZERO_WEIGHT
@@ -162,6 +163,12 @@ def build_steps(
         else strategy.reduce
     )
 
+    # Where the strategy lays out the reduced gradient (None: as `reduce`
+    # leaves it), given where each of the model's arrays lives.
+    grad_shardings = strategy.gradient_shardings(
+        jax.tree.unflatten(layout.treedef, layout.shardings).model
+    )
+
     def examples(batch_leaves, weight):
         if batch_check is not None:
             batch_check(tuple(batch_leaves), weight)
@@ -236,6 +243,13 @@ def build_steps(
             examples(batch_leaves, weight),
         )
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+        if grad_shardings is not None:  # where the strategy lays them out
+            grads = jax.tree.map(
+                lambda g, where: g if g is None else with_sharding_constraint(g, where),
+                grads,
+                grad_shardings,
+                is_leaf=lambda x: x is None,
+            )
         if scale is not None:
             grads = jax.tree.map(lambda g: g / scale.astype(g.dtype), grads)
         grads = parts.gradients(grads, state)

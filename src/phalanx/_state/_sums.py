@@ -49,13 +49,16 @@ AS_THEY_ARE = ("skipped", "loss_scale")
 def means(values: np.ndarray, names: Sequence[str]) -> HostMetrics:
     """Every sum but the weight divided once by the weight (in the sums'
     own precision, as the device would); trailing ``"skipped"`` and
-    ``"loss_scale"`` entries are kept as they are."""
+    ``"loss_scale"`` entries are kept as they are. Over no weight at all
+    (every step of an epoch skipped by ``nan_policy="skip"``) a mean is NaN,
+    without numpy's warning about 0 / 0."""
     weight = values[names.index("weight")]
-    return {
-        name: float(value if name in AS_THEY_ARE else value / weight)
-        for name, value in zip(names, values, strict=True)
-        if name != "weight"
-    }
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {
+            name: float(value if name in AS_THEY_ARE else value / weight)
+            for name, value in zip(names, values, strict=True)
+            if name != "weight"
+        }
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,6 +97,10 @@ class AccumulatingStrategy(Strategy):
         return self.inner.state_shardings(state)
 
     @override
+    def gradient_shardings(self, params: PyTree[Any]) -> PyTree[Sharding] | None:
+        return self.inner.gradient_shardings(params)
+
+    @override
     def reduce(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:

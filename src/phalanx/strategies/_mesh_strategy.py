@@ -184,6 +184,12 @@ class MeshStrategy(DeviceMeshStrategy):
         )
 
     @override
+    def gradient_shardings(self, params: PyTree[Any]) -> PyTree[NamedSharding]:
+        """Each gradient where its parameter is: left to itself, the
+        compiler may keep a small whole parameter's gradient split."""
+        return params
+
+    @override
     def reduce(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:

@@ -86,6 +86,17 @@ class Strategy(eqx.Module):
             restores checkpoints there.
         """
 
+    def gradient_shardings(self, params: PyTree[Any]) -> PyTree[Sharding] | None:
+        """Where the reduced gradient is laid out, given `params`: the model
+        with each parameter's `Sharding` in place of its array.
+
+        None (the default): where `reduce` leaves it (a per-device strategy
+        places it itself). A global-view strategy whose compiler might keep
+        a gradient split where its parameter is whole returns `params`.
+        """
+        del params
+        return None
+
     @abc.abstractmethod
     def reduce(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
