@@ -1,6 +1,6 @@
 """phalanx's callbacks: the `Callback` base, what a hook is told
 (`StepInfo`), and the built-in callbacks (checkpoints, early stopping,
-loggers, trackers, displays, the profiler).
+the learning rate on a plateau, loggers, trackers, displays, the profiler).
 
 This module only re-exports; each callback lives in a private module of its
 own, and the dispatcher that calls them (`_dispatch`) is not public.
@@ -20,6 +20,7 @@ from ._mlflow import MLflowLogger as MLflowLogger
 from ._plot import PlotHistory as PlotHistory
 from ._profiler import Profiler as Profiler
 from ._progress_bar import ProgressBar as ProgressBar
+from ._reduce_lr import ReduceLROnPlateau as ReduceLROnPlateau
 from ._tensorboard import TensorBoardLogger as TensorBoardLogger
 from ._throughput import Throughput as Throughput
 from ._tracker_error import TrackerError as TrackerError

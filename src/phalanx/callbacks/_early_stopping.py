@@ -18,6 +18,7 @@ from .._state._train_state import TrainState
 from .._typing import validates_own_arguments
 from .._validate import boolean, finite_at_least, one_of, positive_int
 from ._base import Callback, StepInfo
+from ._watch import at_epoch_end, at_eval_end, improves
 
 
 class EarlyStopping(Callback):
@@ -132,29 +133,19 @@ class EarlyStopping(Callback):
 
     def improves(self, value: float) -> bool:
         """Whether `value` beats the best so far by more than `min_delta`."""
-        if self.mode == "min":
-            return value < self.best - self.min_delta
-        return value > self.best + self.min_delta
+        return improves(value, self.best, self.mode, self.min_delta)
 
     @override
     def on_eval_end(self, info: StepInfo) -> None:
-        # Evaluations at epoch ends are judged with their epoch's metrics.
-        if info.eval_every is not None and self.monitor in info.metrics:
-            self._judge(info, float(info.metrics[self.monitor]))
+        value = at_eval_end(info, self.monitor)
+        if value is not None:
+            self._judge(info, value)
 
     @override
     def on_epoch_end(self, info: StepInfo) -> None:
-        metrics = info.metrics
-        if self.monitor not in metrics:
-            if info.eval_every is not None and self.monitor.startswith("eval_"):
-                return  # judged at each evaluation instead
-            raise KeyError(
-                f"EarlyStopping(monitor={self.monitor!r}): epoch {info.epoch} has no "
-                f"such metric; it has {sorted(metrics)}. Pass one of those (eval_* "
-                "metrics need fit(eval_data=...); values from other callbacks need "
-                "those callbacks placed before EarlyStopping)"
-            )
-        self._judge(info, float(metrics[self.monitor]))
+        value = at_epoch_end(info, self.monitor, "EarlyStopping")
+        if value is not None:
+            self._judge(info, value)
 
     def _judge(self, info: StepInfo, value: float) -> None:
         """Count `value`, the monitor's at this point; stop after `patience`."""

@@ -1,0 +1,253 @@
+"""`px.callbacks.ReduceLROnPlateau`: lowers the learning rate when a
+monitored metric stops improving (Keras' callback of the name, PyTorch's
+scheduler).
+
+The rate lives in the optimizer state of an optimizer built with
+`optax.inject_hyperparams`, so it is checkpointed with the rest of the state
+and a resumed run goes on at the rate it had; the callback keeps only its
+counters. It decides from the global values every process sees alike, so it
+runs on every process.
+"""
+
+import math
+from typing import Any, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from typing_extensions import override
+
+from .._typing import validates_own_arguments
+from .._validate import finite_at_least, int_at_least, one_of, positive_int
+from ._base import Callback, StepInfo
+from ._watch import at_epoch_end, at_eval_end, improves
+
+
+_INJECTED = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
+
+
+class ReduceLROnPlateau(Callback):
+    """Multiplies the learning rate by `factor` when `monitor` has not
+    improved for `patience` epochs (or evaluations).
+
+    It reads `monitor` as `EarlyStopping` does: after each epoch, or, an
+    ``eval_`` metric of a fit that evaluates every ``eval_every`` steps,
+    after each of those evaluations. A value improves on the best so far
+    when it is lower (``mode="min"``) or higher (``mode="max"``) by more
+    than `min_delta`. After `patience` values in a row without improvement
+    the rate becomes ``max(rate * factor, min_lr)``, and the next `cooldown`
+    values are not counted. Each epoch's metrics get the rate the next
+    update uses, as `name`.
+
+    The optimizer must be built with `optax.inject_hyperparams`, so that the
+    rate is a value of its state the callback can change between steps:
+    ``optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)``. Every
+    injected `hyperparam` of the state is scaled (a constant: a schedule
+    given there is recomputed each step, over what this sets).
+
+    Place it **after** any callback that adds the monitored metric, and
+    before the loggers that should write `name`.
+
+    Args:
+        monitor: the metric to watch, e.g. ``"eval_loss"`` (needs
+            ``fit(eval_data=...)``) or ``"loss"``.
+        factor: what the rate is multiplied by, in (0, 1).
+        patience: values in a row without improvement before a reduction.
+        min_lr: the rate is never reduced below this.
+        cooldown: values not counted after a reduction.
+        mode: ``"min"`` if lower is better, ``"max"`` if higher is.
+        min_delta: the least change that counts as an improvement.
+        hyperparam: the injected hyperparameter to scale.
+        name: the metric the rate is logged as.
+
+    Raises:
+        TypeError, ValueError: an argument is invalid (the message names it).
+
+    Example:
+        ```python
+        tx = optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
+        plateau = ReduceLROnPlateau("eval_loss", factor=0.5, patience=3)
+        trainer = px.DataParallelTrainer(model, tx, callbacks=[plateau])
+        trainer.fit(train, epochs=50, eval_data=test)
+        trainer.history["lr"]  # the rate after each epoch
+        ```
+    """
+
+    @validates_own_arguments
+    def __init__(
+        self,
+        monitor: str = "eval_loss",
+        *,
+        factor: float = 0.1,
+        patience: int = 10,
+        min_lr: float = 0.0,
+        cooldown: int = 0,
+        mode: Literal["min", "max"] = "min",
+        min_delta: float = 0.0,
+        hyperparam: str = "learning_rate",
+        name: str = "lr",
+    ) -> None:
+        for argument, value, example in (
+            ("monitor", monitor, "'eval_loss'"),
+            ("hyperparam", hyperparam, "'learning_rate'"),
+            ("name", name, "'lr'"),
+        ):
+            if not isinstance(value, str) or not value:
+                raise TypeError(
+                    f"{argument}={value!r} must be a non-empty str, e.g. {example}"
+                )
+        if not (
+            isinstance(factor, (int, float))
+            and not isinstance(factor, bool)
+            and 0 < factor < 1
+        ):
+            raise ValueError(
+                f"factor={factor!r} must be a number in (0, 1), what the rate is "
+                "multiplied by; e.g. factor=0.1"
+            )
+        self.monitor, self.hyperparam, self.name = monitor, hyperparam, name
+        self.factor = float(factor)
+        self.patience = positive_int("patience", patience, example="10")
+        self.min_lr = finite_at_least("min_lr", min_lr, 0.0, example="1e-6")
+        self.cooldown = int_at_least("cooldown", cooldown, 0, example="2")
+        self.mode = one_of(
+            "mode",
+            mode,
+            ("min", "max"),
+            hint="'min' if lower is better, e.g. a loss; 'max' if higher is, "
+            "e.g. an accuracy",
+        )
+        self.min_delta = finite_at_least(
+            "min_delta",
+            min_delta,
+            0.0,
+            example="1e-4",
+            hint="the direction comes from mode=",
+        )
+        self.best = math.inf if mode == "min" else -math.inf
+        self.wait = 0
+        self.cooldown_left = 0
+        self.reductions = 0
+
+    @override
+    def monitors(self) -> tuple[str, ...]:
+        """The metric it watches, `monitor`."""
+        return (self.monitor,)
+
+    @override
+    def added_metrics(self) -> tuple[str, ...]:
+        """The rate, as `name`."""
+        return (self.name,)
+
+    @override
+    def on_fit_start(self, info: StepInfo) -> None:
+        # Before the first step: an optimizer without the rate in its state.
+        self.rate(info.trainer.state.opt_state)
+
+    def rate(self, opt_state: Any) -> float:
+        """The rate the next update uses (the first injected one's).
+
+        Raises:
+            TypeError: no `optax.inject_hyperparams` state holds `hyperparam`.
+        """
+        return _value(_injected(opt_state, self.hyperparam)[0], self.hyperparam)
+
+    @override
+    def on_eval_end(self, info: StepInfo) -> None:
+        value = at_eval_end(info, self.monitor)
+        if value is not None:
+            self._judge(info, value)
+
+    @override
+    def on_epoch_end(self, info: StepInfo) -> None:
+        value = at_epoch_end(info, self.monitor, "ReduceLROnPlateau")
+        if value is not None:
+            self._judge(info, value)
+        if self.name in info.metrics:
+            raise ValueError(
+                f"ReduceLROnPlateau(name={self.name!r}) would overwrite the metric "
+                f"{self.name!r} already in {sorted(info.metrics)}; pick another name"
+            )
+        info.metrics[self.name] = self.rate(info.trainer.state.opt_state)
+
+    def _judge(self, info: StepInfo, value: float) -> None:
+        """Count `value`; reduce the rate after `patience` values without
+        improvement (PyTorch's order: a value in the cooldown still sets a
+        new best, and is never counted against it)."""
+        if improves(value, self.best, self.mode, self.min_delta):
+            self.best, self.wait = value, 0
+        else:
+            self.wait += 1
+        if self.cooldown_left > 0:
+            self.cooldown_left -= 1
+            self.wait = 0
+        if self.wait < self.patience:
+            return
+        self.wait = 0
+        state = info.trainer.state
+        if self.rate(state.opt_state) <= self.min_lr:
+            return
+        self.cooldown_left = self.cooldown
+        self.reductions += 1
+        reduced = jax.tree.map(self._reduced, state.opt_state, is_leaf=_is_injected)
+        info.trainer.state = eqx.tree_at(lambda s: s.opt_state, state, reduced)
+
+    def _reduced(self, node: Any) -> Any:
+        """`node` with its rate reduced, if it is an injected state with one."""
+        if not _is_injected(node) or self.hyperparam not in node.hyperparams:
+            return node
+        old = node.hyperparams[self.hyperparam]
+        new = max(_value(node, self.hyperparam) * self.factor, self.min_lr)
+        hyperparams = {**node.hyperparams, self.hyperparam: jnp.asarray(new, old.dtype)}
+        return node._replace(hyperparams=hyperparams)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The best value, the count since it, the cooldown left and the
+        reductions made (the rate itself is in the optimizer state)."""
+        return {
+            "best": self.best,
+            "wait": self.wait,
+            "cooldown_left": self.cooldown_left,
+            "reductions": self.reductions,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from `state_dict`."""
+        self.best = float(state["best"])
+        self.wait = int(state["wait"])
+        self.cooldown_left = int(state["cooldown_left"])
+        self.reductions = int(state["reductions"])
+
+
+def _is_injected(node: Any) -> bool:
+    return isinstance(node, _INJECTED)
+
+
+def _injected(opt_state: Any, hyperparam: str) -> list[Any]:
+    """The `optax.inject_hyperparams` states of `opt_state` holding
+    `hyperparam`.
+
+    Raises:
+        TypeError: there is none.
+    """
+    nodes = jax.tree.leaves(opt_state, is_leaf=_is_injected)
+    found = [n for n in nodes if _is_injected(n) and hyperparam in n.hyperparams]
+    if not found:
+        raise TypeError(
+            f"ReduceLROnPlateau(hyperparam={hyperparam!r}): the optimizer keeps no "
+            f"{hyperparam!r} in its state, so it cannot be changed between steps; "
+            "build it with optax.inject_hyperparams, e.g. "
+            f"optax.inject_hyperparams(optax.adam)({hyperparam}=1e-3)"
+        )
+    return found
+
+
+def _value(node: Any, hyperparam: str) -> float:
+    """An injected hyperparameter as a float (read from this process's copy:
+    it is replicated)."""
+    value = node.hyperparams[hyperparam]
+    if isinstance(value, jax.Array):
+        value = value.addressable_data(0)
+    return float(np.asarray(value))
