@@ -290,6 +290,11 @@ class DataParallelTrainer(Generic[_Model]):
             pass_key=takes_key(model),
             precision=self.precision,
             inference_model=self.inference_model,
+            eval_metrics=(
+                None
+                if type(self).eval_metrics is DataParallelTrainer.eval_metrics
+                else self.eval_metrics
+            ),
         )
         # Host batches to device batches, and the compiled train, eval and
         # predict steps (Keras' train_function), built for the first batch.
@@ -355,6 +360,18 @@ class DataParallelTrainer(Generic[_Model]):
         """Per-example metrics, averaged like the loss (default: accuracy for
         the cross-entropies)."""
         return _losses.default_metrics(self._loss_name, outputs, targets)
+
+    def eval_metrics(
+        self, outputs: PyTree, targets: PyTree
+    ) -> dict[str, Float[Array, " batch"]]:
+        """Per-example metrics of evaluations (`evaluate`, and those inside
+        `fit`), averaged like the loss; default: `metrics`, as in training.
+
+        Override it for metrics worth computing on held-out data only (a
+        top-5 accuracy, a costly score): they are logged prefixed as the
+        evaluation's (``eval_top5``), and training computes none of them.
+        """
+        return self.metrics(outputs, targets)
 
     def gradients(self, grads: PyTree, state: TrainState[_Model]) -> PyTree:
         """Transform the global mean gradient before the optimizer (default: none)."""
@@ -534,8 +551,9 @@ class DataParallelTrainer(Generic[_Model]):
             eval_every=eval_every,
             epoch_extras=self._epoch_extras(),
         )
-        step_metrics = self._step_metrics()  # None: known at the first batch
-        monitors(step_metrics=step_metrics)
+        # None: known once the first batch is traced.
+        step_metrics, eval_metrics = self._step_metrics(), self._eval_metric_names()
+        monitors(step_metrics=step_metrics, eval_metrics=eval_metrics)
         note_single_cpu_device(self.strategy.num_devices)
         run = self._slot.run
         # A fit that ended early (an error, steps=) may have left a part-done
@@ -575,8 +593,11 @@ class DataParallelTrainer(Generic[_Model]):
             eval_every=eval_every,
             # Unknown until the first batch: checked before its step.
             check_metrics=None
-            if step_metrics is not None
-            else lambda names: monitors(step_metrics=self._metric_names(names)),
+            if step_metrics is not None and eval_metrics is not None
+            else lambda names, eval_names: monitors(
+                step_metrics=self._metric_names(names),
+                eval_metrics=self._metric_names(eval_names),
+            ),
         )
         check_one_shot(
             data,
@@ -760,6 +781,17 @@ class DataParallelTrainer(Generic[_Model]):
             return self._metric_names(steps.sum_names)
         if type(self).metrics is DataParallelTrainer.metrics:
             return ("loss", *_losses.default_metric_names(self._loss_name))
+        return None
+
+    def _eval_metric_names(self) -> tuple[str, ...] | None:
+        """An evaluation's metrics' names, ``loss`` first: a step's, unless
+        the trainer has its own `eval_metrics` (known once the first batch
+        has been traced; None until then)."""
+        steps = self._preparer.steps
+        if steps is not None:
+            return self._metric_names(steps.eval_sum_names)
+        if type(self).eval_metrics is DataParallelTrainer.eval_metrics:
+            return self._step_metrics()
         return None
 
     @staticmethod

@@ -59,11 +59,12 @@ def check_per_example(values: Any, weight: Array, hook: str) -> None:
         )
 
 
-def check_metrics(metrics: Any) -> None:
-    """At trace time: `metrics()` must return a dict of names to values."""
+def check_metrics(metrics: Any, hook: str = "metrics") -> None:
+    """At trace time: `metrics()` (or `eval_metrics()`, `hook`) must return
+    a dict of names to values."""
     if not isinstance(metrics, dict) or not all(isinstance(k, str) for k in metrics):
         raise HookTypeError(
-            f"metrics() returned {returned(metrics)}; it must return a dict of "
+            f"{hook}() returned {returned(metrics)}; it must return a dict of "
             "names to per-example values, e.g. {'mae': "
             "jnp.mean(jnp.abs(outputs - targets), axis=-1)} ({} for none)"
         )

@@ -3,6 +3,7 @@ is known (`StepCompiler.build`), as one typed value (`Steps`). Nothing here
 sees the trainer or a host batch: the steps are made from `StepParts` and a
 `StateLayout`."""
 
+import functools as ft
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -59,6 +60,8 @@ class Steps(NamedTuple):
             state (`StepValues`).
         sum_names: the order of the packed sums: ``"loss"``, ``"weight"``,
             then the metrics.
+        eval_sum_names: the same of the eval step's sums (its metrics those
+            of the trainer's `eval_metrics`, where it has its own).
         outputs: the model's outputs for a batch of the spec, as shapes.
     """
 
@@ -67,6 +70,7 @@ class Steps(NamedTuple):
     evaluate: jax.stages.Wrapped
     inspect: jax.stages.Wrapped
     sum_names: tuple[str, ...]
+    eval_sum_names: tuple[str, ...]
     outputs: Any
 
 
@@ -177,8 +181,20 @@ class StepCompiler:
                 out_shardings=(state, None, rep),
             ),
             sum_names=sum_names([k for k in sums if k not in ("loss", "weight")]),
+            eval_sum_names=self._eval_names(probe, shapes, weight, sums),
             outputs=outputs,
         )
+
+    def _eval_names(
+        self, probe: Any, shapes: Any, weight: Any, sums: dict[str, Any]
+    ) -> tuple[str, ...]:
+        """The names of the eval step's packed sums: the train step's, or
+        those of the trainer's own `eval_metrics` (traced once more)."""
+        if self.parts.eval_metrics is not None:
+            _, sums = jax.eval_shape(
+                ft.partial(probe, inference=True), self.layout.structs, shapes, weight
+            )
+        return sum_names([k for k in sums if k not in ("loss", "weight")])
 
     def values(
         self,
@@ -245,7 +261,7 @@ class StepCompiler:
 
     def eval_sums(self, steps: Steps) -> jax.Array:
         """Zeroed on-device sums of an evaluation."""
-        zeros = np.zeros(len(steps.sum_names), np.float32)
+        zeros = np.zeros(len(steps.eval_sum_names), np.float32)
         return jax.device_put(zeros, self._replicated)
 
 

@@ -66,7 +66,7 @@ def evaluate(
                 jax.block_until_ready(sums)
     if sums is None:
         raise ValueError(empty_data_message(name))
-    names = preparer.built().sum_names
+    names = preparer.built().eval_sum_names
     host = jax.device_get(sums)
     if host[names.index("weight")] == 0:
         raise ValueError(

@@ -75,14 +75,15 @@ class FitLoop:
         data: Iterable[Any],
         eval_sets: EvalSets | None = None,
         eval_every: int | None = None,
-        check_metrics: Callable[[tuple[str, ...]], None] | None = None,
+        check_metrics: Callable[[tuple[str, ...], tuple[str, ...]], None] | None = None,
     ):
         """Args:
         trainer: what callbacks are told about (and whose ``stop_training``
             a callback sets).
-        check_metrics: called once with a step's metric names before the
-            first step, where they were not known before the first batch
-            (the callbacks' monitors are checked against them).
+        check_metrics: called once with a step's and an evaluation's sum
+            names before the first step, where they were not known before
+            the first batch (the callbacks' monitors are checked against
+            them).
         (The rest: as the attributes, and the trainer's parts.)
         """
         self.trainer = trainer
@@ -241,7 +242,7 @@ class FitLoop:
                 return
             steps = self.preparer.built()
             if self.check_metrics is not None:  # once, before the first step
-                self.check_metrics(steps.sum_names)
+                self.check_metrics(steps.sum_names, steps.eval_sum_names)
                 self.check_metrics = None
             run = self.slot.run
             progress, leaves = run.progress, run.leaves

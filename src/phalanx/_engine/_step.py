@@ -53,6 +53,8 @@ class StepParts(NamedTuple):
         precision: the dtypes the step computes in.
         inference_model: ``inference_model(model) -> callable``: how the eval
             and predict steps call the model (already in inference mode).
+        eval_metrics: ``eval_metrics(outputs, targets) -> {name: per-example
+            values}`` in the eval step; None: `metrics`, as in training.
     """
 
     loss: Callable[[Any, Any, Any], PerExample]
@@ -64,6 +66,7 @@ class StepParts(NamedTuple):
     pass_key: bool
     precision: Precision = Precision()
     inference_model: Callable[[Any], Any] = lambda model: model
+    eval_metrics: Callable[[Any, Any], dict[str, PerExample]] | None = None
 
 
 def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
@@ -78,24 +81,34 @@ RESERVED_NAMES = ("loss", "weight", "skipped", "skipped_steps", "loss_scale")
 
 
 def weighted_sums(
-    parts: StepParts, model: Any, outputs: Any, targets: Any, weight: jax.Array
+    parts: StepParts,
+    model: Any,
+    outputs: Any,
+    targets: Any,
+    weight: jax.Array,
+    *,
+    evaluating: bool = False,
 ) -> dict[str, Any]:
     """Σ weight · loss, Σ weight, and Σ weight · metric over this slice (in
-    the order of `sum_names`)."""
+    the order of `sum_names`); `evaluating`, the metrics of `eval_metrics`
+    where the trainer has its own."""
     losses = parts.loss(model, outputs, targets)
     check_per_example(losses, weight, "loss")
     sums = {"loss": jnp.sum(weight * losses), "weight": jnp.sum(weight)}
-    metrics = parts.metrics(outputs, targets)
-    check_metrics(metrics)
+    hook, metrics_of = "metrics", parts.metrics
+    if evaluating and parts.eval_metrics is not None:
+        hook, metrics_of = "eval_metrics", parts.eval_metrics
+    metrics = metrics_of(outputs, targets)
+    check_metrics(metrics, hook)
     taken = [name for name in RESERVED_NAMES if name in metrics]
     if taken:
         raise HookValueError(
-            f"metrics() returned a metric named {taken[0]!r}, a name the trainer "
+            f"{hook}() returned a metric named {taken[0]!r}, a name the trainer "
             f"reports itself ({', '.join(RESERVED_NAMES)}); rename it, e.g. "
             f"{taken[0] + '_metric'!r}"
         )
     for name, values in metrics.items():
-        check_per_example(values, weight, f"metrics()[{name!r}]")
+        check_per_example(values, weight, f"{hook}()[{name!r}]")
         sums[name] = jnp.sum(weight * values.astype(weight.dtype))
     return sums
 
@@ -125,10 +138,12 @@ class StepFunctions(NamedTuple):
         train: ``train(leaves, epoch_sums, batch_leaves, weight, total) -> (leaves,
             epoch_sums, sums)``: one update.
         evaluate: ``evaluate(leaves, epoch_sums, batch_leaves, weight) -> epoch_sums``.
-        probe: ``probe(leaves, batch_leaves, weight) -> (outputs, sums)``:
-            the model and loss mapped over a batch through the strategy,
+        probe: ``probe(leaves, batch_leaves, weight, inference=False) ->
+            (outputs, sums)``: the model and loss mapped over a batch through
+            the strategy (as the eval step runs them, with `inference`),
             per-example outputs and per-device sums; `jax.eval_shape` of it
-            validates a batch against the model before anything is compiled.
+            validates a batch against the model before anything is compiled,
+            and names the sums.
         inspect: ``inspect(leaves, epoch_sums, batch_leaves, weight, total) ->
             (leaves, grads, sums)``: `train` with the gradient it applied
             (reduced, after the `gradients` hook) as an output, for
@@ -207,7 +222,9 @@ def build_steps(
             new_state[1],
             model_state,
         )
-        sums = weighted_sums(parts, model, outputs, targets, weight)
+        sums = weighted_sums(
+            parts, model, outputs, targets, weight, evaluating=inference
+        )
         return sums, outputs, model_state
 
     def gradient(state, batch_leaves, weight, total):
@@ -309,13 +326,16 @@ def build_steps(
         )
         return epoch_sums + sums
 
-    def probe(leaves, batch_leaves, weight):
+    def probe(leaves, batch_leaves, weight, inference=False):
         state = unflatten(leaves)
-        params, arrays, static = _split_model(state.model)
+        model = eqx.nn.inference_mode(state.model) if inference else state.model
+        params, arrays, static = _split_model(model)
 
         def local(replicated, examples):
             params, rest, model_state = replicated
-            sums, outputs, _ = run(static, params, rest, model_state, examples)
+            sums, outputs, _ = run(
+                static, params, rest, model_state, examples, inference
+            )
             return outputs, jax.tree.map(lambda s: s[None], sums)
 
         replicated = (params, (arrays, state.key), state.model_state)

@@ -29,6 +29,7 @@ def check_monitors(
     *,
     eval_every: int | None = None,
     step_metrics: Sequence[str] | None = None,
+    eval_metrics: Sequence[str] | None = None,
     epoch_extras: Sequence[str] = (),
 ) -> None:
     """Raise ValueError for a callback monitoring a metric `fit` will not
@@ -41,6 +42,8 @@ def check_monitors(
         step_metrics: the names of a step's metrics, ``loss`` first; None
             before the first batch has been traced (only what the sets
             decide is checked then).
+        eval_metrics: the same of an evaluation's (the trainer's
+            `eval_metrics`); None where not yet known (as `step_metrics`).
         epoch_extras: what the trainer adds to every epoch's metrics.
     """
     prefixes = [prefix for prefix, _ in sets or ()]
@@ -53,14 +56,14 @@ def check_monitors(
             continue
         if monitor.startswith("eval_"):
             _check_sets(name, monitor, prefixes)
-        if step_metrics is None:
+        if step_metrics is None or eval_metrics is None:
             continue  # the rest is checked once the first batch is traced
-        produced = [prefix + metric for prefix in prefixes for metric in step_metrics]
+        produced = [prefix + metric for prefix in prefixes for metric in eval_metrics]
         if not at_evaluations:
             produced = [*step_metrics, *epoch_extras, *produced, *_added(earlier)]
         if monitor not in produced:
             raise ValueError(
-                _unknown(name, monitor, produced, prefixes, step_metrics, eval_every)
+                _unknown(name, monitor, produced, prefixes, eval_metrics, eval_every)
             )
 
 
@@ -86,7 +89,7 @@ def _unknown(
     monitor: str,
     produced: list[str],
     prefixes: list[str],
-    step_metrics: Sequence[str],
+    eval_metrics: Sequence[str],
     eval_every: int | None,
 ) -> str:
     """The message for a monitor that is none of the `produced` names."""
@@ -101,7 +104,7 @@ def _unknown(
     guess = f" Did you mean {close[0]!r}?" if close else ""
     # eval_val_loss with one unnamed set (whose metrics are eval_loss, ...).
     named = monitor.removeprefix("eval_").partition("_")
-    unnamed = prefixes == ["eval_"] and named[2] in step_metrics
+    unnamed = prefixes == ["eval_"] and named[2] in eval_metrics
     sets = (
         " eval_data is one unnamed set, so its metrics are eval_<metric>; name "
         f"it, eval_data={{{named[0]!r}: batches}}, for {monitor!r}."
