@@ -10,6 +10,7 @@ from . import (
     testing as testing,
 )
 from ._engine._compiled import StepValues as StepValues
+from ._engine._lr_finder import LRFinderResult as LRFinderResult
 from ._precision import Precision as Precision
 from ._state._history import History as History
 from ._state._progress import RunPlan as RunPlan, RunProgress as RunProgress

@@ -11,6 +11,7 @@ its private fields.
 
 import dataclasses
 import functools
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
@@ -46,6 +47,7 @@ from ._engine._feed import default_depth
 from ._engine._forward import takes_key
 from ._engine._layout import state_layout
 from ._engine._loop import FitLoop, LoopSettings
+from ._engine._lr_finder import LRFinderResult, rates, sweep
 from ._engine._pipeline import BatchPipeline
 from ._engine._predict import predict_rows
 from ._engine._prepare import HostHooks, Preparer
@@ -54,6 +56,7 @@ from ._engine._summary import ModelSummary, StepMemory, summarize
 from ._precision import Precision, PrecisionName, cast_floating, precision_of
 from ._preemption import Preempted, preemption
 from ._state._history import History
+from ._state._hyperparams import hyperparam_value
 from ._state._progress import RunPlan, RunProgress
 from ._state._run import Run, RunSlot
 from ._state._snapshot import Snapshot
@@ -68,7 +71,7 @@ from ._typing import (
     NanPolicy,
     validates_own_arguments,
 )
-from ._validate import optional_positive_int
+from ._validate import int_at_least, is_real, optional_positive_int
 from .callbacks import ProgressBar
 from .callbacks._base import Callback, StepInfo
 from .callbacks._dispatch import Callbacks
@@ -737,6 +740,78 @@ class DataParallelTrainer(Generic[_Model]):
             placed.weight,
             placed.total,
         )
+
+    @validates_own_arguments
+    def find_lr(
+        self,
+        data: Iterable[Any],
+        *,
+        start: float = 1e-7,
+        end: float = 10.0,
+        steps: int = 100,
+        hyperparam: str = "learning_rate",
+    ) -> LRFinderResult:
+        """The learning-rate range test (Lightning's ``Tuner.lr_find``):
+        from the current state, one training step per rate, the rates rising
+        geometrically from `start` to `end`, until the loss diverges (its
+        smoothed value above 4 times its best); the rate where it falls
+        fastest is the suggestion. Then the trainer's state is put back as
+        it was, to the bit: the steps were computed, not applied; callbacks
+        are not called and the history is left alone.
+
+        The optimizer must keep the rate in its state, where each step sets
+        it: build it with `optax.inject_hyperparams`.
+
+        Example:
+            ```python
+            tx = optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
+            trainer = px.DataParallelTrainer(model, tx)
+            found = trainer.find_lr(px.data.ArrayLoader((x, y), 128))
+            found.suggestion, found.plot("lr.png")
+            ```
+
+        Args:
+            data: the training batches, read again from the start when they
+                run out before `steps` steps.
+            start: the first rate (> 0).
+            end: the last rate (> start).
+            steps: steps (rates) at most; at least 2.
+            hyperparam: the injected hyperparameter that is the rate.
+
+        Raises:
+            TypeError: the optimizer keeps no `hyperparam` in its state.
+            ValueError: a bad argument, or `data` has no batch.
+        """
+        if not (
+            is_real(start) and is_real(end) and 0 < float(start) < float(end) < math.inf
+        ):
+            raise ValueError(
+                f"start={start!r}, end={end!r} must be rates with 0 < start < "
+                "end, e.g. start=1e-7, end=10.0"
+            )
+        steps = int_at_least("steps", steps, 2, example="100")
+        saved = self.state
+        owner = f"find_lr(hyperparam={hyperparam!r})"
+        hyperparam_value(saved.opt_state, hyperparam, owner)  # before any step
+
+        def step(batch: Any) -> tuple[float, TrainState[_Model]]:
+            values = self.compute_step(batch)
+            return float(values.metrics["loss"]), values.state
+
+        def set_state(state: TrainState[_Model]) -> None:
+            self.state = state
+
+        try:
+            return sweep(
+                saved,
+                data,
+                rates(float(start), float(end), steps),
+                hyperparam=hyperparam,
+                set_state=set_state,
+                step=step,
+            )
+        finally:
+            self.state = saved
 
     def compute_step(self, batch: PyTree) -> StepValues:
         """What a training step on `batch` computes from the current state,

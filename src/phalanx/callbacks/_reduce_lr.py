@@ -13,19 +13,13 @@ import math
 from typing import Any, Literal
 
 import equinox as eqx
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
 from typing_extensions import override
 
+from .._state._hyperparams import hyperparam_value, with_hyperparam
 from .._typing import validates_own_arguments
 from .._validate import finite_at_least, int_at_least, one_of, positive_int
 from ._base import Callback, StepInfo
 from ._watch import at_epoch_end, at_eval_end, improves
-
-
-_INJECTED = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
 
 
 class ReduceLROnPlateau(Callback):
@@ -152,7 +146,8 @@ class ReduceLROnPlateau(Callback):
         Raises:
             TypeError: no `optax.inject_hyperparams` state holds `hyperparam`.
         """
-        return _value(_injected(opt_state, self.hyperparam)[0], self.hyperparam)
+        owner = f"ReduceLROnPlateau(hyperparam={self.hyperparam!r})"
+        return hyperparam_value(opt_state, self.hyperparam, owner)
 
     @override
     def on_eval_end(self, info: StepInfo) -> None:
@@ -191,17 +186,12 @@ class ReduceLROnPlateau(Callback):
             return
         self.cooldown_left = self.cooldown
         self.reductions += 1
-        reduced = jax.tree.map(self._reduced, state.opt_state, is_leaf=_is_injected)
+        reduced = with_hyperparam(
+            state.opt_state,
+            self.hyperparam,
+            lambda rate: max(rate * self.factor, self.min_lr),
+        )
         info.trainer.state = eqx.tree_at(lambda s: s.opt_state, state, reduced)
-
-    def _reduced(self, node: Any) -> Any:
-        """`node` with its rate reduced, if it is an injected state with one."""
-        if not _is_injected(node) or self.hyperparam not in node.hyperparams:
-            return node
-        old = node.hyperparams[self.hyperparam]
-        new = max(_value(node, self.hyperparam) * self.factor, self.min_lr)
-        hyperparams = {**node.hyperparams, self.hyperparam: jnp.asarray(new, old.dtype)}
-        return node._replace(hyperparams=hyperparams)
 
     def state_dict(self) -> dict[str, Any]:
         """The best value, the count since it, the cooldown left and the
@@ -219,35 +209,3 @@ class ReduceLROnPlateau(Callback):
         self.wait = int(state["wait"])
         self.cooldown_left = int(state["cooldown_left"])
         self.reductions = int(state["reductions"])
-
-
-def _is_injected(node: Any) -> bool:
-    return isinstance(node, _INJECTED)
-
-
-def _injected(opt_state: Any, hyperparam: str) -> list[Any]:
-    """The `optax.inject_hyperparams` states of `opt_state` holding
-    `hyperparam`.
-
-    Raises:
-        TypeError: there is none.
-    """
-    nodes = jax.tree.leaves(opt_state, is_leaf=_is_injected)
-    found = [n for n in nodes if _is_injected(n) and hyperparam in n.hyperparams]
-    if not found:
-        raise TypeError(
-            f"ReduceLROnPlateau(hyperparam={hyperparam!r}): the optimizer keeps no "
-            f"{hyperparam!r} in its state, so it cannot be changed between steps; "
-            "build it with optax.inject_hyperparams, e.g. "
-            f"optax.inject_hyperparams(optax.adam)({hyperparam}=1e-3)"
-        )
-    return found
-
-
-def _value(node: Any, hyperparam: str) -> float:
-    """An injected hyperparameter as a float (read from this process's copy:
-    it is replicated)."""
-    value = node.hyperparams[hyperparam]
-    if isinstance(value, jax.Array):
-        value = value.addressable_data(0)
-    return float(np.asarray(value))

@@ -1,0 +1,146 @@
+"""The learning-rate range test behind `DataParallelTrainer.find_lr`
+(Lightning's ``Tuner.lr_find``, after Smith, "Cyclical Learning Rates"):
+train from the current state with a learning rate rising geometrically
+from `start` to `end`, one step per rate, and record the loss; the state
+the trainer had is put back afterwards, to the bit."""
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import equinox as eqx
+import numpy as np
+
+from .._state._hyperparams import with_hyperparam
+from .._state._train_state import TrainState
+
+
+# Lightning's: the loss smoothed exponentially, and the sweep stopped once it
+# exceeds this many times the best smoothed loss (it has diverged).
+SMOOTHING = 0.98
+DIVERGED = 4.0
+# The suggestion ignores the first and last points (Lightning's skip_begin,
+# skip_end): the smoothing's start and the divergence.
+SKIP_BEGIN, SKIP_END = 10, 1
+
+
+@dataclasses.dataclass(frozen=True)
+class LRFinderResult:
+    """What `find_lr` measured.
+
+    Attributes:
+        lrs: the learning rate of each step taken.
+        losses: each step's training loss (on its batch, before the update).
+        smoothed: the losses smoothed exponentially (factor 0.98, with
+            Adam's bias correction), what the suggestion reads.
+        suggestion: the rate where the smoothed loss falls fastest (the
+            steepest negative slope against log-rate, the first 10 and the
+            last point left out); None when too few points remain.
+    """
+
+    lrs: tuple[float, ...]
+    losses: tuple[float, ...]
+    smoothed: tuple[float, ...]
+    suggestion: float | None
+
+    def plot(self, path: str | os.PathLike[str]) -> None:
+        """Draw the smoothed loss against the learning rate (log scale),
+        the suggestion marked, into the image file `path` (matplotlib's Agg
+        canvas: no display needed; ``pip install 'phalanx[plot]'``)."""
+        try:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+        except ImportError as error:
+            raise ImportError(
+                "LRFinderResult.plot needs matplotlib; install it with "
+                "pip install 'phalanx[plot]'"
+            ) from error
+        figure = Figure(figsize=(5, 3.5), layout="constrained")
+        FigureCanvasAgg(figure)
+        axes = figure.add_subplot()
+        axes.plot(self.lrs, self.smoothed, label="loss (smoothed)")
+        if self.suggestion is not None:
+            axes.axvline(self.suggestion, color="red", linestyle="--")
+            axes.set_title(f"suggested learning rate {self.suggestion:.2e}")
+        axes.set_xscale("log")
+        axes.set_xlabel("learning rate")
+        axes.set_ylabel("loss")
+        figure.savefig(os.fspath(path))
+
+
+def rates(start: float, end: float, steps: int) -> np.ndarray:
+    """`steps` rates from `start` to `end`, evenly spaced in log."""
+    return np.geomspace(start, end, steps)
+
+
+def sweep(
+    state: TrainState,
+    data: Iterable[Any],
+    lrs: np.ndarray,
+    *,
+    hyperparam: str,
+    set_state: Callable[[TrainState], None],
+    step: Callable[[Any], tuple[float, TrainState]],
+) -> LRFinderResult:
+    """One step per rate of `lrs` from `state`, on `data`'s batches (read
+    again from the start when they run out), until the loss diverges.
+
+    Args:
+        state: where the sweep starts.
+        data: the batches.
+        lrs: the rates.
+        hyperparam: the injected hyperparameter the rate is.
+        set_state: makes a state the trainer's.
+        step: from the trainer's state, a batch's loss and the state the
+            update leads to (without applying it).
+    """
+    batches = _endless(data)
+    taken: list[float] = []
+    losses: list[float] = []
+    smoothed: list[float] = []
+    average, best = 0.0, math.inf
+    for i, lr in enumerate(lrs):
+        opt_state = with_hyperparam(
+            state.opt_state, hyperparam, lambda _, lr=float(lr): lr
+        )
+        set_state(eqx.tree_at(lambda s: s.opt_state, state, opt_state))
+        loss, state = step(next(batches))
+        average = SMOOTHING * average + (1 - SMOOTHING) * loss
+        value = average / (1 - SMOOTHING ** (i + 1))
+        taken.append(float(lr))
+        losses.append(loss)
+        smoothed.append(value)
+        if not math.isfinite(value) or value > DIVERGED * best:
+            break
+        best = min(best, value)
+    return LRFinderResult(
+        tuple(taken), tuple(losses), tuple(smoothed), _suggestion(taken, smoothed)
+    )
+
+
+def _suggestion(lrs: list[float], smoothed: list[float]) -> float | None:
+    """The rate at the steepest descent of the smoothed loss."""
+    kept = np.asarray(smoothed[SKIP_BEGIN : len(smoothed) - SKIP_END])
+    finite = np.isfinite(kept)
+    if finite.sum() < 2:
+        return None
+    index = np.flatnonzero(finite)
+    slope = np.gradient(kept[finite], np.log(np.asarray(lrs))[SKIP_BEGIN:][index])
+    return float(lrs[SKIP_BEGIN + index[int(np.argmin(slope))]])
+
+
+def _endless(data: Iterable[Any]) -> Iterator[Any]:
+    """`data`'s batches, over and over.
+
+    Raises:
+        ValueError: `data` has no batch.
+    """
+    while True:
+        empty = True
+        for batch in data:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("data has no batch; pass at least one, e.g. [(x, y)]")
