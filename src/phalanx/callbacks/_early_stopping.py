@@ -6,7 +6,6 @@ every process; it declares the metric it reads (`monitors`), checked before
 the fit starts, and keeps its counters (never the weights) in checkpoints.
 """
 
-import math
 from typing import Any, Literal
 
 import equinox as eqx
@@ -16,12 +15,12 @@ from typing_extensions import override
 
 from .._state._train_state import TrainState
 from .._typing import validates_own_arguments
-from .._validate import boolean, finite_at_least, one_of, positive_int
-from ._base import Callback, StepInfo
-from ._watch import at_epoch_end, at_eval_end, improves
+from .._validate import boolean, positive_int
+from ._base import StepInfo
+from ._watch import AbstractWatch
 
 
-class EarlyStopping(Callback):
+class EarlyStopping(AbstractWatch):
     """Ends `fit` when a metric has stopped improving for `patience` epochs
     (or evaluations).
 
@@ -90,63 +89,23 @@ class EarlyStopping(Callback):
         min_delta: float = 0.0,
         restore_best_weights: bool = False,
     ) -> None:
-        if not isinstance(monitor, str) or not monitor:
-            raise TypeError(
-                f"monitor={monitor!r} must be a metric's name, e.g. 'eval_loss'"
-            )
-        self.monitor = monitor
-        self.mode = one_of(
-            "mode",
-            mode,
-            ("min", "max"),
-            hint="'min' if lower is better, e.g. a loss; 'max' if higher is, "
-            "e.g. an accuracy",
-        )
+        super().__init__(monitor, mode, min_delta)
         self.patience = positive_int("patience", patience, example="3")
-        self.min_delta = finite_at_least(
-            "min_delta",
-            min_delta,
-            0.0,
-            example="1e-4",
-            hint="the direction comes from mode=",
-        )
         self.restore_best_weights = boolean(
             "restore_best_weights", restore_best_weights
         )
-        self.best = math.inf if mode == "min" else -math.inf
         self.best_epoch: int | None = None
         self.best_step: int | None = None
-        self.wait = 0
         self.stopped_epoch: int | None = None
         self._best_state: TrainState | None = None
         self._last_step: int | None = None  # of the last value judged
-
-    @override
-    def monitors(self) -> tuple[str, ...]:
-        """The metric it watches, `monitor`."""
-        return (self.monitor,)
 
     @override
     def added_metrics(self) -> tuple[str, ...]:
         """Nothing: it only reads its monitor."""
         return ()
 
-    def improves(self, value: float) -> bool:
-        """Whether `value` beats the best so far by more than `min_delta`."""
-        return improves(value, self.best, self.mode, self.min_delta)
-
     @override
-    def on_eval_end(self, info: StepInfo) -> None:
-        value = at_eval_end(info, self.monitor)
-        if value is not None:
-            self._judge(info, value)
-
-    @override
-    def on_epoch_end(self, info: StepInfo) -> None:
-        value = at_epoch_end(info, self.monitor, "EarlyStopping")
-        if value is not None:
-            self._judge(info, value)
-
     def _judge(self, info: StepInfo, value: float) -> None:
         """Count `value`, the monitor's at this point; stop after `patience`."""
         self._last_step = info.step
@@ -185,18 +144,16 @@ class EarlyStopping(Callback):
         """The best value, its epoch and step, and the count of epochs (or
         evaluations) since (no weights)."""
         return {
-            "best": self.best,
+            **super().state_dict(),
             "best_epoch": self.best_epoch,
             "best_step": self.best_step,
-            "wait": self.wait,
             "stopped_epoch": self.stopped_epoch,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from `state_dict`; best weights are not restored (none kept)."""
-        self.best = float(state["best"])
+        super().load_state_dict(state)
         self.best_epoch = state["best_epoch"]
         self.best_step = state.get("best_step")  # None from earlier versions
-        self.wait = int(state["wait"])
         self.stopped_epoch = state["stopped_epoch"]
         self._best_state = None

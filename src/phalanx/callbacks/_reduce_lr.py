@@ -9,7 +9,6 @@ counters. It decides from the global values every process sees alike, so it
 runs on every process.
 """
 
-import math
 from typing import Any, Literal
 
 import equinox as eqx
@@ -17,12 +16,12 @@ from typing_extensions import override
 
 from .._state._hyperparams import hyperparam_value, with_hyperparam
 from .._typing import validates_own_arguments
-from .._validate import finite_at_least, int_at_least, one_of, positive_int
-from ._base import Callback, StepInfo
-from ._watch import at_epoch_end, at_eval_end, improves
+from .._validate import finite_at_least, int_at_least, positive_int
+from ._base import StepInfo
+from ._watch import AbstractWatch
 
 
-class ReduceLROnPlateau(Callback):
+class ReduceLROnPlateau(AbstractWatch):
     """Multiplies the learning rate by `factor` when `monitor` has not
     improved for `patience` epochs (or evaluations).
 
@@ -83,8 +82,8 @@ class ReduceLROnPlateau(Callback):
         hyperparam: str = "learning_rate",
         name: str = "lr",
     ) -> None:
+        super().__init__(monitor, mode, min_delta)
         for argument, value, example in (
-            ("monitor", monitor, "'eval_loss'"),
             ("hyperparam", hyperparam, "'learning_rate'"),
             ("name", name, "'lr'"),
         ):
@@ -101,34 +100,13 @@ class ReduceLROnPlateau(Callback):
                 f"factor={factor!r} must be a number in (0, 1), what the rate is "
                 "multiplied by; e.g. factor=0.1"
             )
-        self.monitor, self.hyperparam, self.name = monitor, hyperparam, name
+        self.hyperparam, self.name = hyperparam, name
         self.factor = float(factor)
         self.patience = positive_int("patience", patience, example="10")
         self.min_lr = finite_at_least("min_lr", min_lr, 0.0, example="1e-6")
         self.cooldown = int_at_least("cooldown", cooldown, 0, example="2")
-        self.mode = one_of(
-            "mode",
-            mode,
-            ("min", "max"),
-            hint="'min' if lower is better, e.g. a loss; 'max' if higher is, "
-            "e.g. an accuracy",
-        )
-        self.min_delta = finite_at_least(
-            "min_delta",
-            min_delta,
-            0.0,
-            example="1e-4",
-            hint="the direction comes from mode=",
-        )
-        self.best = math.inf if mode == "min" else -math.inf
-        self.wait = 0
         self.cooldown_left = 0
         self.reductions = 0
-
-    @override
-    def monitors(self) -> tuple[str, ...]:
-        """The metric it watches, `monitor`."""
-        return (self.monitor,)
 
     @override
     def added_metrics(self) -> tuple[str, ...]:
@@ -150,16 +128,8 @@ class ReduceLROnPlateau(Callback):
         return hyperparam_value(opt_state, self.hyperparam, owner)
 
     @override
-    def on_eval_end(self, info: StepInfo) -> None:
-        value = at_eval_end(info, self.monitor)
-        if value is not None:
-            self._judge(info, value)
-
-    @override
     def on_epoch_end(self, info: StepInfo) -> None:
-        value = at_epoch_end(info, self.monitor, "ReduceLROnPlateau")
-        if value is not None:
-            self._judge(info, value)
+        super().on_epoch_end(info)
         if self.name in info.metrics:
             raise ValueError(
                 f"ReduceLROnPlateau(name={self.name!r}) would overwrite the metric "
@@ -167,11 +137,12 @@ class ReduceLROnPlateau(Callback):
             )
         info.metrics[self.name] = self.rate(info.trainer.state.opt_state)
 
+    @override
     def _judge(self, info: StepInfo, value: float) -> None:
         """Count `value`; reduce the rate after `patience` values without
         improvement (PyTorch's order: a value in the cooldown still sets a
         new best, and is never counted against it)."""
-        if improves(value, self.best, self.mode, self.min_delta):
+        if self.improves(value):
             self.best, self.wait = value, 0
         else:
             self.wait += 1
@@ -197,15 +168,13 @@ class ReduceLROnPlateau(Callback):
         """The best value, the count since it, the cooldown left and the
         reductions made (the rate itself is in the optimizer state)."""
         return {
-            "best": self.best,
-            "wait": self.wait,
+            **super().state_dict(),
             "cooldown_left": self.cooldown_left,
             "reductions": self.reductions,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from `state_dict`."""
-        self.best = float(state["best"])
-        self.wait = int(state["wait"])
+        super().load_state_dict(state)
         self.cooldown_left = int(state["cooldown_left"])
         self.reductions = int(state["reductions"])
