@@ -47,7 +47,7 @@ from ._engine._feed import default_depth
 from ._engine._forward import takes_key
 from ._engine._layout import state_layout
 from ._engine._loop import FitLoop, LoopSettings
-from ._engine._lr_finder import LRFinderResult, rates, sweep
+from ._engine._lr_finder import LRFinderResult, sweep
 from ._engine._pipeline import BatchPipeline
 from ._engine._predict import predict_rows
 from ._engine._prepare import HostHooks, Preparer
@@ -805,7 +805,7 @@ class DataParallelTrainer(Generic[_Model]):
             return sweep(
                 saved,
                 data,
-                rates(float(start), float(end), steps),
+                np.geomspace(float(start), float(end), steps),  # even in log
                 hyperparam=hyperparam,
                 set_state=set_state,
                 step=step,

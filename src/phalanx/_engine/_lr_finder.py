@@ -70,11 +70,6 @@ class LRFinderResult:
         figure.savefig(os.fspath(path))
 
 
-def rates(start: float, end: float, steps: int) -> np.ndarray:
-    """`steps` rates from `start` to `end`, evenly spaced in log."""
-    return np.geomspace(start, end, steps)
-
-
 def sweep(
     state: TrainState,
     data: Iterable[Any],

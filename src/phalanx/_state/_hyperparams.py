@@ -38,9 +38,13 @@ def injected(opt_state: Any, hyperparam: str, user: str) -> list[Any]:
 
 
 def hyperparam_value(opt_state: Any, hyperparam: str, user: str) -> float:
-    """The first injected `hyperparam` of `opt_state`, as a float (read from
-    this process's copy: it is replicated)."""
-    value = injected(opt_state, hyperparam, user)[0].hyperparams[hyperparam]
+    """The first injected `hyperparam` of `opt_state`, as a float."""
+    return _as_float(injected(opt_state, hyperparam, user)[0].hyperparams[hyperparam])
+
+
+def _as_float(value: Any) -> float:
+    """A scalar hyperparameter as a float, read from this process's copy (it
+    is replicated: a multi-process array is not whole on any one process)."""
     if isinstance(value, jax.Array):
         value = value.addressable_data(0)
     return float(np.asarray(value))
@@ -54,8 +58,7 @@ def with_hyperparam(opt_state: Any, hyperparam: str, new: Any) -> Any:
         if not is_injected(node) or hyperparam not in node.hyperparams:
             return node
         old = node.hyperparams[hyperparam]
-        value = old.addressable_data(0) if isinstance(old, jax.Array) else old
-        updated = jnp.asarray(new(float(np.asarray(value))), jnp.asarray(old).dtype)
+        updated = jnp.asarray(new(_as_float(old)), jnp.asarray(old).dtype)
         return node._replace(hyperparams={**node.hyperparams, hyperparam: updated})
 
     return jax.tree.map(replace, opt_state, is_leaf=is_injected)
