@@ -5,6 +5,7 @@ from . import (
     checkpoint as checkpoint,
     data as data,
     distributed as distributed,
+    metrics as metrics,
     models as models,
     strategies as strategies,
     testing as testing,

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import optax
-from jaxtyping import Array, Float, PyTree, Shaped
+from jaxtyping import Array, PyTree, Shaped
 
 from . import _losses
 from ._checks._arguments import (
@@ -77,6 +77,7 @@ from .callbacks._base import Callback, StepInfo
 from .callbacks._dispatch import Callbacks
 from .callbacks._monitors import check_monitors
 from .checkpoint._resume import find_snapshot, resume_data
+from .metrics._statistic import LossResult, Metrics
 from .strategies import ShardingStrategy, Strategy
 from .strategies._placement import put_state
 
@@ -350,25 +351,43 @@ class DataParallelTrainer(Generic[_Model]):
             return batch.get("sample_weight")
         return None
 
-    def loss(
-        self, model: _Model, outputs: PyTree, targets: PyTree
-    ) -> Float[Array, " batch"]:
-        """Per-example loss; ``model`` is there for regularisers."""
+    def loss(self, model: _Model, outputs: PyTree, targets: PyTree) -> LossResult:
+        """Per-example loss; ``model`` is there for regularisers.
+
+        May also return values to log beside the loss, as a pair
+        ``(losses, {name: values})``: per-example values (averaged like the
+        loss) or `px.metrics` statistics, logged as metrics of training and
+        of evaluations (a KL term, a regulariser, an auxiliary head's loss):
+
+        ```python
+        def loss(self, model, outputs, targets):
+            fit = optax.softmax_cross_entropy_with_integer_labels(outputs, targets)
+            penalty = 1e-4 * jnp.sum(jnp.abs(outputs), axis=-1)
+            return fit + penalty, {"fit": fit, "penalty": penalty}
+        ```
+        """
         del model
         return self._loss_fn(outputs, targets)
 
-    def metrics(
-        self, outputs: PyTree, targets: PyTree
-    ) -> dict[str, Float[Array, " batch"]]:
-        """Per-example metrics, averaged like the loss (default: accuracy for
-        the cross-entropies)."""
+    def metrics(self, outputs: PyTree, targets: PyTree) -> Metrics:
+        """Metrics by name (default: accuracy for the cross-entropies):
+        per-example values, averaged like the loss, or dataset-level
+        metrics from `px.metrics` (F1, AUC, a confusion matrix...), summed
+        over every example exactly under every strategy:
+
+        ```python
+        def metrics(self, outputs, targets):
+            return {
+                "accuracy": (jnp.argmax(outputs, -1) == targets).astype(float),
+                "f1": px.metrics.f1(outputs, targets, num_classes=10),
+            }
+        ```
+        """
         return _losses.default_metrics(self._loss_name, outputs, targets)
 
-    def eval_metrics(
-        self, outputs: PyTree, targets: PyTree
-    ) -> dict[str, Float[Array, " batch"]]:
-        """Per-example metrics of evaluations (`evaluate`, and those inside
-        `fit`), averaged like the loss; default: `metrics`, as in training.
+    def eval_metrics(self, outputs: PyTree, targets: PyTree) -> Metrics:
+        """Metrics of evaluations (`evaluate`, and those inside `fit`), as
+        `metrics` returns them; default: `metrics`, as in training.
 
         Override it for metrics worth computing on held-out data only (a
         top-5 accuracy, a costly score): they are logged prefixed as the
@@ -598,8 +617,7 @@ class DataParallelTrainer(Generic[_Model]):
             check_metrics=None
             if step_metrics is not None and eval_metrics is not None
             else lambda names, eval_names: monitors(
-                step_metrics=self._metric_names(names),
-                eval_metrics=self._metric_names(eval_names),
+                step_metrics=names, eval_metrics=eval_names
             ),
         )
         check_one_shot(
@@ -853,7 +871,7 @@ class DataParallelTrainer(Generic[_Model]):
         has been traced (None until then)."""
         steps = self._preparer.steps
         if steps is not None:
-            return self._metric_names(steps.sum_names)
+            return steps.sums.metric_names
         if type(self).metrics is DataParallelTrainer.metrics:
             return ("loss", *_losses.default_metric_names(self._loss_name))
         return None
@@ -864,15 +882,10 @@ class DataParallelTrainer(Generic[_Model]):
         has been traced; None until then)."""
         steps = self._preparer.steps
         if steps is not None:
-            return self._metric_names(steps.eval_sum_names)
+            return steps.eval_sums.metric_names
         if type(self).eval_metrics is DataParallelTrainer.eval_metrics:
             return self._step_metrics()
         return None
-
-    @staticmethod
-    def _metric_names(sum_names: tuple[str, ...]) -> tuple[str, ...]:
-        """A step's metrics' names, from its sums' names."""
-        return tuple(name for name in sum_names if name != "weight")
 
     def _epoch_extras(self) -> tuple[str, ...]:
         """What the loop adds to every epoch's metrics."""

@@ -13,12 +13,22 @@ shared leading ``batch`` axis.
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeAlias, TypeVar
 
+import numpy as np
 from jaxtyping import Array, Float, Int
 
 
 ExampleIndex: TypeAlias = Int[Array, " batch"]
 PerExample: TypeAlias = Float[Array, " batch"]
-HostMetrics: TypeAlias = dict[str, float]
+# A metric on the host: a float, or an array (a confusion matrix).
+MetricValue: TypeAlias = float | np.ndarray
+HostMetrics: TypeAlias = dict[str, MetricValue]
+
+
+def scalar_metrics(metrics: HostMetrics) -> dict[str, float]:
+    """The metrics that are numbers (leaving out arrays: a confusion matrix)."""
+    return {k: v for k, v in metrics.items() if not isinstance(v, np.ndarray)}
+
+
 # fit's evaluation sets: (the prefix of their metrics' names, their batches).
 EvalSets: TypeAlias = tuple[tuple[str, Iterable[Any]], ...]
 # ``loss=`` callables: (outputs, targets) -> one value per example.

@@ -5,6 +5,7 @@ host, and name the hook, what it returned and what it must return: a hook's
 mistake is never reported as the batch's.
 """
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -62,12 +63,39 @@ def check_per_example(values: Any, weight: Array, hook: str) -> None:
 def check_metrics(metrics: Any, hook: str = "metrics") -> None:
     """At trace time: `metrics()` (or `eval_metrics()`, `hook`) must return
     a dict of names to values."""
-    if not isinstance(metrics, dict) or not all(isinstance(k, str) for k in metrics):
+    if not isinstance(metrics, Mapping) or not all(isinstance(k, str) for k in metrics):
         raise HookTypeError(
             f"{hook}() returned {returned(metrics)}; it must return a dict of "
             "names to per-example values, e.g. {'mae': "
             "jnp.mean(jnp.abs(outputs - targets), axis=-1)} ({} for none)"
         )
+
+
+def loss_values(result: Any) -> tuple[Any, Mapping[str, Any]]:
+    """At trace time: the `loss` hook's per-example losses, and the values
+    it returned beside them ({} if none)."""
+    if not isinstance(result, tuple | list):
+        return result, {}
+    if len(result) != 2 or not isinstance(result[1], Mapping):
+        raise HookTypeError(
+            f"loss returned {returned(result)}; it must return per-example losses, "
+            "or a pair (per-example losses, {name: per-example values}) to log "
+            "values beside the loss, e.g. (losses, {'kl': kl})"
+        )
+    check_metrics(result[1], "loss")
+    return result[0], result[1]
+
+
+def check_statistic(statistic: Any, weight: Array, where: str) -> None:
+    """At trace time: a statistic's arrays must hold one row per example."""
+    for leaf in jax.tree.leaves(statistic):
+        if not leaf.shape or leaf.shape[0] != weight.shape[0]:
+            raise HookValueError(
+                f"{where} is a statistic with an array of shape "
+                f"{tuple(leaf.shape)}, expected one row per example, shape "
+                f"({weight.shape[0]}, ...); build it from this batch's outputs "
+                "and targets"
+            )
 
 
 def check_split(parts: Any) -> tuple[Any, Any]:

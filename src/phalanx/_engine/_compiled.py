@@ -13,9 +13,10 @@ import numpy as np
 
 from .._checks._batch import BatchSpec, Leaf
 from .._checks._hooks import HookError
-from .._state._sums import NO_FLAGS, EpochSums, means, sum_names
+from .._state._sums import NO_FLAGS, EpochSums, SumLayout, sum_order
 from .._state._train_state import TrainState
 from .._typing import HostMetrics
+from ..metrics._statistic import Summed
 from ..strategies._placement import replicated, stacked
 from ._forward import InferenceKeyError
 from ._hints import first_batch_hint
@@ -58,10 +59,10 @@ class Steps(NamedTuple):
             model in inference mode; donates the sums.
         inspect: the train step with its gradient as an output, keeping its
             state (`StepValues`).
-        sum_names: the order of the packed sums: ``"loss"``, ``"weight"``,
+        sums: the entries of the packed sums: ``"loss"``, ``"weight"``,
             then the metrics.
-        eval_sum_names: the same of the eval step's sums (its metrics those
-            of the trainer's `eval_metrics`, where it has its own).
+        eval_sums: the same of the eval step's sums (its metrics those of
+            the trainer's `eval_metrics`, where it has its own).
         outputs: the model's outputs for a batch of the spec, as shapes.
     """
 
@@ -69,8 +70,8 @@ class Steps(NamedTuple):
     train_many: jax.stages.Wrapped | None
     evaluate: jax.stages.Wrapped
     inspect: jax.stages.Wrapped
-    sum_names: tuple[str, ...]
-    eval_sum_names: tuple[str, ...]
+    sums: SumLayout
+    eval_sums: SumLayout
     outputs: Any
 
 
@@ -180,21 +181,21 @@ class StepCompiler:
                 in_shardings=(state, rep, rep, split, split, rep),
                 out_shardings=(state, None, rep),
             ),
-            sum_names=sum_names([k for k in sums if k not in ("loss", "weight")]),
-            eval_sum_names=self._eval_names(probe, shapes, weight, sums),
+            sums=sum_layout(sums),
+            eval_sums=self._eval_layout(probe, shapes, weight, sums),
             outputs=outputs,
         )
 
-    def _eval_names(
+    def _eval_layout(
         self, probe: Any, shapes: Any, weight: Any, sums: dict[str, Any]
-    ) -> tuple[str, ...]:
-        """The names of the eval step's packed sums: the train step's, or
+    ) -> SumLayout:
+        """The entries of the eval step's packed sums: the train step's, or
         those of the trainer's own `eval_metrics` (traced once more)."""
         if self.parts.eval_metrics is not None:
             _, sums = jax.eval_shape(
                 ft.partial(probe, inference=True), self.layout.structs, shapes, weight
             )
-        return sum_names([k for k in sums if k not in ("loss", "weight")])
+        return sum_layout(sums)
 
     def values(
         self,
@@ -210,7 +211,7 @@ class StepCompiler:
         new, grads, sums = steps.inspect(leaves, *epoch_sums, batch, weight, total)
         host = np.asarray(jax.device_get(sums))
         return StepValues(
-            grads, means(host, self.step_names(steps)), self.layout.unflatten(new)
+            grads, self.step_layout(steps).means(host), self.layout.unflatten(new)
         )
 
     def predict(self, treedef: Any, leaves: list[Leaf]) -> jax.stages.Wrapped:
@@ -242,17 +243,17 @@ class StepCompiler:
             )
         return step
 
-    def step_names(self, steps: Steps) -> tuple[str, ...]:
-        """The names of a train step's packed sums: the sums', then
+    def step_layout(self, steps: Steps) -> SumLayout:
+        """The entries of a train step's packed sums: the sums', then
         ``"skipped"`` and ``"loss_scale"`` where the step reports them."""
         dynamic = self.parts.precision.loss_scale == "dynamic"
         skip = self.parts.nan_policy == "skip" or dynamic
-        names = (*steps.sum_names, "skipped") if skip else steps.sum_names
-        return (*names, "loss_scale") if dynamic else names
+        extra = ("skipped",) if skip else ()
+        return steps.sums.plus(*extra, *(("loss_scale",) if dynamic else ()))
 
     def epoch_sums(self, steps: Steps) -> EpochSums:
         """Zeroed on-device sums of an epoch, and the non-finite step record."""
-        zeros = np.zeros(len(steps.sum_names), np.float32)
+        zeros = np.zeros(steps.sums.size, np.float32)
         return EpochSums(*jax.device_put((zeros, NO_FLAGS), self._replicated))
 
     def copy_replicated(self, arrays: list[jax.Array]) -> list[jax.Array]:
@@ -261,7 +262,7 @@ class StepCompiler:
 
     def eval_sums(self, steps: Steps) -> jax.Array:
         """Zeroed on-device sums of an evaluation."""
-        zeros = np.zeros(len(steps.eval_sum_names), np.float32)
+        zeros = np.zeros(steps.eval_sums.size, np.float32)
         return jax.device_put(zeros, self._replicated)
 
 
@@ -273,3 +274,19 @@ def _sums_apart(train: Any) -> Any:
         return train(leaves, EpochSums(sums, flags), batch_leaves, weight, total)
 
     return call
+
+
+def sum_layout(sums: dict[str, Any]) -> SumLayout:
+    """The entries of packed sums, from the probe's (abstract) per-device
+    sums: a mean's a scalar per device, a statistic's its total."""
+    names, shapes, readers = [], [], []
+    for name in sum_order(sums):
+        entry = sums[name]
+        names.append(name)
+        if isinstance(entry, Summed):
+            shapes.append(tuple(entry.total.shape[1:]))
+            readers.append(entry.read)
+        else:
+            shapes.append(())
+            readers.append(None)
+    return SumLayout(tuple(names), tuple(shapes), tuple(readers))

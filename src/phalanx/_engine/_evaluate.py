@@ -11,7 +11,6 @@ from typing import Any
 import jax
 
 from .._checks._batch import empty_data_message
-from .._state._sums import means
 from .._typing import EvalSets, HostMetrics
 from ._feed import Feed
 from ._prepare import Preparer
@@ -66,12 +65,12 @@ def evaluate(
                 jax.block_until_ready(sums)
     if sums is None:
         raise ValueError(empty_data_message(name))
-    names = preparer.built().eval_sum_names
+    layout = preparer.built().eval_sums
     host = jax.device_get(sums)
-    if host[names.index("weight")] == 0:
+    if host[layout.names.index("weight")] == 0:
         raise ValueError(
             f"{name}: every example has sample_weight 0 (total weight 0: "
             "all weights 0, or only padding), so there is nothing to "
             "average; give some examples a weight > 0"
         )
-    return means(host, names)
+    return layout.means(host)

@@ -20,7 +20,7 @@ from .._checks._batch import empty_data_message, nonfinite_error
 from .._state._history import History
 from .._state._progress import RunPlan, RunProgress
 from .._state._run import Run, RunSlot
-from .._state._sums import FLAGS, EpochSums, StepSums, means
+from .._state._sums import FLAGS, EpochSums, StepSums
 from .._typing import EvalSets, HostMetrics, NanPolicy
 from ..callbacks._base import StepInfo, TrainerLike
 from ..callbacks._dispatch import Callbacks
@@ -242,14 +242,18 @@ class FitLoop:
                 return
             steps = self.preparer.built()
             if self.check_metrics is not None:  # once, before the first step
-                self.check_metrics(steps.sum_names, steps.eval_sum_names)
+                self.check_metrics(
+                    steps.sums.metric_names, steps.eval_sums.metric_names
+                )
                 self.check_metrics = None
             run = self.slot.run
             progress, leaves = run.progress, run.leaves
             epoch_sums = progress.sums
             if epoch_sums is None:
                 epoch_sums = self.compiler.epoch_sums(steps)
-                progress = dataclasses.replace(progress, sum_names=steps.sum_names)
+                progress = dataclasses.replace(progress, sum_names=steps.sums.names)
+            elif progress.sum_names != steps.sums.names:
+                raise ValueError(resumed_sums_message(progress, steps.sums.names))
             before = progress.step
             self.epoch_examples += sum(placed.n for placed in group) * examples
             if len(group) > 1 and len(group) == k:
@@ -280,7 +284,7 @@ class FitLoop:
             # step's hooks: a checkpoint saved there holds it.
             evaluates = every is not None and progress.step % every == 0
             if callbacks.step_hooks or evaluates:
-                names = self.compiler.step_names(steps)
+                layout = self.compiler.step_layout(steps)
                 last = len(group) - 1
                 for i, (placed, row) in enumerate(zip(group, rows, strict=True)):
                     if i == last and evaluates:
@@ -290,7 +294,7 @@ class FitLoop:
                     # The slices are equal but for the last batch of a pass,
                     # at most one example apart.
                     info = self.info(
-                        StepSums(row[0], names, row[1]),
+                        StepSums(row[0], layout, row[1]),
                         examples=placed.n * examples,
                         step=before + i + 1,
                         last_in_call=i == last,
@@ -315,7 +319,7 @@ class FitLoop:
         """The epoch's means from its sums, fetched (each divided once by the
         epoch's total weight)."""
         self.raise_if_nonfinite(epoch_sums.flags)
-        average = means(epoch_sums.sums, self.progress.sum_names)
+        average = self.preparer.built().sums.means(epoch_sums.sums)
         logs = {k: average[k] for k in ["loss", *sorted(set(average) - {"loss"})]}
         dynamic = self.compiler.parts.precision.loss_scale == "dynamic"
         if self.settings.nan_policy == "skip" or dynamic:  # overflows skip too
@@ -350,3 +354,13 @@ def plan(data: Iterable[Any], progress: RunProgress) -> tuple[int | None, int | 
         total = end if total is None else min(total, end)
     step = progress.step
     return run.epochs, None if total is None else max(total, step) - run.start_step
+
+
+def resumed_sums_message(progress: RunProgress, names: tuple[str, ...]) -> str:
+    """Why a run cannot go on summing the epoch it was resumed in."""
+    return (
+        f"resume: the checkpoint was saved in the middle of epoch {progress.epoch} "
+        f"with running sums of {list(progress.sum_names)}, but this trainer's "
+        f"steps sum {list(names)}; resume with the loss and metrics the run "
+        "was saved with (or from a checkpoint saved at an epoch's end)"
+    )

@@ -28,12 +28,15 @@ from .._checks._hooks import (
     check_gradients,
     check_metrics,
     check_per_example,
+    check_statistic,
+    loss_values,
     returned,
 )
 from .._precision import Precision
-from .._state._sums import EpochSums
+from .._state._sums import EpochSums, sum_order
 from .._state._train_state import DynamicScale, TrainState
-from .._typing import NanPolicy, PerExample
+from .._typing import NanPolicy
+from ..metrics._statistic import LossResult, Metrics, Statistic, Summed
 from ..strategies import PerDeviceStrategy, Strategy
 from ._forward import example_keys, forward, infer
 from ._layout import StateLayout
@@ -43,8 +46,10 @@ class StepParts(NamedTuple):
     """What the compiled steps are built from.
 
     Attributes:
-        loss: ``loss(model, outputs, targets) -> per-example losses``.
-        metrics: ``metrics(outputs, targets) -> {name: per-example values}``.
+        loss: ``loss(model, outputs, targets) -> per-example losses``, or
+            ``(per-example losses, {name: per-example values or statistic})``.
+        metrics: ``metrics(outputs, targets) -> {name: per-example values or
+            statistic}``.
         gradients: ``gradients(grads, state) -> grads``, before the optimizer.
         optimizer: the optax transformation.
         strategy: how the step runs across devices.
@@ -57,8 +62,8 @@ class StepParts(NamedTuple):
             values}`` in the eval step; None: `metrics`, as in training.
     """
 
-    loss: Callable[[Any, Any, Any], PerExample]
-    metrics: Callable[[Any, Any], dict[str, PerExample]]
+    loss: Callable[[Any, Any, Any], LossResult]
+    metrics: Callable[[Any, Any], Metrics]
     gradients: Callable[[PyTree, TrainState], PyTree]
     optimizer: optax.GradientTransformation
     strategy: Strategy
@@ -66,7 +71,7 @@ class StepParts(NamedTuple):
     pass_key: bool
     precision: Precision = Precision()
     inference_model: Callable[[Any], Any] = lambda model: model
-    eval_metrics: Callable[[Any, Any], dict[str, PerExample]] | None = None
+    eval_metrics: Callable[[Any, Any], Metrics] | None = None
 
 
 def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
@@ -89,28 +94,45 @@ def weighted_sums(
     *,
     evaluating: bool = False,
 ) -> dict[str, Any]:
-    """Σ weight · loss, Σ weight, and Σ weight · metric over this slice (in
-    the order of `sum_names`); `evaluating`, the metrics of `eval_metrics`
-    where the trainer has its own."""
-    losses = parts.loss(model, outputs, targets)
+    """Σ weight · loss, Σ weight, and each metric's sum over this slice:
+    Σ weight · value for per-example values, a `Summed` total for a
+    statistic. The metrics are the loss's own values, then those of the
+    `metrics` hook (`evaluating`: of `eval_metrics`, where the trainer has
+    its own)."""
+    losses, values = loss_values(parts.loss(model, outputs, targets))
     check_per_example(losses, weight, "loss")
-    sums = {"loss": jnp.sum(weight * losses), "weight": jnp.sum(weight)}
+    sums: dict[str, Any] = {"loss": jnp.sum(weight * losses), "weight": jnp.sum(weight)}
     hook, metrics_of = "metrics", parts.metrics
     if evaluating and parts.eval_metrics is not None:
         hook, metrics_of = "eval_metrics", parts.eval_metrics
     metrics = metrics_of(outputs, targets)
     check_metrics(metrics, hook)
-    taken = [name for name in RESERVED_NAMES if name in metrics]
-    if taken:
-        raise HookValueError(
-            f"{hook}() returned a metric named {taken[0]!r}, a name the trainer "
-            f"reports itself ({', '.join(RESERVED_NAMES)}); rename it, e.g. "
-            f"{taken[0] + '_metric'!r}"
-        )
-    for name, values in metrics.items():
-        check_per_example(values, weight, f"{hook}()[{name!r}]")
-        sums[name] = jnp.sum(weight * values.astype(weight.dtype))
+    for source, named in (("loss", values), (f"{hook}()", metrics)):
+        for name, value in named.items():
+            _check_name(name, source, sums)
+            if isinstance(value, Statistic):
+                check_statistic(value, weight, f"{source}[{name!r}]")
+                sums[name] = Summed.of(value, weight.astype(jnp.float32))
+            else:
+                check_per_example(value, weight, f"{source}[{name!r}]")
+                sums[name] = jnp.sum(weight * value.astype(weight.dtype))
     return sums
+
+
+def _check_name(name: str, source: str, sums: dict[str, Any]) -> None:
+    """A metric's name must be free: not the trainer's, not one the loss's
+    values already gave."""
+    if name in RESERVED_NAMES:
+        raise HookValueError(
+            f"{source} returned a metric named {name!r}, a name the trainer "
+            f"reports itself ({', '.join(RESERVED_NAMES)}); rename it, e.g. "
+            f"{name + '_metric'!r}"
+        )
+    if name in sums:
+        raise HookValueError(
+            f"{source} returned a metric named {name!r}, which the loss's values "
+            "already hold; rename one of them"
+        )
 
 
 def inference_call(parts: StepParts, model: Any) -> Callable[..., Any]:
@@ -128,7 +150,12 @@ def inference_call(parts: StepParts, model: Any) -> Callable[..., Any]:
 
 def _packed(sums: dict[str, Any]) -> jax.Array:
     """A slice's sums as one vector (one operand of the reduction)."""
-    return jnp.stack(list(sums.values()))
+    return jnp.concatenate(
+        [
+            jnp.ravel(s.total if isinstance(s, Summed) else s)
+            for s in (sums[name] for name in sum_order(sums))
+        ]
+    )
 
 
 class StepFunctions(NamedTuple):

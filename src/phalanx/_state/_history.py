@@ -7,7 +7,7 @@ touches JAX or the devices: it is given metrics already on the host."""
 from collections.abc import Iterator
 from typing import Any, overload
 
-from .._typing import HostMetrics
+from .._typing import HostMetrics, MetricValue
 
 
 class History:
@@ -65,8 +65,8 @@ class History:
     @overload
     def __getitem__(self, key: int) -> HostMetrics: ...
     @overload
-    def __getitem__(self, key: str) -> list[float]: ...
-    def __getitem__(self, key: int | str) -> HostMetrics | list[float]:
+    def __getitem__(self, key: str) -> list[MetricValue]: ...
+    def __getitem__(self, key: int | str) -> HostMetrics | list[MetricValue]:
         if isinstance(key, str):
             if key not in self.names:
                 where = (

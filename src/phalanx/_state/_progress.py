@@ -46,7 +46,8 @@ class RunProgress:
         plan: the fit's `RunPlan`.
         sums: the current epoch's running sums on the devices (None before
             its first step).
-        sum_names: the names of `sums`' entries, in order.
+        sum_names: the names of `sums`' entries, in order (a statistic's
+            entry takes several numbers of the vector).
         preempted: the signal that asked the run to stop, if one came.
     """
 
@@ -96,7 +97,11 @@ class RunProgress:
             "run": dataclasses.asdict(self.plan),
             "acc": None
             if sums is None
-            else {"names": list(self.sum_names), "dtype": str(sums.sums.dtype)},
+            else {
+                "names": list(self.sum_names),
+                "size": int(sums.sums.shape[0]),
+                "dtype": str(sums.sums.dtype),
+            },
         }
 
     @classmethod

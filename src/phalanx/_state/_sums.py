@@ -8,8 +8,9 @@ host; means are taken there, once, when something reads them.
 """
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, TypeAlias
 
 import jax
 import numpy as np
@@ -37,28 +38,81 @@ class EpochSums(NamedTuple):
     flags: Int[Array, " 3"]
 
 
-def sum_names(metric_names: Sequence[str]) -> tuple[str, ...]:
-    """The order of a step's packed sums."""
-    return ("loss", "weight", *metric_names)
+# Reads an entry's total over every example into its metric (a float, or an
+# array such as a confusion matrix); None: a mean, divided by the weight.
+Reader: TypeAlias = Callable[[np.ndarray], float | np.ndarray] | None
 
 
-# A step's trailing entries that are values, not sums to divide by the weight.
-AS_THEY_ARE = ("skipped", "loss_scale")
+def _as_is(total: np.ndarray) -> float:
+    """A step's trailing entries (``"skipped"``, ``"loss_scale"``) are
+    values, not sums to divide by the weight."""
+    return float(total)
 
 
-def means(values: np.ndarray, names: Sequence[str]) -> HostMetrics:
-    """Every sum but the weight divided once by the weight (in the sums'
-    own precision, as the device would); trailing ``"skipped"`` and
-    ``"loss_scale"`` entries are kept as they are. Over no weight at all
-    (every step of an epoch skipped by ``nan_policy="skip"``) a mean is NaN,
-    without numpy's warning about 0 / 0."""
-    weight = values[names.index("weight")]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return {
-            name: float(value if name in AS_THEY_ARE else value / weight)
-            for name, value in zip(names, values, strict=True)
-            if name != "weight"
-        }
+def sum_order(names: Iterable[str]) -> list[str]:
+    """The order of a step's packed sums: ``"loss"``, ``"weight"``, then the
+    metrics by name (as JAX orders a dict's leaves: the step packs its
+    dict, and the layout reads the probe's, in this one order)."""
+    rest = sorted(set(names) - {"loss", "weight"})
+    return ["loss", "weight", *rest]
+
+
+@dataclasses.dataclass(frozen=True)
+class SumLayout:
+    """The entries of a step's packed sums, in order: ``"loss"``,
+    ``"weight"``, then each metric's, with the shape of its sum (``()``
+    for a mean) and how the host reads it.
+
+    Attributes:
+        names: the entries' names.
+        shapes: each entry's shape (it takes their product of the vector).
+        readers: each entry's `Reader`.
+    """
+
+    names: tuple[str, ...] = ("loss", "weight")
+    shapes: tuple[tuple[int, ...], ...] = ((), ())
+    readers: tuple[Reader, ...] = (None, None)
+
+    @property
+    def size(self) -> int:
+        """The length of the packed vector."""
+        return sum(math.prod(shape) for shape in self.shapes)
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """What the sums are read into, ``"loss"`` first."""
+        return tuple(name for name in self.names if name != "weight")
+
+    def plus(self, *names: str) -> "SumLayout":
+        """This layout and trailing scalar entries read as they are."""
+        return SumLayout(
+            (*self.names, *names),
+            (*self.shapes, *[()] * len(names)),
+            (*self.readers, *[_as_is] * len(names)),
+        )
+
+    def means(self, values: np.ndarray) -> HostMetrics:
+        """The metrics from packed sums: a mean's sum divided once by the
+        weight (in the sums' own precision, as the device would), a
+        statistic's total read by its reader. Over no weight at all (every
+        step of an epoch skipped by ``nan_policy="skip"``) a mean is NaN,
+        without numpy's warning about 0 / 0."""
+        values = np.asarray(values)
+        ends = np.cumsum([math.prod(shape) for shape in self.shapes])
+        totals = np.split(values, ends[:-1])
+        weight = totals[self.names.index("weight")][0]
+        metrics: HostMetrics = {}
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for name, shape, reader, total in zip(
+                self.names, self.shapes, self.readers, totals, strict=True
+            ):
+                if name == "weight":
+                    continue
+                if reader is None:
+                    metrics[name] = float(total[0] / weight)
+                else:
+                    metrics[name] = reader(total.reshape(shape))
+        return metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,15 +123,15 @@ class StepSums:
     Attributes:
         values: the step's sums, or (with `index`) the sums of every step of
             one compiled call, a row each.
-        names: the sums' names.
+        layout: the sums' entries.
         index: the step's row of `values`, if it holds several steps (the
             array is fetched once: JAX keeps its host copy).
     """
 
     values: Float[Array, " sums"] | Float[Array, "steps sums"]
-    names: tuple[str, ...]
+    layout: SumLayout
     index: int | None = None
 
     def means(self) -> HostMetrics:
         host: Any = jax.device_get(self.values)
-        return means(host if self.index is None else host[self.index], self.names)
+        return self.layout.means(host if self.index is None else host[self.index])

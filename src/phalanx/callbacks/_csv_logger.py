@@ -56,6 +56,7 @@ class CSVLogger(RowLogger[dict[str, Any]]):
     """
 
     _example = "metrics.csv"
+    _writes_arrays = False
     _columns: list[str]
 
     @override

@@ -11,6 +11,7 @@ import math
 import numbers
 from typing import IO, Any, final
 
+import numpy as np
 from typing_extensions import override
 
 from .._validate import is_real
@@ -32,7 +33,8 @@ class JSONLogger(RowLogger[str]):
     The output is standard JSON (``json.loads`` and other languages' parsers
     read it): a non-finite float, which JSON cannot represent, is written as
     the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, so ``float(v)``
-    in Python (or ``Number(v)`` in JavaScript) reads every metric back.
+    in Python (or ``Number(v)`` in JavaScript) reads every metric back. A
+    metric that is an array (a confusion matrix) is written as nested lists.
 
     Each line is one flushed write, so a crash leaves complete lines only.
     The first `fit` starts a new file (replacing any old one); later fits of
@@ -50,6 +52,7 @@ class JSONLogger(RowLogger[str]):
     """
 
     _example = "metrics.jsonl"
+    _writes_arrays = True
 
     @override
     def _read(self) -> list[str]:
@@ -83,7 +86,12 @@ class JSONLogger(RowLogger[str]):
 
 
 def _json_value(value: Any) -> Any:
-    """Numbers as JSON numbers; a non-finite float as "NaN"/"Infinity"/"-Infinity"."""
+    """Numbers as JSON numbers; a non-finite float as "NaN"/"Infinity"/"-Infinity";
+    an array as nested lists of those."""
+    if isinstance(value, np.ndarray):
+        return [_json_value(item) for item in value.tolist()]
+    if isinstance(value, list):
+        return [_json_value(item) for item in value]
     if not is_real(value):
         return value
     if isinstance(value, numbers.Integral):

@@ -23,7 +23,7 @@ from rich.progress import (
 from rich.text import Text
 from typing_extensions import override
 
-from .._typing import HostMetrics, validates_own_arguments
+from .._typing import scalar_metrics, validates_own_arguments
 from .._validate import boolean, positive_int
 from ._base import StepInfo
 from ._output import Output
@@ -202,7 +202,7 @@ class ProgressBar(Output):
 
     @override
     def on_epoch_end(self, info: StepInfo) -> None:
-        values: HostMetrics = dict(info.metrics)
+        values = scalar_metrics(info.metrics)
         seconds = self._epoch.seconds()
         values["ex/s"] = values.get("examples_per_sec", info.examples / seconds)
         values["time"] = seconds
@@ -228,7 +228,8 @@ class ProgressBar(Output):
             return
         total = "" if self._total is None else f"/{self._total}"
         cells = "  ".join(
-            f"{_heading(name)} {_number(value)}" for name, value in info.metrics.items()
+            f"{_heading(name)} {_number(value)}"
+            for name, value in scalar_metrics(info.metrics).items()
         )
         step = info.step - self._run_start
         self._print(
@@ -257,7 +258,7 @@ class ProgressBar(Output):
     def _epoch_name(self, epoch: int) -> str:
         return f"epoch {self._epoch_number(epoch)}"
 
-    def _cell(self, epoch: int, values: HostMetrics, column: str) -> str:
+    def _cell(self, epoch: int, values: dict[str, float], column: str) -> str:
         if column == "epoch":
             text = self._epoch_number(epoch)
         elif column == "ex/s":
@@ -270,7 +271,7 @@ class ProgressBar(Output):
         return f"{text:>{_width(column)}}"
 
 
-def _columns(values: HostMetrics) -> tuple[str, ...]:
+def _columns(values: dict[str, float]) -> tuple[str, ...]:
     """The epoch table's columns for an epoch's metrics: the epoch, the
     loss, the other training metrics (in the order they came), examples
     per second, the evaluation's loss and metrics, and the time."""

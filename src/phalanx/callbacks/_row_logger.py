@@ -14,6 +14,7 @@ from typing_extensions import override
 
 from .._typing import validates_own_arguments
 from .._validate import positive_int
+from ._arrays import numbers_only
 from ._base import StepInfo
 from ._files import check_file_path, log_row
 from ._output import Output
@@ -42,6 +43,9 @@ class RowLogger(Output, Generic[_Row]):
 
     # A file name for the examples in error messages, e.g. "metrics.csv".
     _example: ClassVar[str]
+    # Whether the format writes a metric that is an array (a confusion
+    # matrix); if not, it is left out, and said once.
+    _writes_arrays: ClassVar[bool]
 
     @validates_own_arguments
     def __init__(self, path: str | os.PathLike[str], *, log_every: int = 10):
@@ -63,6 +67,7 @@ class RowLogger(Output, Generic[_Row]):
         self._rows: int | None = None
         self._last_step: int | None = None
         self._file: IO[str] | None = None
+        self._said: set[str] = set()
         self._load_extra_state(None)
 
     @override
@@ -120,6 +125,8 @@ class RowLogger(Output, Generic[_Row]):
             self._file = None
 
     def _write(self, row: dict[str, Any]) -> None:
+        if not self._writes_arrays:
+            row = numbers_only(row, self._said, type(self).__name__)
         self._open()
         assert self._file is not None and self._rows is not None
         self._append(self._file, row)

@@ -8,7 +8,8 @@ evaluation to ``eval/<name>`` (``eval_loss`` → ``eval/loss``); under
 ``fit(eval_every=)`` each evaluation is logged when it ends (one at an epoch
 end is logged with the epoch's metrics). Every value is logged at the global
 step (updates made so far), so every curve shares its x-axis; a value that
-is not a real number is left out. A subclass writes the scalars (`_log`),
+is not a real number is left out (an array, such as a confusion matrix,
+with one log line the first time). A subclass writes the scalars (`_log`),
 may say which steps its run has already (`_has`) and how its tracker spells
 a name (`_tag`); it reads nothing of the trainer but what a hook is told.
 """
@@ -19,6 +20,7 @@ from typing import Any
 from typing_extensions import override
 
 from .._validate import is_real, positive_int
+from ._arrays import numbers_only
 from ._base import StepInfo
 from ._output import Output
 
@@ -29,6 +31,7 @@ class ScalarLogger(Output, abc.ABC):
     def __init__(self, log_every: object):
         """Check `log_every`: steps between two logs of a step's metrics."""
         self.log_every = positive_int("log_every", log_every, example="log_every=10")
+        self._said: set[str] = set()  # the arrays left out, said once
 
     @override
     def on_step_end(self, info: StepInfo) -> None:
@@ -51,6 +54,7 @@ class ScalarLogger(Output, abc.ABC):
         without one, ``eval_<name>`` as ``eval/<name>`` and the others as
         ``epoch/<name>``."""
         scalars = {}
+        metrics = numbers_only(metrics, self._said, type(self).__name__)
         for name, value in metrics.items():
             if not is_real(value):
                 continue

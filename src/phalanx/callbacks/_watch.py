@@ -7,8 +7,10 @@ import abc
 import math
 from typing import Any
 
+import numpy as np
 from typing_extensions import override
 
+from .._typing import MetricValue
 from .._validate import finite_at_least, one_of
 from ._base import Callback, StepInfo
 
@@ -92,7 +94,7 @@ def at_eval_end(info: StepInfo, monitor: str) -> float | None:
     """The monitor's value after an evaluation of ``fit(eval_every=)`` (those
     at epoch ends are judged with their epoch's metrics); None elsewhere."""
     if info.eval_every is not None and monitor in info.metrics:
-        return float(info.metrics[monitor])
+        return _number(info.metrics[monitor], monitor)
     return None
 
 
@@ -106,7 +108,7 @@ def at_epoch_end(info: StepInfo, monitor: str, owner: str) -> float | None:
     """
     metrics = info.metrics
     if monitor in metrics:
-        return float(metrics[monitor])
+        return _number(metrics[monitor], monitor)
     if info.eval_every is not None and monitor.startswith("eval_"):
         return None
     raise KeyError(
@@ -115,3 +117,14 @@ def at_epoch_end(info: StepInfo, monitor: str, owner: str) -> float | None:
         "fit(eval_data=...); values from other callbacks need those callbacks "
         f"placed before {owner})"
     )
+
+
+def _number(value: MetricValue, monitor: str) -> float:
+    """A monitored metric's value, which must be a number."""
+    if isinstance(value, np.ndarray):
+        raise TypeError(
+            f"monitor={monitor!r} is an array of shape {value.shape} (e.g. a "
+            "confusion matrix), which cannot improve or worsen; monitor a number, "
+            "e.g. an F1 score or a loss"
+        )
+    return float(value)

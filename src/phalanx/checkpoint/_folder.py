@@ -20,7 +20,7 @@ import orbax.checkpoint as ocp
 
 from .._log import logger
 from .._state._snapshot import Snapshot
-from .._typing import HostMetrics
+from .._typing import HostMetrics, scalar_metrics
 from ..strategies._placement import single_process
 from ._errors import (
     CheckpointWriteError,
@@ -97,16 +97,16 @@ class CheckpointFolder:
         # Taken now, at the step boundary: the JSON part, and a copy of the
         # arrays queued on the devices (the next step donates the originals).
         args = save_args(snapshot)
-        metrics = None if metrics is None else dict(metrics)
+        numbers = None if metrics is None else scalar_metrics(metrics)
         # At most one snapshot waits for the writer (each holds a copy of
         # the state); a failed save raises here.
         self._raise_once(self._writer.wait())
         if not single_process():
             # Orbax synchronises processes with collectives of its own, which
             # must run in the same order as training's on every process.
-            self._write(step, args, metrics, commit=False)
+            self._write(step, args, numbers, commit=False)
         else:
-            write = functools.partial(self._write, step, args, metrics, commit=True)
+            write = functools.partial(self._write, step, args, numbers, commit=True)
             self._writer.submit(write)
         if wait:
             self.wait()

@@ -150,7 +150,8 @@ def read_arrays(
     shapes: Layout = tuple(_layout(x) for x in mine)
     shardings = [x.sharding for x in mine]
     if host["acc"]:
-        shapes += (((len(host["acc"]["names"]),), host["acc"]["dtype"]),)
+        acc = host["acc"]  # "size": since metrics have statistics
+        shapes += (((acc.get("size", len(acc["names"])),), acc["dtype"]),)
         shapes += (((len(FLAGS),), "int32"),)
         shardings += [replicated, replicated]
     split = set(host.get("split", ()))

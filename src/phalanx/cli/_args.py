@@ -1,6 +1,7 @@
 """What ``phalanx train`` was asked to do: the resolved options of a run, and
 its ``config.toml`` (written into the run folder, read by ``--config`` and
-``--resume``)."""
+``--resume``); and what ``phalanx find-lr`` was: the run it tests a range of
+rates on, and the range."""
 
 import dataclasses
 import datetime
@@ -175,6 +176,22 @@ class TrainArgs:
             f"phalanx: the {self.schedule} learning-rate schedule spans {steps} "
             f"steps, the run {total} ({epochs} of {steps_per_epoch}); {after}"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class FindLRArgs:
+    """The resolved options of one ``phalanx find-lr``."""
+
+    # The run whose rate is sought, as ``phalanx train`` builds it from the
+    # same options (train's defaults for those find-lr does not take); its
+    # run_dir is where the range test's files go.
+    run: TrainArgs
+    start: float
+    end: float
+    steps: int
+    # The options given that ``phalanx train`` takes, as its flags: with
+    # --lr, the command that trains with the rate found.
+    train_flags: tuple[str, ...] = ()
 
 
 # Fields never written to a config file: the per-command options, and what is

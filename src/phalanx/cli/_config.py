@@ -1,6 +1,7 @@
 """``phalanx train``'s options resolved: the defaults, then a config file's
 (``--config``, or the run's own ``config.toml`` under ``--resume``), then the
-flags given."""
+flags given; and ``phalanx find-lr``'s: train's defaults, then the flags
+given."""
 
 import argparse
 from collections.abc import Sequence
@@ -11,6 +12,7 @@ from ._args import (
     CONFIG_FILE,
     PER_COMMAND,
     RESUMABLE,
+    FindLRArgs,
     TrainArgs,
     UsageError,
     read_config,
@@ -46,6 +48,39 @@ def resolve_train(argv: Sequence[str], namespace: argparse.Namespace) -> TrainAr
     else:
         return TrainArgs.from_options(options)
     return TrainArgs.from_options({**options, **stored, **given})
+
+
+# find-lr's own options: the range, and where its files go.
+_FIND_LR_ONLY = ("start", "end", "steps", "run_dir", "overwrite", "no_plot")
+
+
+def resolve_find_lr(argv: Sequence[str], namespace: argparse.Namespace) -> FindLRArgs:
+    """The range test's options: its run is train's defaults, then the
+    flags given (which find-lr shares with train)."""
+    given = vars(build_parser(explicit_only=True).parse_args(argv))
+    defaults = vars(build_parser().parse_args(["train"]))
+    run = TrainArgs.from_options({**defaults, **vars(namespace)})
+    actions = _train_actions()
+    flags = [
+        part
+        for name, value in given.items()
+        if name in actions and name not in _FIND_LR_ONLY
+        for token in _tokens(
+            actions[name], list(value) if isinstance(value, tuple) else value
+        )
+        or ()
+        for part in _spaced(token)
+    ]
+    return FindLRArgs(
+        run, namespace.start, namespace.end, namespace.steps, tuple(flags)
+    )
+
+
+def _spaced(token: str) -> list[str]:
+    """``--flag=value`` as ``--flag value``, as people write it, unless the
+    value starts with "-" (it would be taken for an option)."""
+    flag, equals, value = token.partition("=")
+    return [flag, value] if equals and not value.startswith("-") else [token]
 
 
 def _config_options(table: dict[str, Any], where: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""The run folder of ``phalanx train``, left as it was found when the run
-fails before its first step (nothing a failed start writes stays behind), so
-that the same command works once the cause is fixed.
+"""The run folder of ``phalanx train`` (and ``phalanx find-lr``'s), left as
+it was found when the run fails before its first step (nothing a failed
+start writes stays behind), so that the same command works once the cause
+is fixed.
 
 It never removes what it did not write: an earlier run's files under
 ``--resume`` are restored as they were, and under ``--overwrite`` only
@@ -30,6 +31,8 @@ RUN_FILES = (
 )
 # Everything a run may write there: its files and W&B's (--logger wandb).
 WRITTEN = (*RUN_FILES, "wandb")
+# Files `phalanx find-lr` writes (and replaces, with --overwrite).
+FIND_LR_FILES = ("lr_find.json", "lr_find.png")
 # Files a resumed run rewrites before its first step (the loggers keep only
 # their checkpointed rows): restored if it fails there.
 REWRITTEN = (CONFIG_FILE, "metrics.csv", "metrics.jsonl")
@@ -37,11 +40,13 @@ REWRITTEN = (CONFIG_FILE, "metrics.csv", "metrics.jsonl")
 
 class RunFolder:
     """A run folder that `undo` returns to how `create` found it, unless the
-    run got as far as its first step or a checkpoint."""
+    run got as far as its first step or a checkpoint. `files`: the names
+    the command writes there (``phalanx train``'s by default)."""
 
-    def __init__(self, path: Path, *, resume: bool):
+    def __init__(self, path: Path, *, resume: bool, files: tuple[str, ...] = WRITTEN):
         self.path = path
         self.resume = resume
+        self.files = files
         # Added to the run's callbacks: it notes the first step.
         self.marker = FirstStep()
         self._made: Path | None = None  # the highest folder `create` made
@@ -59,7 +64,7 @@ class RunFolder:
             return
         self._made = missing[-1] if missing else None
         if not self.resume:
-            _remove_earlier_run(self.path)
+            _remove_earlier_run(self.path, self.files)
         self._before = set(self._written())
         if self.resume:
             self._contents = {
@@ -112,7 +117,7 @@ class RunFolder:
         """Every path under the names a run writes, parents before their
         contents (symbolic links not followed)."""
         out = []
-        for name in WRITTEN:
+        for name in self.files:
             top = self.path / name
             if not os.path.lexists(top):
                 continue
@@ -141,13 +146,18 @@ class FirstStep(Callback):
         self.reached = True
 
 
-def _remove_earlier_run(run: Path) -> None:
+def _remove_earlier_run(run: Path, files: tuple[str, ...]) -> None:
     """The files of an earlier run in `run` that a new run would not replace
-    itself (--overwrite): its logs, events, checkpoints and trace."""
-    for file in (CONFIG_FILE, "metrics.csv", "metrics.jsonl", "history.png"):
-        (run / file).unlink(missing_ok=True)
-    for events in (run / "tensorboard").glob("events.out.tfevents.*"):
-        events.unlink()
-    for step in (run / "checkpoints").glob("[0-9]*"):
-        shutil.rmtree(step)
-    shutil.rmtree(run / "profile", ignore_errors=True)
+    itself (--overwrite), of those named in `files`: its logs, events,
+    checkpoints and trace (W&B's folder is W&B's to keep)."""
+    for name in files:
+        if name == "tensorboard":
+            for events in (run / name).glob("events.out.tfevents.*"):
+                events.unlink()
+        elif name == "checkpoints":
+            for step in (run / name).glob("[0-9]*"):
+                shutil.rmtree(step)
+        elif name == "profile":
+            shutil.rmtree(run / name, ignore_errors=True)
+        elif name != "wandb":
+            (run / name).unlink(missing_ok=True)

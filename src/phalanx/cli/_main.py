@@ -1,4 +1,5 @@
-"""The ``phalanx`` command line: ``phalanx train`` (also ``python -m phalanx``).
+"""The ``phalanx`` command line: ``phalanx train``, ``phalanx find-lr`` and
+``phalanx launch`` (also ``python -m phalanx``).
 
 Every argument is validated, and the data loaded and checked, before a run
 folder is created or JAX starts, so a bad command exits with code 2 and a
@@ -9,13 +10,14 @@ the rest once the command is valid.
 """
 
 import argparse
+import functools as ft
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from ._args import TrainArgs, UsageError
-from ._config import resolve_train
+from ._args import FindLRArgs, TrainArgs, UsageError
+from ._config import resolve_find_lr, resolve_train
 from ._parser import build_parser
 
 
@@ -88,18 +90,10 @@ def run_train(args: TrainArgs) -> int:
     """Validate what needs the data and the devices, then train; returns the
     exit code (`args` has passed `check_arguments`)."""
     from ._outputs import choose_outputs
-    from ._start import (
-        check_batch_size,
-        check_run_dir,
-        load_dataset,
-        select_devices,
-    )
+    from ._start import checked_start
 
-    train, test = load_dataset(args.dataset, flatten=not args.user_model)
-    check_run_dir(args.run_dir, args.overwrite, args.resume)
     outputs = choose_outputs(args)
-    devices, defaulted = select_devices(args.devices, args.distributed)
-    check_batch_size(args.batch_size, len(devices), args.microbatches)
+    train, test, devices, defaulted = checked_start(args)
     # Only now: importing it starts JAX, which must see the devices chosen.
     from ._folder import RunFolder
     from ._train import train_and_report
@@ -120,12 +114,62 @@ def run_train(args: TrainArgs) -> int:
         raise
 
 
+# --- find-lr --------------------------------------------------------------------
+
+
+def check_find_lr(args: FindLRArgs) -> None:
+    """The checks of find-lr's options among themselves (no JAX, no data)."""
+    check_arguments(args.run)
+    if args.end <= args.start:
+        raise UsageError(
+            f"--end {args.end:g} is not above --start {args.start:g}: the rates "
+            "rise from --start to --end; pass an --end above --start, e.g. "
+            f"--end {10.0 if args.start < 10 else args.start * 100:g}"
+        )
+    if args.run.distributed:
+        raise UsageError(
+            "phalanx find-lr runs in one process, on its devices (--devices "
+            "N); run it without phalanx launch"
+        )
+
+
+def run_find_lr(args: FindLRArgs) -> int:
+    """Validate what needs the data and the devices, then run the range
+    test; returns the exit code (`args` has passed `check_find_lr`)."""
+    from ._folder import FIND_LR_FILES
+    from ._outputs import choose_plot
+    from ._start import checked_start
+
+    plot, note = choose_plot(args.run.no_plot, FIND_LR_FILES[1])
+    train, test, devices, defaulted = checked_start(args.run, FIND_LR_FILES)
+    # Only now: importing it starts JAX, which must see the devices chosen.
+    from ._find_lr import find_lr_and_report
+    from ._folder import RunFolder
+
+    folder = RunFolder(args.run.run_dir, resume=False, files=FIND_LR_FILES)
+    try:
+        return find_lr_and_report(
+            args,
+            devices,
+            train,
+            test,
+            defaulted=defaulted,
+            plot=plot,
+            note=note,
+            folder=folder,
+        )
+    except BaseException:
+        folder.undo()
+        raise
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``phalanx`` command: what the console script runs.
 
     Args:
         argv: the arguments after ``phalanx`` (e.g. ``["train", "--epochs",
-            "2"]``); default ``sys.argv[1:]``.
+            "2"]`` or ``["find-lr", "--optimizer", "adam"]``); default
+            ``sys.argv[1:]``.
 
     Returns:
         The exit code, as the command's (the command-line guide's table):
@@ -143,51 +187,60 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     namespace = parser.parse_args(argv)
-    if namespace.command == "launch":
+    command = namespace.command
+    if command == "launch":
         return _launch(parser, namespace)
+    run: Callable[[], int]
     try:
-        args = resolve_train(argv, namespace)
-        check_arguments(args)
+        if command == "find-lr":
+            found = resolve_find_lr(argv, namespace)
+            check_find_lr(found)
+            run = ft.partial(run_find_lr, found)
+        else:
+            args = resolve_train(argv, namespace)
+            check_arguments(args)
+            run = ft.partial(run_train, args)
     except UsageError as error:
-        print(f"phalanx train: error: {error}", file=sys.stderr)
+        print(f"phalanx {command}: error: {error}", file=sys.stderr)
         return 2
-    return _train(args)
+    return _reported(command, run)
 
 
-def _train(args: TrainArgs) -> int:
-    """`run_train`, its failures reported in one line with their exit code."""
+def _reported(command: str, run: Callable[[], int]) -> int:
+    """`run()`, its failures reported in one line (``phalanx COMMAND:
+    error: ...``) with their exit code."""
     from .._preemption import Preempted
     from ..callbacks import TrackerError
     from ..checkpoint import CheckpointWriteError
     from ._model import UserCodeError
 
+    prefix = f"phalanx {command}: error:"
+    # What to do once the cause is fixed: a run goes on from its checkpoint.
+    then = "continue with --resume" if command == "train" else "run it again"
     try:
-        return run_train(args)
-    except UsageError as error:
-        print(f"phalanx train: error: {error}", file=sys.stderr)
+        return run()
+    except (UsageError, TrackerError) as error:
+        print(f"{prefix} {error}", file=sys.stderr)
         return 2
     except UserCodeError as error:
         assert error.__cause__ is not None
         traceback.print_exception(error.__cause__)
-        print(f"phalanx train: error: {error}", file=sys.stderr)
+        print(f"{prefix} {error}", file=sys.stderr)
         return EXIT_USER_CODE
-    except TrackerError as error:
-        print(f"phalanx train: error: {error}", file=sys.stderr)
-        return 2
     except FloatingPointError as error:
         print(
-            f"phalanx train: error: {error} (here: a lower --lr, or --clip-norm)",
+            f"{prefix} {error} (here: a lower --lr, or --clip-norm)",
             file=sys.stderr,
         )
         return EXIT_DIVERGED
     except CheckpointWriteError as error:
         message = str(error).replace("resume='latest'", "--resume")
-        print(f"phalanx train: error: {message}", file=sys.stderr)
+        print(f"{prefix} {message}", file=sys.stderr)
         return EXIT_IO
     except OSError as error:  # a log file: no space, or a folder gone read-only
         print(
-            f"phalanx train: error: cannot write the run's files ({error}); free "
-            "space or make the folder writable, then continue with --resume",
+            f"{prefix} cannot write the run's files ({error}); free space or "
+            f"make the folder writable, then {then}",
             file=sys.stderr,
         )
         return EXIT_IO

@@ -1,7 +1,8 @@
 """What a ``phalanx train`` run writes besides its checkpoints and
-config.toml: its loggers and plot, chosen before anything is written. The
-default ones whose library is missing are left out, in one line naming the
-extra that adds them; a logger asked for must be installed."""
+config.toml: its loggers and plot, chosen before anything is written (and
+whether ``phalanx find-lr`` draws its plot). The default ones whose library
+is missing are left out, in one line naming the extra that adds them; a
+logger asked for must be installed."""
 
 import dataclasses
 import importlib.util
@@ -60,17 +61,32 @@ def choose_outputs(args: TrainArgs) -> Outputs:
             "(http://...), or to a local store (file:./mlruns, with "
             "MLFLOW_ALLOW_FILE_STORE=true under MLflow 3)"
         )
-    plot = not args.no_plot and installed(_NEEDS["plot"][0])
-    if not args.no_plot and not plot:
+    plot = _plot(args.no_plot, missing)
+    return Outputs(tuple(loggers), plot, _note(missing, "history.png"))
+
+
+def choose_plot(no_plot: bool, image: str) -> tuple[bool, str | None]:
+    """Whether a command draws its plot `image` (not with `no_plot`, nor
+    where matplotlib is missing), and the note saying it is left out."""
+    missing: list[str] = []
+    return _plot(no_plot, missing), _note(missing, image)
+
+
+def _plot(no_plot: bool, missing: list[str]) -> bool:
+    """Whether the plot is drawn; "plot" added to `missing` where it is
+    asked for but matplotlib is not installed."""
+    plot = not no_plot and installed(_NEEDS["plot"][0])
+    if not no_plot and not plot:
         missing.append("plot")
-    return Outputs(tuple(loggers), plot, _note(missing))
+    return plot
 
 
-def _note(missing: list[str]) -> str | None:
-    """One line: the default outputs left out, and the extra that adds them."""
+def _note(missing: list[str], image: str) -> str | None:
+    """One line: the default outputs left out (the plot is `image`), and
+    the extra that adds them."""
     if not missing:
         return None
-    what = {"tensorboard": "TensorBoard events", "plot": "history.png"}
+    what = {"tensorboard": "TensorBoard events", "plot": image}
     packages = " and ".join(_NEEDS[name][0] for name in missing)
     verb = "is" if len(missing) == 1 else "are"
     outputs = " or ".join(what[name] for name in missing)

@@ -10,15 +10,13 @@ from typing import Any, NoReturn
 
 from .._version import __version__
 from ._args import UsageError
-from ._values import (
-    mesh,
-    model,
-    model_arg,
-    positive_float,
-    positive_int,
-    steps,
-    widths,
+from ._options import (
+    add_device_options,
+    add_folder_options,
+    add_model_options,
+    add_optimizer_options,
 )
+from ._values import at_least_two, positive_float, positive_int, steps
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,92 +79,14 @@ def build_parser(
         formatter_class=_HelpFormatter,
     )
     add = train.add_argument
-    add(
-        "--model",
-        type=model,
-        default="mlp",
-        metavar="linear|mlp|MODULE:FACTORY",
-        help="a built-in model, or FACTORY(*, in_shape, out_size, key, "
-        "**model_args) in MODULE (imported from the current folder or "
-        "PYTHONPATH) returning an Equinox module; in_shape is one example's "
-        "shape, out_size the number of classes",
-    )
-    add(
-        "--model-arg",
-        type=model_arg,
-        action="append",
-        metavar="NAME=VALUE",
-        help="a keyword argument for --model MODULE:FACTORY, VALUE a Python "
-        "literal (repeatable), e.g. --model-arg channels=16",
-    )
-    add(
-        "--hidden",
-        type=widths,
-        default="256,128",
-        metavar="W1,W2,...",
-        help="hidden layer widths of the MLP",
-    )
-    add(
-        "--dataset",
-        default="digits",
-        metavar="digits|mnist:PATH|npz:PATH|MODULE:FUNCTION",
-        help="bundled digits, MNIST IDX files in PATH, an .npz with x_train, "
-        "y_train, x_test, y_test, or FUNCTION() in MODULE returning those four "
-        "NumPy arrays",
-    )
+    add_model_options(add)
     add(
         "--config",
         metavar="FILE",
         help="read options from a TOML file (as the config.toml a run writes); "
         "options given on the command line override it",
     )
-    add(
-        "--strategy",
-        choices=("sharding", "pmap", "fsdp", "mesh"),
-        default="sharding",
-        help="ShardingStrategy (jit over sharded arrays), PmapStrategy "
-        "(per-device program), FullyShardedStrategy (the state split over "
-        "the devices) or MeshStrategy (a data x fsdp x tensor mesh: --mesh)",
-    )
-    add(
-        "--mesh",
-        type=mesh,
-        default=None,
-        metavar="AXIS=SIZE,...",
-        help="with --strategy mesh: the sizes of its data, fsdp and tensor "
-        "axes, e.g. data=2,fsdp=4 (data -1 unless given: what the others leave)",
-    )
-    add(
-        "--shard",
-        choices=("all", "optimizer"),
-        default=None,
-        help="with --strategy fsdp: split parameters and optimizer state (all, "
-        "the default) or the optimizer state only",
-    )
-    add(
-        "--microbatches",
-        type=positive_int,
-        default=1,
-        metavar="K",
-        help="gradient accumulation: split each device's batch in K parts",
-    )
-    add(
-        "--devices",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="devices to train on; on a CPU-only host this fakes N CPU devices "
-        "(default 8), on accelerators the default is all of them",
-    )
-    add(
-        "--batch-size",
-        type=positive_int,
-        default=64,
-        metavar="N",
-        help="global batch size: examples per step over every device, padded "
-        "with weight-0 examples up to a multiple of devices x microbatches (a "
-        "multiple wastes nothing)",
-    )
+    add_device_options(add)
     add(
         "--epochs",
         type=positive_int,
@@ -175,12 +95,6 @@ def build_parser(
         help="passes over the data",
     )
     add("--lr", type=positive_float, default=0.1, help="peak learning rate")
-    add(
-        "--optimizer",
-        choices=("adam", "adamw", "sgd"),
-        default="sgd",
-        help="optax optimizer (sgd uses momentum 0.9)",
-    )
     add(
         "--schedule",
         choices=("constant", "cosine", "warmup-cosine"),
@@ -197,26 +111,8 @@ def build_parser(
         "with other --epochs keeps it; past its end the rate stays at the "
         "schedule's final value)",
     )
-    add(
-        "--clip-norm",
-        type=positive_float,
-        default=None,
-        metavar="C",
-        help="clip gradients to this global norm",
-    )
-    add("--seed", type=int, default=0, help="seeds initialisation, shuffling, dropout")
-    add(
-        "--run-dir",
-        default=None,
-        metavar="DIR",
-        help="where logs go (default runs/<date-time>); must be new or empty",
-    )
-    add(
-        "--overwrite",
-        action="store_true",
-        help="allow a non-empty --run-dir (files phalanx writes are replaced; "
-        "others are left alone)",
-    )
+    add_optimizer_options(add)
+    add_folder_options(add, what="logs", plot="history.png")
     add(
         "--checkpoint-every",
         type=positive_int,
@@ -249,13 +145,6 @@ def build_parser(
         "that would change its updates may not",
     )
     add(
-        "--precision",
-        choices=("fp32", "bf16", "fp16"),
-        default="fp32",
-        help="float32 throughout, or float32 weights with the forward and "
-        "backward pass in bfloat16 or float16 (fp16: with a dynamic loss scale)",
-    )
-    add(
         "--steps-per-call",
         type=positive_int,
         default=1,
@@ -282,23 +171,64 @@ def build_parser(
         "(WANDB_PROJECT, WANDB_MODE, MLFLOW_TRACKING_URI, ...)",
     )
     add(
-        "--no-plot",
-        action="store_true",
-        help="draw no history.png (drawn by default where matplotlib is "
-        "installed: pip install 'phalanx[logs]')",
-    )
-    add(
         "--profile",
         type=steps,
         metavar="START:END",
         help="record a jax.profiler trace of steps START to END into "
         "RUN_DIR/profile (TensorBoard's profile plugin or ui.perfetto.dev)",
     )
+    find_lr = _add_find_lr(commands)
     if explicit_only:
-        for action in train._actions:
+        for action in (*train._actions, *find_lr._actions):
             action.default = argparse.SUPPRESS
     _add_launch(commands)
     return parser
+
+
+def _add_find_lr(commands: "argparse._SubParsersAction[_Parser]") -> _Parser:
+    find_lr = commands.add_parser(
+        "find-lr",
+        description=(
+            "The learning-rate range test (Lightning's lr_find) on the model, "
+            "data, strategy and optimizer phalanx train would build from the "
+            "same options: one step per rate, the rates rising geometrically "
+            "from --start to --end until the loss diverges. Prints the rate "
+            "where the loss falls fastest and the phalanx train command that "
+            "uses it; writes lr_find.json (rates, losses, suggestion) and "
+            "lr_find.png in the run folder. Nothing is trained: the steps are "
+            "computed, not kept."
+        ),
+        help="find a learning rate for phalanx train: the range test",
+        formatter_class=_HelpFormatter,
+    )
+    add = find_lr.add_argument
+    add_model_options(add)
+    add_device_options(add)
+    add_optimizer_options(add)
+    add(
+        "--start",
+        type=positive_float,
+        default=1e-7,
+        metavar="LR",
+        help="the first rate",
+    )
+    add(
+        "--end",
+        type=positive_float,
+        default=10.0,
+        metavar="LR",
+        help="the last rate, above --start",
+    )
+    add(
+        "--steps",
+        type=at_least_two,
+        default=100,
+        metavar="N",
+        help="steps at most, one per rate (the sweep stops where the loss "
+        "diverges); the suggestion needs at least 13 before that",
+    )
+    add_folder_options(add, what="lr_find.json and lr_find.png", plot="lr_find.png")
+    return find_lr
 
 
 def _add_launch(commands: "argparse._SubParsersAction[_Parser]") -> None:

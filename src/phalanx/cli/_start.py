@@ -1,4 +1,5 @@
-"""``phalanx train``: arguments checked up front, then one data-parallel run."""
+"""``phalanx train`` and ``phalanx find-lr``: what is checked up front, the
+data loaded and the devices started, before the run folder is made."""
 
 import os
 import sys
@@ -8,12 +9,33 @@ from pathlib import Path
 import numpy as np
 
 from .._env import COORDINATOR, NUM_PROCESSES
-from ._args import UsageError
+from ._args import TrainArgs, UsageError
 from ._folder import RUN_FILES
 from ._model import is_reference, user_dataset
 
 
 Split = tuple[np.ndarray, np.ndarray]
+
+
+def checked_start(
+    args: TrainArgs, files: tuple[str, ...] = RUN_FILES
+) -> tuple[Split, Split, list, bool]:
+    """The data loaded and checked, the run folder checked (for a command
+    that writes `files` there), then JAX started on the devices and the
+    batch checked against them.
+
+    Returns:
+        The train and test splits, the devices, and whether 8 fake CPU
+        devices were chosen by default.
+
+    Raises:
+        UsageError: any of them is refused.
+    """
+    train, test = load_dataset(args.dataset, flatten=not args.user_model)
+    check_run_dir(args.run_dir, args.overwrite, args.resume, files=files)
+    devices, defaulted = select_devices(args.devices, args.distributed)
+    check_batch_size(args.batch_size, len(devices), args.microbatches)
+    return train, test, devices, defaulted
 
 
 def load_dataset(spec: str, *, flatten: bool = True) -> tuple[Split, Split]:
@@ -125,9 +147,15 @@ def _check_split(
     return (x_train, y_train), (x_test, y_test)
 
 
-def check_run_dir(run_dir: Path, overwrite: bool, resume: bool = False) -> None:
-    """A run folder must be new or empty, unless --overwrite; with --resume it
-    must hold a checkpoint."""
+def check_run_dir(
+    run_dir: Path,
+    overwrite: bool,
+    resume: bool = False,
+    *,
+    files: tuple[str, ...] = RUN_FILES,
+) -> None:
+    """A run folder must be new or empty, unless --overwrite (which replaces
+    the command's `files`); with --resume it must hold a checkpoint."""
     if resume:
         checkpoints = run_dir / "checkpoints"
         if not any(p.name.isdigit() for p in _children(checkpoints)):
@@ -141,7 +169,7 @@ def check_run_dir(run_dir: Path, overwrite: bool, resume: bool = False) -> None:
         raise UsageError(
             f"--run-dir {run_dir} exists and is not empty; choose a new folder or "
             "pass --overwrite (phalanx then replaces only its own files: "
-            f"{', '.join(RUN_FILES)})"
+            f"{', '.join(files)})"
         )
     _check_writable(run_dir)
 

@@ -1,5 +1,6 @@
 """The training run behind ``phalanx train``, once every argument is valid."""
 
+import functools as ft
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -48,12 +49,25 @@ def make_schedule(args: "TrainArgs", total_steps: int) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, total_steps)
 
 
-def make_optimizer(args: "TrainArgs", schedule: optax.Schedule):
-    optimizer = {
-        "adam": lambda: optax.adam(schedule),
-        "adamw": lambda: optax.adamw(schedule),
-        "sgd": lambda: optax.sgd(schedule, momentum=0.9),
-    }[args.optimizer]()
+def make_optimizer(
+    args: "TrainArgs",
+    learning_rate: optax.ScalarOrSchedule,
+    *,
+    injected: bool = False,
+) -> optax.GradientTransformation:
+    """The optimizer --optimizer names, at `learning_rate`, after
+    --clip-norm's clipping. With `injected`, built with
+    `optax.inject_hyperparams`: the rate lives in the optimizer's state,
+    where `find_lr` sets it between steps (a run's optimizer keeps the plain
+    state its checkpoints hold)."""
+    build = {
+        "adam": optax.adam,
+        "adamw": optax.adamw,
+        "sgd": ft.partial(optax.sgd, momentum=0.9),
+    }[args.optimizer]
+    if injected:
+        build = optax.inject_hyperparams(build)
+    optimizer = build(learning_rate=learning_rate)
     if args.clip_norm is not None:
         optimizer = optax.chain(optax.clip_by_global_norm(args.clip_norm), optimizer)
     return optimizer
@@ -218,27 +232,13 @@ def train_and_report(
         except (FileNotFoundError, ValueError) as error:
             raise UsageError(f"--resume: {error}") from None
     say = print if main else _quiet
-    if defaulted:
-        say(
-            "phalanx: no accelerator found; using 8 fake CPU devices "
-            "(--devices N to change)",
-            file=sys.stderr,
-        )
-    if outputs.note is not None:
-        say(outputs.note, file=sys.stderr)
-    note = args.schedule_note(len(loader))
-    if note is not None:
-        say(note, file=sys.stderr)
+    notes = (outputs.note, args.schedule_note(len(loader)))
+    for line in start_notes(defaulted, *notes):
+        say(line, file=sys.stderr)
     if main:  # the options of the run as it goes on from here
         write_config(args)
-    sizes = f"{len(x_train)} train / {len(x_test)} test"
-    say(
-        f"phalanx: {name} on {args.dataset} ({sizes}), "
-        f"{type(strategy).__name__} on {len(devices)} {devices[0].platform} "
-        f"device(s), batch {args.batch_size}, {args.epochs} "
-        f"epoch{'s' if args.epochs != 1 else ''}"
-        + ("" if args.precision == "fp32" else f", {args.precision}")
-    )
+    epochs = f"{args.epochs} epoch{'s' if args.epochs != 1 else ''}"
+    say(banner(args, name, train, test, strategy, devices, epochs))
     say(f"phalanx: {trainer.summary().short()}")
     devices_said()  # the banner above names them: no API note on top
     trainer.fit(
@@ -254,6 +254,41 @@ def train_and_report(
         f"logs in {run}"
     )
     return 0
+
+
+def start_notes(defaulted: bool, *notes: str | None) -> list[str]:
+    """The lines on stderr before a run's banner: the devices chosen by
+    default, if they were, then each of `notes` given."""
+    chosen = (
+        "phalanx: no accelerator found; using 8 fake CPU devices "
+        "(--devices N to change)"
+        if defaulted
+        else None
+    )
+    return [note for note in (chosen, *notes) if note is not None]
+
+
+def banner(
+    args: "TrainArgs",
+    name: str,
+    train: "Split",
+    test: "Split",
+    strategy: Strategy,
+    devices: list[Any],
+    *also: str,
+) -> str:
+    """The line that says what runs: the model (as `make_model` names it),
+    the data, the strategy on its devices, the batch, `also`, the precision
+    where not fp32."""
+    sizes = f"{len(train[0])} train / {len(test[0])} test"
+    parts = [
+        f"{name} on {args.dataset} ({sizes})",
+        f"{type(strategy).__name__} on {len(devices)} {devices[0].platform} device(s)",
+        f"batch {args.batch_size}",
+        *also,
+        *([] if args.precision == "fp32" else [args.precision]),
+    ]
+    return f"phalanx: {', '.join(parts)}"
 
 
 def _quiet(*args: object, **kwargs: object) -> None:

@@ -1,6 +1,6 @@
-"""The values of ``phalanx train``'s options as argparse reads them: each
-converter turns one option's text into its value, or raises
-`argparse.ArgumentTypeError` saying how to write it."""
+"""The values of ``phalanx train``'s and ``phalanx find-lr``'s options as
+argparse reads them: each converter turns one option's text into its value,
+or raises `argparse.ArgumentTypeError` saying how to write it."""
 
 import argparse
 import math
@@ -17,6 +17,16 @@ def positive_int(text: str) -> int:
         ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def at_least_two(text: str) -> int:
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer of at least 2 (a range of rates has two ends), "
+            f"got {value}"
+        )
     return value
 
 

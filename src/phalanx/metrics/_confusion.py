@@ -1,0 +1,234 @@
+"""The confusion matrix, and precision, recall and F1 read from it."""
+
+from typing import Literal, TypeAlias
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from ._labels import check_classes, predicted_labels, true_labels
+from ._statistic import Statistic
+
+
+Average: TypeAlias = Literal["macro", "micro", "weighted", "binary"]
+_AVERAGES = ("macro", "micro", "weighted", "binary")
+_Report: TypeAlias = Literal["matrix", "precision", "recall", "f1"]
+
+
+class Confusion(Statistic):
+    """Each example's cell of the confusion matrix (true class, predicted
+    class); the total is the (weighted) matrix, rows true and columns
+    predicted, as scikit-learn's."""
+
+    true: Int[Array, " batch"]
+    predicted: Int[Array, " batch"]
+    num_classes: int = eqx.field(static=True)
+    report: _Report = eqx.field(static=True)
+    average: Average = eqx.field(static=True)
+    zero_division: float = eqx.field(static=True)
+
+    def total(self, weight: Float[Array, " batch"]) -> Float[Array, "true predicted"]:
+        n = self.num_classes
+        # A sum into cells, exact (a matmul of one-hots may run in reduced
+        # precision on accelerators); labels outside [0, n) count nowhere.
+        cell = jnp.where(
+            (self.true >= 0) & (self.true < n), self.true * n + self.predicted, -1
+        )
+        return jax.ops.segment_sum(weight, cell, num_segments=n * n).reshape(n, n)
+
+    def read(self, total: np.ndarray) -> float | np.ndarray:
+        if self.report == "matrix":
+            return total
+        return float(_score(total, self.report, self.average, self.zero_division))
+
+
+# A count per class, or one over all of them.
+_Counts: TypeAlias = np.ndarray | np.floating
+
+
+def _divide(top: _Counts, bottom: _Counts, zero_division: float) -> np.ndarray:
+    """top / bottom, `zero_division` where bottom is 0 (scikit-learn's rule)."""
+    safe = np.where(bottom == 0, 1.0, bottom)
+    return np.asarray(np.where(bottom == 0, zero_division, top / safe))
+
+
+def _score(
+    matrix: np.ndarray, report: _Report, average: Average, zero_division: float
+) -> np.ndarray:
+    """Precision, recall or F1 of a confusion matrix, averaged as
+    scikit-learn's ``average=`` (``"binary"``: of class 1)."""
+    hits, true, predicted = np.diag(matrix), matrix.sum(1), matrix.sum(0)
+    if average == "micro":
+        hits, true, predicted = hits.sum(), true.sum(), predicted.sum()
+    elif average == "binary":
+        hits, true, predicted = hits[1], true[1], predicted[1]
+    top, bottom = {
+        "precision": (hits, predicted),
+        "recall": (hits, true),
+        "f1": (2 * hits, true + predicted),
+    }[report]
+    score = _divide(top, bottom, zero_division)
+    if average in ("micro", "binary"):
+        return score
+    # Classes that occur in neither the targets nor the predictions are not
+    # averaged over, as in scikit-learn (which only knows the labels it saw).
+    seen = (true + predicted) > 0
+    if average == "weighted":
+        return _divide((score * true).sum(), true.sum(), zero_division)
+    return np.asarray(score[seen].mean() if seen.any() else zero_division)
+
+
+def _confusion(
+    metric: str,
+    outputs: Array,
+    targets: Array,
+    num_classes: int,
+    report: _Report,
+    average: Average,
+    zero_division: float,
+    from_logits: bool,
+) -> Confusion:
+    check_classes(outputs, num_classes, metric)
+    if average not in _AVERAGES:
+        raise ValueError(
+            f"px.metrics.{metric}: average={average!r}; pass one of "
+            f"{', '.join(map(repr, _AVERAGES))}"
+        )
+    if average == "binary" and num_classes != 2:
+        raise ValueError(
+            f"px.metrics.{metric}: average='binary' scores class 1 of a binary "
+            f"task, but num_classes={num_classes}; pass average='macro', "
+            "'micro' or 'weighted' for several classes"
+        )
+    return Confusion(
+        true_labels(targets),
+        predicted_labels(outputs, from_logits=from_logits),
+        num_classes,
+        report,
+        average,
+        float(zero_division),
+    )
+
+
+def confusion_matrix(
+    outputs: Float[Array, " batch *classes"],
+    targets: Int[Array, " batch"] | Float[Array, "batch classes"],
+    *,
+    num_classes: int,
+    from_logits: bool = True,
+) -> Confusion:
+    """The confusion matrix of a classifier: rows the true class, columns
+    the predicted one (the most likely), each cell the weighted count of its
+    examples, as ``sklearn.metrics.confusion_matrix(..., sample_weight=)``.
+    It is logged as a ``(num_classes, num_classes)`` array.
+
+    Args:
+        outputs: the model's scores per class (logits or probabilities), or
+            one score per example for a binary task.
+        targets: class labels, or one-hot targets.
+        num_classes: the number of classes.
+        from_logits: whether one score per example is a logit (positive
+            above 0) rather than a probability (above 0.5).
+    """
+    return _confusion(
+        "confusion_matrix",
+        outputs,
+        targets,
+        num_classes,
+        "matrix",
+        "macro",
+        0.0,
+        from_logits,
+    )
+
+
+def f1(
+    outputs: Float[Array, " batch *classes"],
+    targets: Int[Array, " batch"] | Float[Array, "batch classes"],
+    *,
+    num_classes: int,
+    average: Average = "macro",
+    zero_division: float = 0.0,
+    from_logits: bool = True,
+) -> Confusion:
+    """The F1 score (the harmonic mean of precision and recall) of a
+    classifier over every example of an epoch or evaluation, as
+    ``sklearn.metrics.f1_score(..., sample_weight=)``.
+
+    Args:
+        outputs: the model's scores per class (logits or probabilities), or
+            one score per example for a binary task; the most likely class
+            is the prediction.
+        targets: class labels, or one-hot targets.
+        num_classes: the number of classes.
+        average: ``"macro"``: the mean over classes, leaving out those that
+            occur in neither the targets nor the predictions; ``"micro"``:
+            of every example's counts together (for one label per example,
+            the accuracy); ``"weighted"``: over classes, weighted by their
+            examples; ``"binary"``: of class 1, with ``num_classes=2``.
+        zero_division: the score where it divides by zero (a class never
+            present and never predicted).
+        from_logits: whether one score per example is a logit (class 1
+            above 0) rather than a probability (above 0.5).
+
+    Example:
+        ```python
+        def metrics(self, outputs, targets):
+            return {"f1": px.metrics.f1(outputs, targets, num_classes=10)}
+        ```
+    """
+    return _confusion(
+        "f1", outputs, targets, num_classes, "f1", average, zero_division, from_logits
+    )
+
+
+def precision(
+    outputs: Float[Array, " batch *classes"],
+    targets: Int[Array, " batch"] | Float[Array, "batch classes"],
+    *,
+    num_classes: int,
+    average: Average = "macro",
+    zero_division: float = 0.0,
+    from_logits: bool = True,
+) -> Confusion:
+    """The precision (of the examples predicted as a class, the share that
+    are of it) of a classifier over every example of an epoch or
+    evaluation, as ``sklearn.metrics.precision_score(..., sample_weight=)``.
+    The arguments are `f1`'s."""
+    return _confusion(
+        "precision",
+        outputs,
+        targets,
+        num_classes,
+        "precision",
+        average,
+        zero_division,
+        from_logits,
+    )
+
+
+def recall(
+    outputs: Float[Array, " batch *classes"],
+    targets: Int[Array, " batch"] | Float[Array, "batch classes"],
+    *,
+    num_classes: int,
+    average: Average = "macro",
+    zero_division: float = 0.0,
+    from_logits: bool = True,
+) -> Confusion:
+    """The recall (of a class's examples, the share predicted as it) of a
+    classifier over every example of an epoch or evaluation, as
+    ``sklearn.metrics.recall_score(..., sample_weight=)``. The arguments
+    are `f1`'s."""
+    return _confusion(
+        "recall",
+        outputs,
+        targets,
+        num_classes,
+        "recall",
+        average,
+        zero_division,
+        from_logits,
+    )

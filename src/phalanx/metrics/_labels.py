@@ -1,0 +1,66 @@
+"""What the classification metrics read from a model's outputs and targets:
+predicted and true labels, and each class's log-odds."""
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+
+def check_classes(outputs: Array, num_classes: int, metric: str) -> None:
+    """At trace time: `outputs` must be scores of `num_classes` classes (or,
+    for two, one score per example)."""
+    if not isinstance(num_classes, int) or num_classes < 2:
+        raise ValueError(
+            f"px.metrics.{metric}: num_classes={num_classes!r}; pass the number "
+            "of classes, an int >= 2 (2 for a binary task)"
+        )
+    if outputs.ndim == 1:
+        if num_classes != 2:
+            raise ValueError(
+                f"px.metrics.{metric}: outputs of shape {tuple(outputs.shape)} "
+                f"(one score per example) with num_classes={num_classes}; one "
+                "score is a binary task: pass num_classes=2, or outputs of shape "
+                f"(batch, {num_classes})"
+            )
+    elif outputs.ndim != 2 or outputs.shape[-1] != num_classes:
+        raise ValueError(
+            f"px.metrics.{metric}: outputs of shape {tuple(outputs.shape)}, but "
+            f"num_classes={num_classes}; pass scores of shape (batch, "
+            f"{num_classes}) (or (batch,) for a binary task), or the number of "
+            "classes the outputs have"
+        )
+
+
+def true_labels(targets: Array) -> Int[Array, " batch"]:
+    """Integer class labels from labels or one-hot (or soft) targets."""
+    if targets.ndim == 2:
+        return jnp.argmax(targets, axis=-1)
+    return targets.astype(jnp.int32)
+
+
+def predicted_labels(outputs: Array, *, from_logits: bool) -> Int[Array, " batch"]:
+    """The most likely class; for one score per example, class 1 where it
+    is above 0 (a logit) or 0.5 (a probability)."""
+    if outputs.ndim == 1:
+        return (outputs > (0.0 if from_logits else 0.5)).astype(jnp.int32)
+    return jnp.argmax(outputs, axis=-1).astype(jnp.int32)
+
+
+def log_odds(outputs: Array, *, from_logits: bool) -> Float[Array, "batch classes"]:
+    """Each class's log-odds log(p / (1 - p)), computed without forming 1 - p
+    (which rounds to 0 for a confident class); one score per example gives
+    those of classes 0 and 1."""
+    outputs = outputs.astype(jnp.float32)
+    if outputs.ndim == 1:
+        odds = outputs if from_logits else _logit(outputs)
+        return jnp.stack([-odds, odds], axis=-1)
+    if from_logits:
+        log_p = jax.nn.log_softmax(outputs, axis=-1)
+    else:
+        log_p = jnp.log(outputs)
+    # log(1 - p) = log(-expm1(log p)), accurate as p nears 1.
+    return log_p - jnp.log(-jnp.expm1(log_p))
+
+
+def _logit(p: Array) -> Array:
+    return jnp.log(p) - jnp.log1p(-p)
