@@ -66,7 +66,11 @@ def pyright(tmp_path_factory) -> dict[str, str]:
     (``FILE:LINE:COLUMN - SEVERITY: MESSAGE``), then its counts
     (``N errors, N warnings``)."""
     folder = tmp_path_factory.mktemp("usage")
-    files = {"keras_calls": KERAS_CALLS, "user_subclass": USER_SUBCLASS}
+    files = {
+        "keras_calls": KERAS_CALLS,
+        "user_subclass": USER_SUBCLASS,
+        "typed_hooks": TYPED_HOOKS,
+    }
     for name, code in files.items():
         (folder / f"{name}.py").write_text(code)
     exe = shutil.which("pyright") or str(Path(sys.executable).parent / "pyright")
@@ -162,3 +166,42 @@ def test_a_subclass_sees_its_own_model_in_hooks_callbacks_and_predict(pyright):
     ):
         assert f'Type of "{expression}" is "{shown}"' in output, output
     assert output.splitlines()[-1].startswith("0 errors,"), output
+
+
+TYPED_HOOKS = """
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+import phalanx as px
+
+
+class Plain(px.DataParallelTrainer):
+    def loss(self, model, outputs, targets) -> Float[Array, " batch"]:
+        return jnp.sum(outputs, axis=-1)
+
+    def metrics(self, outputs, targets) -> dict[str, Float[Array, " batch"]]:
+        return {"mean": jnp.mean(outputs, axis=-1)}
+
+
+class WithValues(px.DataParallelTrainer):
+    def loss(
+        self, model, outputs, targets
+    ) -> tuple[Float[Array, " batch"], dict[str, Float[Array, " batch"]]]:
+        fit = jnp.sum(outputs, axis=-1)
+        return fit, {"fit": fit}
+
+    def metrics(self, outputs, targets) -> dict[str, px.metrics.Statistic]:
+        return {"f1": px.metrics.f1(outputs, targets, num_classes=10)}
+
+
+class Wrong(px.DataParallelTrainer):
+    def loss(self, model, outputs, targets) -> float:
+        return 0.0
+"""
+
+
+@pytest.mark.slow
+def test_both_forms_of_the_loss_type_check_and_a_wrong_one_does_not(pyright):
+    output = pyright["typed_hooks"]
+    errors = re.findall(r"typed_hooks\.py:(\d+):\d+ - error: (.*)", output)
+    assert [line for line, _ in errors] == ["27"], output
+    assert "incompatible" in errors[0][1].lower(), output

@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import make_strategy
 from sklearn import metrics as sk
 
 import phalanx as px
+from helpers import make_strategy
 
 
 (X_TRAIN, Y_TRAIN), (X_TEST, Y_TEST) = px.data.load_digits()

@@ -178,6 +178,8 @@ class FitLoop:
         self.callbacks.epoch_start(self.info())
         # Resumed from a snapshot of the epoch's last step: only its end is left.
         done = isinstance(data, Sized) and 0 < len(data) <= progress.epoch_steps
+        if done and self.preparer.steps is None:
+            self.build_steps()
         # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
         # was trained on (a Resumable loader resumes by itself).
         skip = 0 if isinstance(data, Resumable) else progress.epoch_steps
@@ -314,6 +316,22 @@ class FitLoop:
             self.raise_if_nonfinite(jax.device_get(flags))
         else:
             jax.block_until_ready(flags)
+
+    def build_steps(self) -> None:
+        """Build the steps from the data's first batch without training on it
+        or moving the data on: reading an epoch's sums takes the steps' own
+        readers, and a run resumed at its epoch's last step has no batch
+        left to build them from."""
+        data = self.data
+        state = data.state_dict() if isinstance(data, Resumable) else None
+        try:
+            first = next(iter(data), None)
+        finally:
+            if isinstance(data, Resumable):
+                data.load_state_dict(state)
+        if first is not None:
+            preparer = self.preparer
+            preparer.steps = preparer.build(preparer.split(first), "batch 0")
 
     def epoch_logs(self, epoch_sums: Any) -> HostMetrics:
         """The epoch's means from its sums, fetched (each divided once by the

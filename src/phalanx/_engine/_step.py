@@ -9,8 +9,9 @@ of Σ weight · loss / total, so the division happens once, on the loss's
 cotangent, instead of on every gradient leaf after the reduction.
 """
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -36,6 +37,7 @@ from .._precision import Precision
 from .._state._sums import EpochSums, sum_order
 from .._state._train_state import DynamicScale, TrainState
 from .._typing import NanPolicy
+from ..metrics._labels import MetricArgumentError
 from ..metrics._statistic import LossResult, Metrics, Statistic, Summed
 from ..strategies import PerDeviceStrategy, Strategy
 from ._forward import example_keys, forward, infer
@@ -99,13 +101,15 @@ def weighted_sums(
     statistic. The metrics are the loss's own values, then those of the
     `metrics` hook (`evaluating`: of `eval_metrics`, where the trainer has
     its own)."""
-    losses, values = loss_values(parts.loss(model, outputs, targets))
+    with _metric_arguments("loss"):
+        losses, values = loss_values(parts.loss(model, outputs, targets))
     check_per_example(losses, weight, "loss")
     sums: dict[str, Any] = {"loss": jnp.sum(weight * losses), "weight": jnp.sum(weight)}
     hook, metrics_of = "metrics", parts.metrics
     if evaluating and parts.eval_metrics is not None:
         hook, metrics_of = "eval_metrics", parts.eval_metrics
-    metrics = metrics_of(outputs, targets)
+    with _metric_arguments(hook):
+        metrics = metrics_of(outputs, targets)
     check_metrics(metrics, hook)
     for source, named in (("loss", values), (f"{hook}()", metrics)):
         for name, value in named.items():
@@ -117,6 +121,16 @@ def weighted_sums(
                 check_per_example(value, weight, f"{source}[{name!r}]")
                 sums[name] = jnp.sum(weight * value.astype(weight.dtype))
     return sums
+
+
+@contextlib.contextmanager
+def _metric_arguments(hook: str) -> Iterator[None]:
+    """A `px.metrics` function's complaint about its arguments, as the
+    mistake of the `hook` that called it (not of the batch)."""
+    try:
+        yield
+    except MetricArgumentError as error:
+        raise HookValueError(f"{hook}(): {error}") from error
 
 
 def _check_name(name: str, source: str, sums: dict[str, Any]) -> None:

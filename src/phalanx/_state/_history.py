@@ -7,6 +7,8 @@ touches JAX or the devices: it is given metrics already on the host."""
 from collections.abc import Iterator
 from typing import Any, overload
 
+import numpy as np
+
 from .._typing import HostMetrics, MetricValue
 
 
@@ -62,6 +64,18 @@ class History:
         """Every metric name seen, in order of first appearance."""
         return list(dict.fromkeys(name for epoch in self.epochs for name in epoch))
 
+    @property
+    def scalar_names(self) -> list[str]:
+        """The names of the metrics that are numbers (not arrays, such as a
+        confusion matrix), in order of first appearance."""
+        arrays = {
+            name
+            for epoch in self.epochs
+            for name, value in epoch.items()
+            if isinstance(value, np.ndarray)
+        }
+        return [name for name in self.names if name not in arrays]
+
     @overload
     def __getitem__(self, key: int) -> HostMetrics: ...
     @overload
@@ -96,20 +110,36 @@ class History:
     def state_dict(self) -> dict[str, list[Any]]:
         """Plain data for checkpoints."""
         return {
-            "epochs": [dict(epoch) for epoch in self.epochs],
+            "epochs": [_plain(epoch) for epoch in self.epochs],
             "steps": list(self.steps),
-            "evaluations": self.evaluations,
+            "evaluations": [_plain(row) for row in self.evaluations],
         }
 
     def load_state_dict(self, state: dict[str, list[Any]]) -> None:
         """Restore from `state_dict` (of this or an earlier version)."""
-        self.epochs = [dict(epoch) for epoch in state["epochs"]]
+        self.epochs = [_metrics(epoch) for epoch in state["epochs"]]
         self.steps = list(state.get("steps", [None] * len(self.epochs)))
         self._evaluations = [
             (
                 int(row["step"]),
                 int(row["epoch"]),
-                {k: v for k, v in row.items() if k not in ("step", "epoch")},
+                _metrics({k: v for k, v in row.items() if k not in ("step", "epoch")}),
             )
             for row in state.get("evaluations", [])
         ]
+
+
+def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Metrics as JSON can hold them: an array as ``{"array": nested lists}``."""
+    return {
+        k: {"array": v.tolist()} if isinstance(v, np.ndarray) else v
+        for k, v in metrics.items()
+    }
+
+
+def _metrics(plain: dict[str, Any]) -> HostMetrics:
+    """The metrics `_plain` wrote."""
+    return {
+        k: np.asarray(v["array"]) if isinstance(v, dict) else v
+        for k, v in plain.items()
+    }

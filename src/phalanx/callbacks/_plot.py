@@ -132,7 +132,7 @@ class PlotHistory(Callback):
         self._drawn = drawn
 
     def _names(self, history: History) -> list[str]:
-        present = history.names
+        present = history.scalar_names
         evals = _eval_names(history)
         train = [name for name in present if not name.startswith("eval_")]
         if self.metrics is None:
@@ -153,8 +153,11 @@ class PlotHistory(Callback):
 
 def _eval_names(history: History) -> list[str]:
     """The history's eval metrics: the epochs' and the evaluations'."""
+    arrays = set(history.names) - set(history.scalar_names)
     names = [*history.names, *(k for e in history.evaluations for k in e)]
-    return list(dict.fromkeys(k for k in names if k.startswith("eval_")))
+    return list(
+        dict.fromkeys(k for k in names if k.startswith("eval_") and k not in arrays)
+    )
 
 
 def _pairs(eval_name: str, metric: str) -> bool:

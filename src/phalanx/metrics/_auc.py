@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ._labels import check_classes, log_odds, true_labels
+from .._typing import validates_own_arguments
+from ._labels import MetricArgumentError, check_classes, log_odds, true_labels
 from ._statistic import Statistic
 
 
@@ -57,6 +58,7 @@ def _area(histograms: np.ndarray) -> float:
     return float(np.trapezoid(tpr, fpr))
 
 
+@validates_own_arguments
 def auc(
     outputs: Float[Array, " batch *classes"],
     targets: Int[Array, " batch"] | Float[Array, "batch classes"],
@@ -99,7 +101,7 @@ def auc(
     """
     check_classes(outputs, num_classes, "auc")
     if not isinstance(num_thresholds, int) or num_thresholds < 2:
-        raise ValueError(
+        raise MetricArgumentError(
             f"px.metrics.auc: num_thresholds={num_thresholds!r}; pass an int >= 2 "
             "(e.g. the default 200)"
         )

@@ -1,5 +1,6 @@
 """The confusion matrix, and precision, recall and F1 read from it."""
 
+import typing
 from typing import Literal, TypeAlias
 
 import equinox as eqx
@@ -8,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ._labels import check_classes, predicted_labels, true_labels
+from .._typing import validates_own_arguments
+from ._labels import MetricArgumentError, check_classes, predicted_labels, true_labels
 from ._statistic import Statistic
 
 
@@ -86,18 +88,18 @@ def _confusion(
     targets: Array,
     num_classes: int,
     report: _Report,
-    average: Average,
+    average: str,
     zero_division: float,
     from_logits: bool,
 ) -> Confusion:
     check_classes(outputs, num_classes, metric)
     if average not in _AVERAGES:
-        raise ValueError(
+        raise MetricArgumentError(
             f"px.metrics.{metric}: average={average!r}; pass one of "
             f"{', '.join(map(repr, _AVERAGES))}"
         )
     if average == "binary" and num_classes != 2:
-        raise ValueError(
+        raise MetricArgumentError(
             f"px.metrics.{metric}: average='binary' scores class 1 of a binary "
             f"task, but num_classes={num_classes}; pass average='macro', "
             "'micro' or 'weighted' for several classes"
@@ -107,11 +109,12 @@ def _confusion(
         predicted_labels(outputs, from_logits=from_logits),
         num_classes,
         report,
-        average,
+        typing.cast(Average, average),
         float(zero_division),
     )
 
 
+@validates_own_arguments
 def confusion_matrix(
     outputs: Float[Array, " batch *classes"],
     targets: Int[Array, " batch"] | Float[Array, "batch classes"],
@@ -144,6 +147,7 @@ def confusion_matrix(
     )
 
 
+@validates_own_arguments
 def f1(
     outputs: Float[Array, " batch *classes"],
     targets: Int[Array, " batch"] | Float[Array, "batch classes"],
@@ -184,6 +188,7 @@ def f1(
     )
 
 
+@validates_own_arguments
 def precision(
     outputs: Float[Array, " batch *classes"],
     targets: Int[Array, " batch"] | Float[Array, "batch classes"],
@@ -209,6 +214,7 @@ def precision(
     )
 
 
+@validates_own_arguments
 def recall(
     outputs: Float[Array, " batch *classes"],
     targets: Int[Array, " batch"] | Float[Array, "batch classes"],

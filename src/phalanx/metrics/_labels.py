@@ -6,24 +6,29 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 
+class MetricArgumentError(ValueError):
+    """A `px.metrics` function was given arguments that do not fit: the
+    hook that called it is at fault, not the batch."""
+
+
 def check_classes(outputs: Array, num_classes: int, metric: str) -> None:
     """At trace time: `outputs` must be scores of `num_classes` classes (or,
     for two, one score per example)."""
     if not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(
+        raise MetricArgumentError(
             f"px.metrics.{metric}: num_classes={num_classes!r}; pass the number "
             "of classes, an int >= 2 (2 for a binary task)"
         )
     if outputs.ndim == 1:
         if num_classes != 2:
-            raise ValueError(
+            raise MetricArgumentError(
                 f"px.metrics.{metric}: outputs of shape {tuple(outputs.shape)} "
                 f"(one score per example) with num_classes={num_classes}; one "
                 "score is a binary task: pass num_classes=2, or outputs of shape "
                 f"(batch, {num_classes})"
             )
     elif outputs.ndim != 2 or outputs.shape[-1] != num_classes:
-        raise ValueError(
+        raise MetricArgumentError(
             f"px.metrics.{metric}: outputs of shape {tuple(outputs.shape)}, but "
             f"num_classes={num_classes}; pass scores of shape (batch, "
             f"{num_classes}) (or (batch,) for a binary task), or the number of "

@@ -1,0 +1,202 @@
+"""`px.metrics` beyond the multi-class averages: binary tasks, a statistic
+of one's own, the mistakes a user makes, and what loggers, monitors,
+checkpoints and resume do with a metric that is an array."""
+
+import json
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jaxtyping import Array, Float
+from sklearn import metrics as sk
+from typing_extensions import override
+
+import phalanx as px
+from helpers import make_data, make_model
+
+
+RNG = np.random.default_rng(0)
+XB = RNG.normal(size=(90, 3)).astype(np.float32)
+YB = (XB[:, 0] + 0.8 * RNG.normal(size=90) > 0).astype(np.int32)
+WB = RNG.uniform(0.2, 2.0, size=90).astype(np.float32)
+BINARY = [(XB[i : i + 32], YB[i : i + 32], WB[i : i + 32]) for i in range(0, 90, 32)]
+
+
+class RecallOfOne(px.metrics.Statistic):
+    """The docstring's own statistic: recall of class 1, from two sums."""
+
+    hit: Float[Array, " batch"]
+    positive: Float[Array, " batch"]
+
+    @override
+    def total(self, weight):
+        return jnp.stack([weight @ self.hit, weight @ self.positive])
+
+    @override
+    def read(self, total):
+        return float(total[0] / total[1])
+
+
+class Binary(px.DataParallelTrainer):
+    def metrics(self, outputs, targets):
+        logit = outputs[:, 0]  # one score per example
+        two = jnp.stack([-logit, logit], axis=-1) / 2  # the same, as 2 logits
+        hit = ((logit > 0) & (targets == 1)).astype(jnp.float32)
+        return {
+            "f1": px.metrics.f1(logit, targets, num_classes=2, average="binary"),
+            "f1_two": px.metrics.f1(two, targets, num_classes=2, average="binary"),
+            "precision": px.metrics.precision(
+                jax.nn.sigmoid(logit),
+                targets,
+                num_classes=2,
+                average="binary",
+                from_logits=False,
+            ),
+            "auc": px.metrics.auc(logit, targets),
+            "auc_two": px.metrics.auc(two, targets),
+            "mine": RecallOfOne(hit, (targets == 1).astype(jnp.float32)),
+        }
+
+
+def test_binary_metrics_and_a_statistic_of_ones_own():
+    model = px.models.Linear(3, 1, key=jax.random.key(1))
+    trainer = Binary(
+        model, optax.sgd(0.0), loss=lambda o, t: o[:, 0] ** 2, progress=False
+    )
+    got = trainer.evaluate(BINARY)
+    score = np.asarray(jax.vmap(model)(XB))[:, 0]
+    pred = (score > 0).astype(int)
+    want = {
+        "f1": sk.f1_score(YB, pred, sample_weight=WB),
+        "f1_two": sk.f1_score(YB, pred, sample_weight=WB),
+        "precision": sk.precision_score(YB, pred, sample_weight=WB),
+        "auc": sk.roc_auc_score(YB, score, sample_weight=WB),
+        "auc_two": sk.roc_auc_score(YB, score, sample_weight=WB),
+        "mine": sk.recall_score(YB, pred, sample_weight=WB),
+    }
+    for name, value in want.items():
+        tolerance = 1e-3 if name.startswith("auc") else 1e-6
+        assert abs(got[name] - value) <= tolerance, (name, got[name], value)
+
+
+@pytest.mark.parametrize(
+    ("metric", "error"),
+    [
+        (
+            lambda o, t: px.metrics.f1(o, t, num_classes=5),
+            r"^metrics\(\): px.metrics.f1: outputs of shape \(16, 3\), but "
+            r"num_classes=5; pass scores of shape \(batch, 5\)",
+        ),
+        (
+            lambda o, t: px.metrics.recall(o, t, num_classes=3, average="binary"),
+            r"recall: average='binary' scores class 1 of a binary task, but "
+            "num_classes=3",
+        ),
+        (
+            lambda o, t: px.metrics.precision(o, t, num_classes=3, average="mean"),
+            r"precision: average='mean'; pass one of 'macro', 'micro'",
+        ),
+        (
+            lambda o, t: px.metrics.auc(o[:, 0], t, num_classes=3),
+            r"auc: outputs of shape \(16,\) \(one score per example\) with "
+            "num_classes=3",
+        ),
+        (
+            lambda o, t: px.metrics.auc(o, t, num_classes=3, num_thresholds=1),
+            r"auc: num_thresholds=1; pass an int >= 2",
+        ),
+    ],
+)
+def test_mistakes_are_named_before_anything_runs(metric, error):
+    class Wrong(px.DataParallelTrainer):
+        def metrics(self, outputs, targets):
+            return {"m": metric(outputs, targets)}
+
+    trainer = Wrong(make_model(), optax.sgd(0.1), progress=False)
+    x, y = make_data(16)
+    with pytest.raises(ValueError, match=error):
+        trainer.fit([(x, y)], epochs=1)
+    assert trainer.progress.step == 0
+
+
+class Confused(px.DataParallelTrainer):
+    def metrics(self, outputs, targets):
+        return {
+            "confusion": px.metrics.confusion_matrix(outputs, targets, num_classes=3),
+            "f1": px.metrics.f1(outputs, targets, num_classes=3),
+        }
+
+
+def batches(n: int = 4, seed: int = 0):
+    x, y = make_data(16 * n, seed)
+    return [(x[i : i + 16], y[i : i + 16]) for i in range(0, 16 * n, 16)]
+
+
+def test_a_confusion_matrix_in_history_loggers_and_checkpoints(tmp_path, caplog):
+    loggers = [
+        px.callbacks.CSVLogger(tmp_path / "m.csv", log_every=2),
+        px.callbacks.JSONLogger(tmp_path / "m.jsonl", log_every=2),
+        px.callbacks.TensorBoardLogger(tmp_path / "tb", log_every=2),
+        px.callbacks.PlotHistory(tmp_path / "h.png"),
+        px.callbacks.Checkpoint(tmp_path / "ckpt"),
+    ]
+    trainer = Confused(
+        make_model(), optax.adam(1e-2), callbacks=loggers, progress=False
+    )
+    with caplog.at_level(logging.INFO, logger="phalanx"):
+        trainer.fit(batches(), epochs=2, eval_data=batches(1, seed=1))
+    matrix = trainer.history[-1]["confusion"]
+    assert isinstance(matrix, np.ndarray) and matrix.shape == (3, 3)
+    assert matrix.sum() == 64  # every example of the epoch, once
+    assert trainer.history[-1]["eval_confusion"].sum() == 16
+    # The CSV and TensorBoard files hold numbers only, and say so once each.
+    header = (tmp_path / "m.csv").read_text().splitlines()[0].split(",")
+    assert "f1" in header and "confusion" not in header
+    said = [r.getMessage() for r in caplog.records if "leaves out" in r.getMessage()]
+    assert len(said) == 4, said  # confusion and eval_confusion, by 2 loggers
+    assert all("trainer.history" in line for line in said)
+    # JSON holds the matrix as nested lists.
+    lines = (tmp_path / "m.jsonl").read_text().splitlines()
+    epoch = [row for row in map(json.loads, lines) if row["kind"] == "epoch"]
+    np.testing.assert_array_equal(epoch[-1]["confusion"], matrix)
+    # A checkpoint keeps the history's arrays; a new trainer resumes them.
+    again = Confused(make_model(), optax.adam(1e-2), progress=False)
+    again.fit(batches(), epochs=2, resume=tmp_path / "ckpt")
+    np.testing.assert_array_equal(again.history[-1]["confusion"], matrix)
+
+
+def test_monitoring_an_array_is_refused():
+    stop = px.callbacks.EarlyStopping(monitor="confusion", patience=1)
+    trainer = Confused(make_model(), optax.sgd(0.1), callbacks=[stop], progress=False)
+    with pytest.raises(TypeError, match="monitor='confusion' is an array of shape"):
+        trainer.fit(batches(), epochs=1)
+
+
+def test_resume_mid_epoch_sums_statistics_exactly(tmp_path):
+    straight = Confused(make_model(), optax.adam(1e-2), progress=False)
+    straight.fit(batches(), epochs=1)
+
+    class StopAt(px.Callback):
+        def on_step_end(self, info):
+            if info.step == 2:
+                info.trainer.stop_training = True
+
+    saving = px.callbacks.Checkpoint(tmp_path, every_n_steps=2, every_n_epochs=None)
+    first = Confused(
+        make_model(), optax.adam(1e-2), callbacks=[saving, StopAt()], progress=False
+    )
+    first.fit(batches(), epochs=1)
+    resumed = Confused(make_model(), optax.adam(1e-2), progress=False)
+    resumed.fit(batches(), epochs=1, resume=tmp_path)
+    np.testing.assert_array_equal(
+        resumed.history[-1]["confusion"], straight.history[-1]["confusion"]
+    )
+    assert resumed.history[-1]["f1"] == straight.history[-1]["f1"]
+
+    # Resumed with other metrics, the epoch's sums cannot go on.
+    other = px.DataParallelTrainer(make_model(), optax.adam(1e-2), progress=False)
+    with pytest.raises(ValueError, match="in the middle of epoch 0 with running sums"):
+        other.fit(batches(), epochs=1, resume=tmp_path)
