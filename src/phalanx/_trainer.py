@@ -147,6 +147,7 @@ class DataParallelTrainer(Generic[_Model]):
         steps_per_call: int = 1,
         precision: PrecisionName | Precision = "fp32",
         progress: bool = True,
+        ema: float | None = None,
     ):
         """
         Args:
@@ -211,6 +212,15 @@ class DataParallelTrainer(Generic[_Model]):
                 (logged as ``loss_scale``; a step whose scaled gradient
                 overflows is skipped, counted in ``skipped_steps``, and halves
                 the scale); or a `px.Precision` naming each dtype.
+            ema: keep an exponential moving average of the parameters with
+                this decay (e.g. 0.999; Keras' ``use_ema``, Lightning's
+                ``WeightAveraging``): after each update, ``ema ← ema · decay +
+                parameters · (1 - decay)``, starting from the initial
+                parameters, on the devices and laid out as the parameters
+                are. Evaluations (`evaluate`, and those in `fit`) and
+                `predict` then use the averaged parameters; training does
+                not. It is checkpointed with the state; `ema_model` is the
+                model with it. None (the default): no average.
 
         Raises:
             TypeError, ValueError: an argument is invalid (the message names it).
@@ -230,8 +240,11 @@ class DataParallelTrainer(Generic[_Model]):
             steps_per_call=steps_per_call,
             precision=precision,
             progress=progress,
+            ema=ema,
         )
         self.show_progress = progress
+        self.ema: float | None = None if ema is None else float(ema)
+        """The decay of the parameters' moving average (None: none kept)."""
         self.precision = precision_of(precision)
         if self.precision.mixed:  # the master weights' dtype
             model = cast_floating(model, self.precision.params)
@@ -265,6 +278,10 @@ class DataParallelTrainer(Generic[_Model]):
             jr.key(seed),
             model_state,
             DynamicScale.initial() if self.precision.loss_scale == "dynamic" else None,
+            # A copy: the state's leaves are donated, each buffer once.
+            None
+            if ema is None
+            else jax.tree.map(jnp.copy, eqx.filter(model, eqx.is_inexact_array)),
         )
         self._layout = state_layout(self.strategy, state)
         shardings = self._layout.shardings
@@ -299,6 +316,7 @@ class DataParallelTrainer(Generic[_Model]):
                 if type(self).eval_metrics is DataParallelTrainer.eval_metrics
                 else self.eval_metrics
             ),
+            ema=self.ema,
         )
         # Host batches to device batches, and the compiled train, eval and
         # predict steps (Keras' train_function), built for the first batch.
@@ -506,6 +524,23 @@ class DataParallelTrainer(Generic[_Model]):
     def model(self) -> _Model:
         """The current model."""
         return self.state.model
+
+    @property
+    def ema_model(self) -> _Model:
+        """The current model with the moving average of its parameters (the
+        trainer's ``ema=``) in place of them, as evaluations and `predict`
+        use it; save it with ``px.save_model(path, trainer.ema_model)``.
+
+        Raises:
+            ValueError: the trainer keeps no average.
+        """
+        state = self.state
+        if state.ema is None:
+            raise ValueError(
+                "ema_model: this trainer keeps no moving average of the weights; "
+                "pass DataParallelTrainer(..., ema=0.999) to keep one"
+            )
+        return state.averaged_model
 
     @validates_own_arguments
     @binds_or_advises

@@ -16,6 +16,7 @@ from .._typing import EvalSets
 from .._validate import (
     boolean,
     integer,
+    is_real,
     one_of,
     optional_int_at_least,
     optional_positive_int,
@@ -43,6 +44,7 @@ def check_config(
     steps_per_call: Any = 1,
     precision: Any = "fp32",
     progress: Any = True,
+    ema: Any = None,
 ) -> None:
     """Raise TypeError / ValueError naming the first bad trainer argument."""
     if not callable(model):
@@ -86,6 +88,7 @@ def check_config(
     positive_int("steps_per_call", steps_per_call, example="8")
     precision_of(precision)
     boolean("progress", progress)
+    check_ema(ema)
     if steps_per_call > 1 and strategy is not None:
         stacked(strategy.batch_sharding)  # the strategy can stack batches
     optional_int_at_least(
@@ -96,6 +99,18 @@ def check_config(
         hint="batches prepared ahead: 0 prepares each batch when its step runs, "
         "None chooses by the devices",
     )
+
+
+def check_ema(ema: Any) -> None:
+    """`ema` must be None or a decay strictly between 0 and 1."""
+    if ema is None:
+        return
+    if not is_real(ema) or not 0 < float(ema) < 1:
+        raise ValueError(
+            f"ema={ema!r}: pass the decay of the weights' moving average, a "
+            "number strictly between 0 and 1 (e.g. ema=0.999: each step moves "
+            "the average 0.1% of the way to the weights), or None for none"
+        )
 
 
 def check_callbacks(callbacks: Any) -> None:

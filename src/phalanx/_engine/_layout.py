@@ -77,6 +77,12 @@ def state_layout(strategy: Strategy, state: TrainState) -> StateLayout:
                 f"{list(struct.shape)}; return a jax.sharding.NamedSharding on "
                 "the strategy's mesh for every array"
             )
+    if state.ema is not None:  # the average lies where its parameters do
+        params = jax.tree.map(eqx.is_inexact_array, dynamic.model)
+        shardings = eqx.tree_at(
+            lambda s: s.ema, shardings, eqx.filter(shardings.model, params)
+        )
+        flat = treedef.flatten_up_to(shardings)
     keys = tuple(
         jax.random.key_impl(x) if jax.dtypes.issubdtype(x.dtype, PRNG_KEY) else None
         for x in leaves

@@ -62,6 +62,8 @@ class StepParts(NamedTuple):
             and predict steps call the model (already in inference mode).
         eval_metrics: ``eval_metrics(outputs, targets) -> {name: per-example
             values}`` in the eval step; None: `metrics`, as in training.
+        ema: the decay of the parameters' moving average, which the state
+            keeps and the eval and predict steps use; None: none.
     """
 
     loss: Callable[[Any, Any, Any], LossResult]
@@ -74,6 +76,7 @@ class StepParts(NamedTuple):
     precision: Precision = Precision()
     inference_model: Callable[[Any], Any] = lambda model: model
     eval_metrics: Callable[[Any, Any], Metrics] | None = None
+    ema: float | None = None
 
 
 def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
@@ -324,14 +327,17 @@ def build_steps(
 
         def apply(loss_scale: DynamicScale | None) -> list[jax.Array]:
             updates, opt_state = parts.optimizer.update(grads, state.opt_state, params)
-            new = TrainState(
-                state.step + 1,
-                eqx.apply_updates(state.model, updates),
-                opt_state,
-                next_key,
-                model_state,
-                loss_scale,
+            new = dataclasses.replace(
+                state,
+                step=state.step + 1,
+                model=eqx.apply_updates(state.model, updates),
+                opt_state=opt_state,
+                key=next_key,
+                model_state=model_state,
+                loss_scale=loss_scale,
             )
+            if parts.ema is not None:
+                new = new.averaged(parts.ema)
             return layout.flatten(new)
 
         def kept(loss_scale: DynamicScale | None) -> list[jax.Array]:
@@ -352,7 +358,8 @@ def build_steps(
 
     def eval_step(leaves, epoch_sums, batch_leaves, weight):
         state = unflatten(leaves)
-        params, arrays, static = _split_model(eqx.nn.inference_mode(state.model))
+        model = eqx.nn.inference_mode(state.averaged_model)
+        params, arrays, static = _split_model(model)
 
         def local(replicated, model_state, examples):
             params, rest = replicated
@@ -369,7 +376,9 @@ def build_steps(
 
     def probe(leaves, batch_leaves, weight, inference=False):
         state = unflatten(leaves)
-        model = eqx.nn.inference_mode(state.model) if inference else state.model
+        model = (
+            eqx.nn.inference_mode(state.averaged_model) if inference else state.model
+        )
         params, arrays, static = _split_model(model)
 
         def local(replicated, examples):
@@ -542,7 +551,7 @@ def build_predict_step(
 
     def predict_step(leaves, input_leaves):
         state = layout.unflatten(leaves)
-        model = eqx.nn.inference_mode(state.model)
+        model = eqx.nn.inference_mode(state.averaged_model)
         arrays, static = eqx.partition(model, eqx.is_array)
         inputs = jax.tree.unflatten(inputs_treedef, input_leaves)
 

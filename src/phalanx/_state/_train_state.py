@@ -6,9 +6,11 @@ one. This module only declares them: where each array lives is the
 strategy's `state_shardings`, and nothing here places, copies or donates
 arrays, or knows of the trainer."""
 
+import dataclasses
 from typing import ClassVar, Generic, TypeVar, final
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import optax
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
@@ -34,6 +36,10 @@ class TrainState(eqx.Module, Generic[_Model]):
         model_state: `eqx.nn.State` for stateful layers (BatchNorm), else None.
         loss_scale: the dynamic loss scale of a float16 run
             (``Precision(loss_scale="dynamic")``), else None.
+        ema: with ``DataParallelTrainer(ema=decay)``, the exponential moving
+            average of the model's parameters (its floating-point arrays;
+            its other leaves None), laid out as the parameters are; else
+            None. `averaged_model` is the model with them.
     """
 
     step: Int[Array, ""]
@@ -42,6 +48,28 @@ class TrainState(eqx.Module, Generic[_Model]):
     key: PRNGKeyArray
     model_state: eqx.nn.State | None = None
     loss_scale: "DynamicScale | None" = None
+    ema: _Model | None = None
+
+    @property
+    def averaged_model(self) -> _Model:
+        """The model with the moving average of its parameters in place of
+        them, where the state keeps one (`ema`); else the model itself."""
+        if self.ema is None:
+            return self.model
+        rest = eqx.filter(self.model, eqx.is_inexact_array, inverse=True)
+        return eqx.combine(self.ema, rest)
+
+    def averaged(self, decay: float) -> "TrainState[_Model]":
+        """This state with its `ema` moved towards its parameters:
+        ``ema ← decay · ema + (1 - decay) · parameters``."""
+        assert self.ema is not None, "a state without an average keeps none"
+        params = eqx.filter(self.model, eqx.is_inexact_array)
+        ema = jax.tree.map(
+            lambda e, p: (decay * e + (1 - decay) * p).astype(e.dtype),
+            self.ema,
+            params,
+        )
+        return dataclasses.replace(self, ema=ema)
 
 
 @final

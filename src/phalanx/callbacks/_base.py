@@ -28,6 +28,9 @@ class TrainerLike(Protocol[_Model]):
     history: History
     # Set to True to end `fit` after the current step (Keras' idiom).
     stop_training: bool
+    # The decay of the parameters' moving average, which evaluations use
+    # (None: none kept).
+    ema: float | None
 
     @property
     def state(self) -> TrainState[_Model]:

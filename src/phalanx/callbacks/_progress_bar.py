@@ -129,6 +129,14 @@ class ProgressBar(Output):
         self._max_epochs = info.max_epochs
         self._columns = None
         self._fit.restart()
+        if info.trainer.ema is not None:
+            out.print(
+                Text(
+                    f"ema={info.trainer.ema}: evaluations use the moving average "
+                    "of the weights (trainer.ema_model)"
+                ),
+                highlight=False,
+            )
         if out.is_terminal:
             self._progress = Progress(
                 TextColumn("{task.description}"),
