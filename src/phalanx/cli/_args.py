@@ -91,6 +91,8 @@ class TrainArgs:
     # --model-arg NAME=VALUE, as given (VALUE a Python literal).
     model_arg: tuple[str, ...] = ()
     loggers: tuple[str, ...] = DEFAULT_LOGGERS
+    # --metric names, as given (accuracy is logged whether named or not).
+    metrics: tuple[str, ...] = ()
     # --profile START:END
     profile: tuple[int, int] | None = None
     eval_every: int | None = None
@@ -110,11 +112,12 @@ class TrainArgs:
         folder becomes a new ``runs/<date-time>``."""
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in options.items() if k in fields}
-        for name in ("hidden", "model_arg", "loggers"):
+        for name in ("hidden", "model_arg", "loggers", "metrics"):
             if values.get(name) is not None:
                 values[name] = tuple(values[name])
         values["loggers"] = values.get("loggers") or DEFAULT_LOGGERS
         values["model_arg"] = values.get("model_arg") or ()
+        values["metrics"] = values.get("metrics") or ()
         run_dir = options.get("run_dir")
         values["run_dir"] = Path(run_dir) if run_dir else _new_run_dir()
         values["distributed"] = bool(values.get("distributed")) or bool(

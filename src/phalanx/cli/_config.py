@@ -163,6 +163,9 @@ _WHAT = {
     "schedule_steps": "optimizer",
     "clip_norm": "optimizer",
     "precision": "numerics",
+    # The checkpoint holds the history, and a part-done epoch's running sums,
+    # of the run's metrics.
+    "metrics": "set of metrics",
 }
 
 
@@ -171,11 +174,13 @@ def _check_resumable(
 ) -> None:
     """Refuse a flag that would make the resumed run another run than the
     one its checkpoint holds."""
+    actions = _train_actions()
     for name, value in given.items():
         old = stored.get(name)
         if name in PER_COMMAND or name in RESUMABLE or _same(name, value, old):
             continue
-        flag, what = "--" + name.replace("_", "-"), _WHAT.get(name, "run")
+        # The flag as written: --metric's values are stored as "metrics".
+        flag, what = actions[name].option_strings[0], _WHAT.get(name, "run")
         raise UsageError(
             f"--resume: {flag} {_shown(value)} differs from this run's "
             f"{_shown(old)} ({source}): it would be another {what} than "
@@ -186,12 +191,15 @@ def _check_resumable(
 
 def _same(name: str, value: Any, old: Any) -> bool:
     """Whether a flag's value is the stored one: --model-arg's as Python
-    values (``hidden=(64, 128)`` is ``hidden=(64,128)``), the rest as shown."""
+    values (``hidden=(64, 128)`` is ``hidden=(64,128)``), --metric's as a
+    set, the rest as shown."""
     if name == "model_arg":
         try:
             return model_args(tuple(value)) == model_args(tuple(old or ()))
         except UsageError:  # a name given twice: told when the model is built
             return False
+    if name == "metrics":  # accuracy is always logged; order and repeats aside
+        return set(value) - {"accuracy"} == set(old or ()) - {"accuracy"}
     return _shown(value) == _shown(old)
 
 

@@ -51,6 +51,9 @@ class RaisingParser(_Parser):
 
 
 LOGGERS = ("csv", "jsonl", "tensorboard", "wandb", "mlflow")
+# --metric's names: accuracy (logged whatever is chosen), and the
+# dataset-level metrics of px.metrics that `cli/_metrics.MAKERS` builds.
+METRICS = ("accuracy", "f1", "precision", "recall", "auc", "confusion_matrix")
 
 
 def build_parser(
@@ -169,6 +172,18 @@ def build_parser(
         "'phalanx[logs]'); wandb and mlflow need pip install 'phalanx[wandb]' / "
         "'phalanx[mlflow]' and take their settings from the environment "
         "(WANDB_PROJECT, WANDB_MODE, MLFLOW_TRACKING_URI, ...)",
+    )
+    add(
+        "--metric",
+        dest="metrics",
+        action="append",
+        choices=METRICS,
+        help="also log this metric of the classifier, in training and "
+        "evaluations, over every example of each (repeatable; accuracy is "
+        "always logged): f1, precision and recall macro-averaged over the "
+        "classes, auc the ROC AUC (each class against the rest), "
+        "confusion_matrix in metrics.jsonl only (CSV and TensorBoard hold "
+        "numbers)",
     )
     add(
         "--profile",

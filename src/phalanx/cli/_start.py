@@ -32,6 +32,7 @@ def checked_start(
         UsageError: any of them is refused.
     """
     train, test = load_dataset(args.dataset, flatten=not args.user_model)
+    check_metrics(args, train[1])
     check_run_dir(args.run_dir, args.overwrite, args.resume, files=files)
     devices, defaulted = select_devices(args.devices, args.distributed)
     check_batch_size(args.batch_size, len(devices), args.microbatches)
@@ -145,6 +146,17 @@ def _check_split(
     if flatten:
         x_train, x_test = (x.reshape(len(x), -1) for x in (x_train, x_test))
     return (x_train, y_train), (x_test, y_test)
+
+
+def check_metrics(args: TrainArgs, labels: np.ndarray) -> None:
+    """Refuse a --metric of a classifier for labels of one class."""
+    chosen = [name for name in args.metrics if name != "accuracy"]
+    if chosen and labels.max() < 1:
+        raise UsageError(
+            f"--metric {chosen[0]} scores a classifier of two classes or more, but "
+            f"every label of --dataset {args.dataset} is 0; drop --metric, or "
+            "pass labels of two classes or more"
+        )
 
 
 def check_run_dir(

@@ -12,7 +12,6 @@ import optax
 
 from .. import callbacks as cb, models
 from .._checks._device_note import devices_said
-from .._trainer import DataParallelTrainer
 from ..callbacks._base import Callback
 from ..data import ArrayLoader
 from ..strategies import (
@@ -25,6 +24,7 @@ from ..strategies import (
 )
 from ._args import TrainArgs, UsageError, write_config
 from ._folder import RunFolder
+from ._metrics import ClassifierTrainer
 from ._model import (
     DIGITS_HINT,
     build_model,
@@ -203,9 +203,11 @@ def train_and_report(
     folder.create(main=main)
     every = args.log_every
     checkpoint = cb.Checkpoint(run / "checkpoints", every_n_steps=args.checkpoint_every)
-    trainer = DataParallelTrainer(
+    trainer = ClassifierTrainer(
         model,
         make_optimizer(args, schedule),
+        metric_names=args.metrics,
+        num_classes=int(y_train.max()) + 1,
         strategy=strategy,
         seed=args.seed,
         steps_per_call=args.steps_per_call,
@@ -249,10 +251,12 @@ def train_and_report(
         resume=resume,
     )
     results = trainer.evaluate(test_loader)
-    say(
-        f"test loss {results['loss']:.4f}, test accuracy {results['accuracy']:.4f}; "
-        f"logs in {run}"
+    scores = ", ".join(  # a confusion matrix is in metrics.jsonl, not here
+        f"test {name} {value:.4f}"
+        for name, value in results.items()
+        if not isinstance(value, np.ndarray)
     )
+    say(f"{scores}; logs in {run}")
     return 0
 
 
