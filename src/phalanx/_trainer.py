@@ -45,6 +45,7 @@ from ._engine._compiled import StepCompiler, StepValues
 from ._engine._evaluate import evaluate, evaluate_sets
 from ._engine._feed import default_depth
 from ._engine._forward import takes_key
+from ._engine._groups import grouped
 from ._engine._layout import state_layout
 from ._engine._loop import FitLoop, LoopSettings
 from ._engine._lr_finder import LRFinderResult, sweep
@@ -133,7 +134,8 @@ class DataParallelTrainer(Generic[_Model]):
     def __init__(
         self,
         model: _Model,
-        optimizer: optax.GradientTransformation,
+        optimizer: optax.GradientTransformation
+        | Mapping[str, optax.GradientTransformation],
         *,
         strategy: Strategy | None = None,
         loss: LossName | LossFn = "cross_entropy",
@@ -155,7 +157,13 @@ class DataParallelTrainer(Generic[_Model]):
                 (the trainer passes a fresh one per example and training step,
                 and ``key=None`` at inference) and, with ``model_state``, be
                 called as ``model(x, state) -> (y, state)``.
-            optimizer: any optax gradient transformation.
+            optimizer: any optax gradient transformation; or, to train
+                parameter groups with optimizers of their own (a GAN's
+                generator and discriminator, a backbone and a head), a
+                mapping of group names to transformations, with
+                `param_groups` saying which parameters each group trains
+                (each then takes the gradient of its own loss, where `loss`
+                returns one per group, else of the one loss).
             strategy: how steps run across devices; default
                 `ShardingStrategy()` over all local devices.
             loss: ``"cross_entropy"`` (integer class labels; reports
@@ -253,7 +261,22 @@ class DataParallelTrainer(Generic[_Model]):
         default `ShardingStrategy()`. Hooks read it, e.g.
         ``self.strategy.axis_name`` for collectives in `loss` and
         ``self.strategy.num_devices``."""
-        self.optimizer = optimizer
+        if isinstance(optimizer, Mapping):
+            labels = self.param_groups(model)
+            if labels is None:
+                raise ValueError(
+                    f"optimizer is a mapping of parameter groups {list(optimizer)}; "
+                    "override param_groups(self, model) to say which parameters "
+                    "each trains, e.g. return eqx.tree_at(lambda m: (m.generator, "
+                    "m.discriminator), model, ('generator', 'discriminator'))"
+                )
+            groups = grouped(optimizer, labels, model)
+            transform = groups.optimizer
+        else:
+            groups, transform = None, optimizer
+        self.optimizer: optax.GradientTransformation = transform
+        """The optax transformation the step applies (a mapping of groups'
+        as one `optax.multi_transform`)."""
         self._callbacks = self._dispatch(callbacks)
         self.checks = checks
         self.nan_policy: NanPolicy = nan_policy
@@ -274,7 +297,7 @@ class DataParallelTrainer(Generic[_Model]):
         state = TrainState(
             jnp.asarray(0, jnp.int32),
             model,
-            optimizer.init(eqx.filter(model, eqx.is_inexact_array)),
+            self.optimizer.init(eqx.filter(model, eqx.is_inexact_array)),
             jr.key(seed),
             model_state,
             DynamicScale.initial() if self.precision.loss_scale == "dynamic" else None,
@@ -305,7 +328,7 @@ class DataParallelTrainer(Generic[_Model]):
             loss=self.loss,
             metrics=self.metrics,
             gradients=self.gradients,
-            optimizer=optimizer,
+            optimizer=self.optimizer,
             strategy=self.strategy,
             nan_policy=nan_policy,
             pass_key=takes_key(model),
@@ -317,6 +340,7 @@ class DataParallelTrainer(Generic[_Model]):
                 else self.eval_metrics
             ),
             ema=self.ema,
+            groups=groups,
         )
         # Host batches to device batches, and the compiled train, eval and
         # predict steps (Keras' train_function), built for the first batch.
@@ -325,7 +349,13 @@ class DataParallelTrainer(Generic[_Model]):
             BatchPipeline(
                 self.strategy,
                 value_checks=checks == "on",
-                class_labels=self._loss_name == "cross_entropy",
+                # Class labels are checked where the built-in loss or metrics
+                # read them, not where a subclass has its own of both.
+                class_labels=self._loss_name == "cross_entropy"
+                and (
+                    type(self).loss is DataParallelTrainer.loss
+                    or type(self).metrics is DataParallelTrainer.metrics
+                ),
             ),
             StepCompiler(
                 parts,
@@ -412,6 +442,36 @@ class DataParallelTrainer(Generic[_Model]):
         evaluation's (``eval_top5``), and training computes none of them.
         """
         return self.metrics(outputs, targets)
+
+    def param_groups(self, model: _Model) -> PyTree[str] | None:
+        """Which parameters each optimizer trains, where ``optimizer=`` is a
+        mapping of groups: the model with a group's name in place of each
+        part that group trains (default: None, one optimizer for all).
+
+        The `loss` may then return one per-example loss per group, a dict
+        keyed by group: each group's gradient is of its own loss, the other
+        groups' parameters held fixed (a GAN's generator on the generator
+        loss, its discriminator on the discriminator loss), every group's
+        in one reduction; ``loss`` logs their sum and ``<group>_loss`` each.
+        A loss of one array trains every group on it.
+
+        ```python
+        trainer = GanTrainer(
+            gan,
+            {"generator": optax.adam(2e-4), "discriminator": optax.adam(2e-4)},
+        )
+
+        class GanTrainer(px.DataParallelTrainer[Gan]):
+            def param_groups(self, model):
+                return eqx.tree_at(
+                    lambda m: (m.generator, m.discriminator),
+                    model,
+                    ("generator", "discriminator"),
+                )
+        ```
+        """
+        del model
+        return None
 
     def gradients(self, grads: PyTree, state: TrainState[_Model]) -> PyTree:
         """Transform the global mean gradient before the optimizer (default: none)."""

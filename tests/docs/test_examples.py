@@ -22,6 +22,7 @@ ARGS = {
     "collectives.py": ["--epochs", "2"],
     "custom_data.py": ["--epochs", "3"],
     "transformer.py": ["--steps", "20"],
+    "gan.py": ["--steps", "800"],
 }
 
 
@@ -177,3 +178,15 @@ def test_transformer():
     assert losses[-1] < losses[0] - 0.5, out
     [written] = re.findall(r"(?m)^written: (.*)$", out)
     assert len(ast.literal_eval(written)) == 60, out
+
+
+@pytest.mark.slow
+def test_gan():
+    # Issue 32, acceptance 4: two optimizers, each group on its own loss; the
+    # generator's points move onto the ring of modes.
+    out = run_example("gan.py", *ARGS["gan.py"])
+    assert "8 devices, groups: generator, discriminator" in out, out
+    before, after = floats(r"distance to the nearest mode (\S+)", out)
+    assert after < before / 2, out
+    [generator, discriminator] = floats(r"generator (\S+), discriminator (\S+)", out)
+    assert generator > 0 and discriminator > 0, out

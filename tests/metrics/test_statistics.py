@@ -168,9 +168,17 @@ def test_a_confusion_matrix_in_history_loggers_and_checkpoints(tmp_path, caplog)
     np.testing.assert_array_equal(again.history[-1]["confusion"], matrix)
 
 
-def test_monitoring_an_array_is_refused():
-    stop = px.callbacks.EarlyStopping(monitor="confusion", patience=1)
-    trainer = Confused(make_model(), optax.sgd(0.1), callbacks=[stop], progress=False)
+@pytest.mark.parametrize(
+    "watch",
+    [
+        lambda _: px.callbacks.EarlyStopping(monitor="confusion", patience=1),
+        lambda folder: px.callbacks.Checkpoint(folder, monitor="confusion"),
+    ],
+)
+def test_monitoring_an_array_is_refused(watch, tmp_path):
+    trainer = Confused(
+        make_model(), optax.sgd(0.1), callbacks=[watch(tmp_path)], progress=False
+    )
     with pytest.raises(TypeError, match="monitor='confusion' is an array of shape"):
         trainer.fit(batches(), epochs=1)
 

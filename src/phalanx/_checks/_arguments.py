@@ -58,7 +58,18 @@ def check_config(
             "there is nothing to train; give it parameters (e.g. "
             "eqx.nn.Linear layers), or call it directly for inference"
         )
-    if not isinstance(optimizer, optax.GradientTransformation):
+    if isinstance(optimizer, Mapping) and optimizer:
+        for name, each in optimizer.items():
+            if not isinstance(name, str) or not isinstance(
+                each, optax.GradientTransformation
+            ):
+                raise TypeError(
+                    f"optimizer[{name!r}]={each!r}: a mapping of parameter groups "
+                    "takes group names (str) to optax transformations, e.g. "
+                    "{'generator': optax.adam(2e-4), 'discriminator': "
+                    "optax.adam(2e-4)}"
+                )
+    elif not isinstance(optimizer, optax.GradientTransformation):
         raise TypeError(
             f"optimizer={optimizer!r} is not an optax GradientTransformation; pass "
             "one such as optax.adam(1e-3) (an optax alias called with its "

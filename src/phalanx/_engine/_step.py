@@ -11,7 +11,7 @@ cotangent, instead of on every gradient leaf after the reduction.
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -41,6 +41,7 @@ from ..metrics._labels import MetricArgumentError
 from ..metrics._statistic import LossResult, Metrics, Statistic, Summed
 from ..strategies import PerDeviceStrategy, Strategy
 from ._forward import example_keys, forward, infer
+from ._groups import Groups, check_group_losses, group_gradients, own_loss
 from ._layout import StateLayout
 
 
@@ -64,6 +65,8 @@ class StepParts(NamedTuple):
             values}`` in the eval step; None: `metrics`, as in training.
         ema: the decay of the parameters' moving average, which the state
             keeps and the eval and predict steps use; None: none.
+        groups: the parameter groups, where the optimizer has several
+            (`Groups`); None: one optimizer for every parameter.
     """
 
     loss: Callable[[Any, Any, Any], LossResult]
@@ -77,6 +80,7 @@ class StepParts(NamedTuple):
     inference_model: Callable[[Any], Any] = lambda model: model
     eval_metrics: Callable[[Any, Any], Metrics] | None = None
     ema: float | None = None
+    groups: Groups | None = None
 
 
 def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
@@ -106,8 +110,16 @@ def weighted_sums(
     its own)."""
     with _metric_arguments("loss"):
         losses, values = loss_values(parts.loss(model, outputs, targets))
-    check_per_example(losses, weight, "loss")
-    sums: dict[str, Any] = {"loss": jnp.sum(weight * losses), "weight": jnp.sum(weight)}
+    sums: dict[str, Any] = {"weight": jnp.sum(weight)}
+    if isinstance(losses, Mapping):  # one per group
+        own = check_group_losses(losses, parts.groups)
+        for group, name in own:
+            check_per_example(losses[group], weight, f"loss[{group!r}]")
+            sums[name] = jnp.sum(weight * losses[group])
+        sums["loss"] = sum(sums[name] for _, name in own)
+    else:
+        check_per_example(losses, weight, "loss")
+        sums["loss"] = jnp.sum(weight * losses)
     hook, metrics_of = "metrics", parts.metrics
     if evaluating and parts.eval_metrics is not None:
         hook, metrics_of = "eval_metrics", parts.eval_metrics
@@ -288,13 +300,18 @@ def build_steps(
 
             def objective(params):
                 sums, _, new_state = run(static, params, rest, model_state, examples)
-                loss = sums["loss"] / total
+                loss = own_loss(sums, parts.groups) / total
                 return loss if scale is None else loss * scale, (
                     _packed(sums),
                     new_state,
                 )
 
-            grads, (sums, model_state) = jax.grad(objective, has_aux=True)(params)
+            if parts.groups is None:
+                grads, (sums, model_state) = jax.grad(objective, has_aux=True)(params)
+            else:
+                grads, (sums, model_state) = group_gradients(
+                    objective, params, parts.groups
+                )
             return (cast(grads, precision.reduce), sums), model_state
 
         (grads, sums), model_state = reduce(

@@ -21,6 +21,7 @@ from ..checkpoint._folder import CheckpointFolder
 from ..checkpoint._resume import find_snapshot, resume_data
 from ..checkpoint._store import SnapshotStore
 from ._base import Callback, StepInfo, TrainerLike
+from ._watch import monitored_number
 
 
 @final
@@ -200,6 +201,7 @@ class Checkpoint(Callback, SnapshotStore):
 
         Raises:
             KeyError: `metrics` lack `monitor`.
+            TypeError: `monitor` is an array (a confusion matrix).
             CheckpointWriteError: this save, or one before it, failed.
         """
         if (
@@ -211,6 +213,8 @@ class Checkpoint(Callback, SnapshotStore):
                 f"monitor={self.monitor!r} is not among the epoch metrics "
                 f"{sorted(metrics)}; pass one of them, e.g. monitor='eval_loss'"
             )
+        if self.monitor is not None and metrics is not None:
+            monitored_number(metrics[self.monitor], self.monitor)
         return self._folder.save(snapshot, metrics, wait=wait)
 
     def check(self, trainer: TrainerLike, resume: Any = "latest") -> Path | None:

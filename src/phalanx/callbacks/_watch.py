@@ -94,7 +94,7 @@ def at_eval_end(info: StepInfo, monitor: str) -> float | None:
     """The monitor's value after an evaluation of ``fit(eval_every=)`` (those
     at epoch ends are judged with their epoch's metrics); None elsewhere."""
     if info.eval_every is not None and monitor in info.metrics:
-        return _number(info.metrics[monitor], monitor)
+        return monitored_number(info.metrics[monitor], monitor)
     return None
 
 
@@ -108,7 +108,7 @@ def at_epoch_end(info: StepInfo, monitor: str, owner: str) -> float | None:
     """
     metrics = info.metrics
     if monitor in metrics:
-        return _number(metrics[monitor], monitor)
+        return monitored_number(metrics[monitor], monitor)
     if info.eval_every is not None and monitor.startswith("eval_"):
         return None
     raise KeyError(
@@ -119,8 +119,12 @@ def at_epoch_end(info: StepInfo, monitor: str, owner: str) -> float | None:
     )
 
 
-def _number(value: MetricValue, monitor: str) -> float:
-    """A monitored metric's value, which must be a number."""
+def monitored_number(value: MetricValue, monitor: str) -> float:
+    """A monitored metric's value, which must be a number.
+
+    Raises:
+        TypeError: it is an array (a confusion matrix).
+    """
     if isinstance(value, np.ndarray):
         raise TypeError(
             f"monitor={monitor!r} is an array of shape {value.shape} (e.g. a "

@@ -66,7 +66,7 @@ def auc(
     num_classes: int = 2,
     num_thresholds: int = 200,
     from_logits: bool = True,
-) -> Ranking:
+) -> Statistic:
     """The area under the ROC curve over every example of an epoch or
     evaluation: binary for two classes (class 1 the positive one), else
     the mean over classes of each class against the rest, as

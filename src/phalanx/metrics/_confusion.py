@@ -121,7 +121,7 @@ def confusion_matrix(
     *,
     num_classes: int,
     from_logits: bool = True,
-) -> Confusion:
+) -> Statistic:
     """The confusion matrix of a classifier: rows the true class, columns
     the predicted one (the most likely), each cell the weighted count of its
     examples, as ``sklearn.metrics.confusion_matrix(..., sample_weight=)``.
@@ -156,7 +156,7 @@ def f1(
     average: Average = "macro",
     zero_division: float = 0.0,
     from_logits: bool = True,
-) -> Confusion:
+) -> Statistic:
     """The F1 score (the harmonic mean of precision and recall) of a
     classifier over every example of an epoch or evaluation, as
     ``sklearn.metrics.f1_score(..., sample_weight=)``.
@@ -197,7 +197,7 @@ def precision(
     average: Average = "macro",
     zero_division: float = 0.0,
     from_logits: bool = True,
-) -> Confusion:
+) -> Statistic:
     """The precision (of the examples predicted as a class, the share that
     are of it) of a classifier over every example of an epoch or
     evaluation, as ``sklearn.metrics.precision_score(..., sample_weight=)``.
@@ -223,7 +223,7 @@ def recall(
     average: Average = "macro",
     zero_division: float = 0.0,
     from_logits: bool = True,
-) -> Confusion:
+) -> Statistic:
     """The recall (of a class's examples, the share predicted as it) of a
     classifier over every example of an epoch or evaluation, as
     ``sklearn.metrics.recall_score(..., sample_weight=)``. The arguments

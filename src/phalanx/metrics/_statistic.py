@@ -40,8 +40,8 @@ class Statistic(eqx.Module):
             def total(self, weight):
                 return jnp.stack([weight @ self.hit, weight @ self.positive])
 
-            def read(self, total):
-                return float(total[0] / total[1])
+            def read(self, total):  # NaN where class 1 never occurred
+                return float(total[0] / total[1]) if total[1] else float("nan")
         ```
     """
 
