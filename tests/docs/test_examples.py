@@ -186,7 +186,7 @@ def test_gan():
     # generator's points move onto the ring of modes.
     out = run_example("gan.py", *ARGS["gan.py"])
     assert "8 devices, groups: generator, discriminator" in out, out
-    before, after = floats(r"distance to the nearest mode (\S+)", out)
+    before, after = floats(r"distance to the nearest mode ([\d.]+)", out)
     assert after < before / 2, out
-    [generator, discriminator] = floats(r"generator (\S+), discriminator (\S+)", out)
-    assert generator > 0 and discriminator > 0, out
+    losses = re.search(r"losses: generator ([\d.]+), discriminator ([\d.]+)", out)
+    assert losses and all(float(loss) > 0 for loss in losses.groups()), out
