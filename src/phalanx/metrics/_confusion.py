@@ -1,13 +1,14 @@
 """The confusion matrix, and precision, recall and F1 read from it."""
 
 import typing
-from typing import Literal, TypeAlias
+from typing import Literal, Required, TypeAlias
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
+from typing_extensions import TypedDict, Unpack
 
 from .._typing import validates_own_arguments
 from ._labels import MetricArgumentError, check_classes, predicted_labels, true_labels
@@ -83,15 +84,16 @@ def _score(
 
 
 def _confusion(
-    metric: str,
+    report: _Report,
     outputs: Array,
     targets: Array,
+    *,
     num_classes: int,
-    report: _Report,
-    average: str,
-    zero_division: float,
-    from_logits: bool,
+    average: str = "macro",
+    zero_division: float = 0.0,
+    from_logits: bool = True,
 ) -> Confusion:
+    metric = "confusion_matrix" if report == "matrix" else report
     check_classes(outputs, num_classes, metric)
     if average not in _AVERAGES:
         raise MetricArgumentError(
@@ -136,14 +138,7 @@ def confusion_matrix(
             above 0) rather than a probability (above 0.5).
     """
     return _confusion(
-        "confusion_matrix",
-        outputs,
-        targets,
-        num_classes,
-        "matrix",
-        "macro",
-        0.0,
-        from_logits,
+        "matrix", outputs, targets, num_classes=num_classes, from_logits=from_logits
     )
 
 
@@ -184,57 +179,46 @@ def f1(
         ```
     """
     return _confusion(
-        "f1", outputs, targets, num_classes, "f1", average, zero_division, from_logits
+        "f1",
+        outputs,
+        targets,
+        num_classes=num_classes,
+        average=average,
+        zero_division=zero_division,
+        from_logits=from_logits,
     )
+
+
+class ScoreOptions(TypedDict, total=False):
+    """The keywords of `precision` and `recall`: `f1`'s."""
+
+    num_classes: Required[int]
+    average: Average
+    zero_division: float
+    from_logits: bool
 
 
 @validates_own_arguments
 def precision(
     outputs: Float[Array, " batch *classes"],
     targets: Int[Array, " batch"] | Float[Array, "batch classes"],
-    *,
-    num_classes: int,
-    average: Average = "macro",
-    zero_division: float = 0.0,
-    from_logits: bool = True,
+    **options: Unpack[ScoreOptions],
 ) -> Statistic:
     """The precision (of the examples predicted as a class, the share that
     are of it) of a classifier over every example of an epoch or
     evaluation, as ``sklearn.metrics.precision_score(..., sample_weight=)``.
     The arguments are `f1`'s."""
-    return _confusion(
-        "precision",
-        outputs,
-        targets,
-        num_classes,
-        "precision",
-        average,
-        zero_division,
-        from_logits,
-    )
+    return _confusion("precision", outputs, targets, **options)
 
 
 @validates_own_arguments
 def recall(
     outputs: Float[Array, " batch *classes"],
     targets: Int[Array, " batch"] | Float[Array, "batch classes"],
-    *,
-    num_classes: int,
-    average: Average = "macro",
-    zero_division: float = 0.0,
-    from_logits: bool = True,
+    **options: Unpack[ScoreOptions],
 ) -> Statistic:
     """The recall (of a class's examples, the share predicted as it) of a
     classifier over every example of an epoch or evaluation, as
     ``sklearn.metrics.recall_score(..., sample_weight=)``. The arguments
     are `f1`'s."""
-    return _confusion(
-        "recall",
-        outputs,
-        targets,
-        num_classes,
-        "recall",
-        average,
-        zero_division,
-        from_logits,
-    )
+    return _confusion("recall", outputs, targets, **options)
