@@ -7,16 +7,20 @@ It asserts that every case ran and produced numbers, nothing about speed
 import json
 import os
 import pathlib
-import subprocess
 import sys
 from typing import Any
 
 import pytest
 
+import forkserver
+
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 VERSUS = ("sharding", "pmap", "accum-sharding", "accum-pmap", "steps-per-call")
 RUN = [sys.executable, str(ROOT / "benchmarks" / "run.py")]
+# Each script is started by the fork server (forkserver.py), as a fresh
+# interpreter would start it, less the ~3.5 s of imports; the processes a
+# script starts for its device counts are fresh interpreters.
 SUBPROCESS = {
     # CPU even on a host with accelerators: the harness fakes CPU devices.
     # No NPROC of the test process's: each run sets its own. The session's
@@ -28,8 +32,6 @@ SUBPROCESS = {
         **{k: v for k, v in os.environ.items() if k != "NPROC"},
         "JAX_PLATFORMS": "cpu",
     },
-    "capture_output": True,
-    "text": True,
     "timeout": 300,
 }
 
@@ -40,7 +42,7 @@ def test_tiny_benchmark_run(tmp_path):
     # Data on the devices for the strategy pairs (the host feeds run in the
     # checks, host-vs-device and jit-host-vs-device cases): half the time.
     command = [*RUN, "--tiny", "--data", "device", "--out", out]
-    result = subprocess.run(command, **SUBPROCESS, cwd=tmp_path)
+    result = forkserver.run(command, **SUBPROCESS, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     results = json.loads(out.read_text())
 
@@ -81,7 +83,7 @@ def test_each_device_count_runs_in_its_own_process(tmp_path):
     # user of that many devices would; the parent merges their results.
     out = tmp_path / "results.json"
     command = [*RUN, "--tiny", "--devices", "1,2", "--cases", "sharding"]
-    result = subprocess.run(
+    result = forkserver.run(
         [*command, "--data", "device", "--out", out], **SUBPROCESS, cwd=tmp_path
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -98,7 +100,7 @@ def tiny_run(script: str, tmp_path: pathlib.Path) -> Any:
     out = tmp_path / "results.json"
     command = [sys.executable, str(ROOT / "benchmarks" / script), "--tiny"]
     command += ["--devices", "2", "--out", str(out)]
-    result = subprocess.run(command, **SUBPROCESS, cwd=tmp_path)
+    result = forkserver.run(command, **SUBPROCESS, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(out.read_text())
 
@@ -132,7 +134,7 @@ def test_tiny_precision_benchmark_run(tmp_path):
 def test_tiny_mesh_benchmark_run(tmp_path):
     out = tmp_path / "mesh.json"
     command = [sys.executable, str(ROOT / "benchmarks" / "mesh.py"), "--tiny"]
-    result = subprocess.run([*command, "--out", str(out)], **SUBPROCESS, cwd=tmp_path)
+    result = forkserver.run([*command, "--out", str(out)], **SUBPROCESS, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     results = json.loads(out.read_text())
     layouts = {row["side"]: row for row in results["layouts"]}
