@@ -456,11 +456,6 @@ class DataParallelTrainer(Generic[_Model]):
         A loss of one array trains every group on it.
 
         ```python
-        trainer = GanTrainer(
-            gan,
-            {"generator": optax.adam(2e-4), "discriminator": optax.adam(2e-4)},
-        )
-
         class GanTrainer(px.DataParallelTrainer[Gan]):
             def param_groups(self, model):
                 return eqx.tree_at(
@@ -468,6 +463,11 @@ class DataParallelTrainer(Generic[_Model]):
                     model,
                     ("generator", "discriminator"),
                 )
+
+        trainer = GanTrainer(
+            gan,
+            {"generator": optax.adam(2e-4), "discriminator": optax.adam(2e-4)},
+        )
         ```
         """
         del model

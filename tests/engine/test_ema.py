@@ -137,3 +137,19 @@ def test_no_average_no_ema_model():
     assert trainer.state.ema is None
     with pytest.raises(ValueError, match=r"ema_model: .*ema=0.999"):
         _ = trainer.ema_model
+
+
+def test_resuming_a_run_without_an_average_names_it(tmp_path):
+    plain = px.DataParallelTrainer(
+        make_model(),
+        optax.adam(1e-2),
+        callbacks=[px.callbacks.Checkpoint(tmp_path)],
+        progress=False,
+    )
+    plain.fit(BATCHES, epochs=1)
+    averaging = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-2), ema=DECAY, progress=False
+    )
+    with pytest.raises(ValueError, match=r"the first that only this trainer.* has "
+                       r"at \.ema\.layers\[0\]\.weight"):  # fmt: skip
+        averaging.fit(BATCHES, epochs=2, resume=tmp_path)

@@ -46,7 +46,12 @@ def check_same_specs(
                 f"{got[2]}{got[1]} but {mine} has {have[0]} {have[2]}{have[1]}; {fix}"
             )
     if len(ours) != len(saved):
+        # The first array one has and the other lacks (e.g. ".ema...": a
+        # trainer with ema= where the run had none) says what differs.
+        extra = ours[len(saved)] if len(ours) > len(saved) else saved[len(ours)]
+        who = mine if len(ours) > len(saved) else stored
         raise ValueError(
             f"{stored} is from another {kind}: it holds {len(saved)} arrays but "
-            f"{mine} has {len(ours)}; {fix}"
+            f"{mine} has {len(ours)}, the first that only {who} has at "
+            f"{extra[0]}; {fix}"
         )
