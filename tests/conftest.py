@@ -56,6 +56,68 @@ import jax.random as jr  # noqa: E402
 import pytest  # noqa: E402
 
 
+# --- the order xdist hands out test files ------------------------------------
+#
+# `--dist loadfile` sends whole files to the workers, by default the files
+# with the most tests first: the files of a few long tests (the benchmark
+# smoke runs, Equinox's BERT, pyright) went last, and one worker ran on with
+# them while the others had finished. Longest first instead (LPT): the
+# seconds each file took in a suite run here (3 workers, 2 cores; files of
+# 40 s or more), others at 1 s a test. Only the order changes: what runs,
+# and which tests run together in one worker, stay as they were.
+FILE_SECONDS = {
+    "tests/docs/test_docs.py": 515,
+    "tests/cli/test_resume_cli.py": 405,
+    "tests/strategies/test_multiprocess.py": 315,
+    "tests/docs/test_benchmarks.py": 310,
+    "tests/checkpoint/test_faults.py": 280,
+    "tests/docs/test_equinox_examples.py": 255,
+    "tests/engine/test_loop.py": 210,
+    "tests/strategies/test_mesh.py": 195,
+    "tests/cli/test_cli.py": 180,
+    "tests/data/test_models.py": 170,
+    "tests/docs/test_examples.py": 140,
+    "tests/checkpoint/test_checkpoint.py": 125,
+    "tests/cli/test_resume_schedule.py": 125,
+    "tests/data/test_stacked.py": 115,
+    "tests/strategies/test_equivalence.py": 105,
+    "tests/test_typing.py": 100,
+    "tests/metrics/test_metrics.py": 90,
+    "tests/testing/test_testing.py": 85,
+    "tests/cli/test_cli_start.py": 80,
+    "tests/engine/test_predict.py": 70,
+    "tests/cli/test_cli_user.py": 70,
+    "tests/engine/test_precision.py": 65,
+    "tests/cli/test_launch.py": 65,
+    "tests/engine/test_eval_schedule.py": 60,
+    "tests/strategies/test_strategy_api.py": 55,
+    "tests/engine/test_steps_per_call.py": 50,
+    "tests/test_subclass.py": 50,
+    "tests/metrics/test_loss_values.py": 45,
+    "tests/docs/test_readme.py": 40,
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFirst(LoadFileScheduling):
+        def _assign_work_unit(self, node):
+            def seconds(item):
+                path, tests = item
+                return -FILE_SECONDS.get(path, len(tests))
+
+            ordered = sorted(self.workqueue.items(), key=seconds)  # stable
+            self.workqueue.clear()
+            self.workqueue.update(ordered)
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
+
+
 @pytest.fixture
 def getkey():
     keys = iter(jr.split(jr.key(5678), 1000))
