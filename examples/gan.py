@@ -18,7 +18,6 @@ import argparse
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jaxtyping import Array, Float, PRNGKeyArray
@@ -120,7 +119,7 @@ def main() -> None:
     )
     print(f"{trainer.strategy.num_devices} devices, groups: generator, discriminator")
     distance, reached = quality(np.asarray(trainer.predict(probe)))
-    print(f"before: distance to the nearest mode {distance:.3f}, modes reached {reached}")
+    print(f"before: distance to the nearest mode {distance:.3f}, modes {reached}")
     trainer.fit(data, steps=args.steps)
     last = trainer.history[-1]
     print(
@@ -128,7 +127,7 @@ def main() -> None:
         f"discriminator {last['discriminator_loss']:.3f}"
     )
     distance, reached = quality(np.asarray(trainer.predict(probe)))
-    print(f"after: distance to the nearest mode {distance:.3f}, modes reached {reached}")
+    print(f"after: distance to the nearest mode {distance:.3f}, modes {reached}")
 
 
 if __name__ == "__main__":
