@@ -14,8 +14,11 @@ os.environ.setdefault("NPROC", "16")
 # makes: without LLVM's optimisations a step compiles 2-3x faster (Equinox's
 # BERT example: 85 -> 37 s for assert_equivalent's four set-ups). Set in the
 # environment, so the CLI and multi-process runs the tests start inherit it;
-# the README's main job, timed as a user runs it, drops it.
-_FAST_COMPILE = "--xla_backend_optimization_level=0"
+# the README's main job, timed as a user runs it, drops it. XLA:CPU's newer
+# fusion emitters (MLIR) compile a step ~2x slower than its older ones, which
+# make the same programs: off too (an MLP's steps under four strategies:
+# 5.0 -> 2.5 s of backend compile).
+_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}"
 

@@ -19,7 +19,9 @@ ENV |= {"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
 # A user's XLA flags left out (a fake device count would change what launch
 # sets up); the tests' compiler setting (conftest.py) kept: these runs test
 # processes, not compiled code, and compile ~2x faster with it.
-ENV["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+ENV["XLA_FLAGS"] = (
+    "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+)
 ENV.pop("NPROC", None)
 
 

@@ -52,8 +52,8 @@ def test_remat_changes_no_gradient(remat):
     def loss(model):
         return jnp.sum(model(jnp.linspace(-1, 1, 8)) ** 2)
 
-    want = eqx.filter_grad(loss)(plain)
-    have = eqx.filter_grad(loss)(again)
+    grad = eqx.filter_jit(eqx.filter_grad(loss))  # not op by op: ~10x faster
+    want, have = grad(plain), grad(again)
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(have), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
