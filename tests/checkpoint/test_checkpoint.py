@@ -64,6 +64,38 @@ def test_resume_is_exact(tmp_path, straight, crash_at, saved):
     assert loader.state_dict() == reference_loader.state_dict()
 
 
+class StopAt(px.Callback):
+    def __init__(self, step: int):
+        self.step = step
+
+    @override
+    def on_step_end(self, info):
+        if info.step == self.step:
+            info.trainer.stop_training = True
+
+
+def test_a_run_resumed_on_the_short_last_batch_pads_it_as_the_pass_did(tmp_path):
+    # Saved at step 3 of a list of 16, 16, 16 and 4 examples: the resumed run
+    # starts on the 4, which the straight run padded to the pass's 16 rows;
+    # padded to 8 (the devices' multiple) they sum in another order.
+    x, y = make_data(52, seed=4)
+    batches = [(x[i : i + 16], y[i : i + 16]) for i in range(0, 52, 16)]
+
+    def trainer(*callbacks):
+        return px.DataParallelTrainer(
+            make_model(), optax.adam(1e-2), callbacks=callbacks, progress=False
+        )
+
+    straight = trainer()
+    straight.fit(batches, epochs=2)
+    saving = px.callbacks.Checkpoint(tmp_path, every_n_steps=3, every_n_epochs=None)
+    trainer(saving, StopAt(3)).fit(batches, epochs=2)
+    resumed = trainer()
+    resumed.fit(batches, epochs=2, resume=tmp_path / "3")
+    assert max_abs_diff(resumed.model, straight.model) == 0
+    assert resumed.history.epochs == straight.history.epochs
+
+
 def test_restore_onto_other_strategies(tmp_path):
     # Saved from 8 devices under ShardingStrategy; restored onto 2 devices under
     # PmapStrategy and onto 8 under AccumulatingStrategy: the same values.

@@ -150,14 +150,13 @@ def test_assert_equivalent_and_a_bitwise_resume(tmp_path):
 
     straight = make(px.ShardingStrategy(8))
     straight.fit(BATCHES, steps=STEPS)
-    # (Not at step 3: a run resumed there starts on the ragged batch, which
-    # it then pads less than a straight run does, to 8 rows instead of 16,
-    # and sums in another order.)
-    saving = px.callbacks.Checkpoint(tmp_path, every_n_steps=2, every_n_epochs=None)
+    # Resumed at step 3, the run starts on the pass's short last batch (4
+    # examples), padded to the pass's 16 rows as the straight run pads it.
+    saving = px.callbacks.Checkpoint(tmp_path, every_n_steps=3, every_n_epochs=None)
 
     class StopAt(px.Callback):
         def on_step_end(self, info):
-            if info.step == 2:
+            if info.step == 3:
                 info.trainer.stop_training = True
 
     first = make(px.ShardingStrategy(8))

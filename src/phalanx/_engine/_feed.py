@@ -144,8 +144,9 @@ class Feed:
     size change, so a `Resumable` loader is then always tracked.
 
     The pass's first batch is prepared on the calling thread: it fixes the
-    pass's step shape (and, the first of all, validates the data against the
-    model and builds the steps), and shows where the batches are. Only host
+    pass's step shape (unless `rows` already did: a pass resumed in its
+    middle pads as it did before), validates the first batch of all against
+    the model and builds the steps, and shows where the batches are. Only host
     batches are read ahead: `jax.Array` batches already on the devices cost
     the host next to nothing to prepare.
     """
@@ -160,11 +161,12 @@ class Feed:
         skip: int = 0,
         train: bool = False,
         group: int = 1,
+        rows: int | None = None,
     ):
         self._preparer = preparer
         self._train = train
         self._where = where
-        self._first: int | None = None
+        self._first = rows
         self._loader = data if isinstance(data, Resumable) else None
         rewinds = self._loader is not None
         # Where to rewind to if no batch is taken.

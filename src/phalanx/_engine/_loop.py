@@ -193,6 +193,7 @@ class FitLoop:
             skip=skip,
             train=True,
             group=self.settings.steps_per_call,
+            rows=progress.pass_rows,
         )
         try:
             with feed:
@@ -256,6 +257,8 @@ class FitLoop:
                 progress = dataclasses.replace(progress, sum_names=steps.sums.names)
             elif progress.sum_names != steps.sums.names:
                 raise ValueError(resumed_sums_message(progress, steps.sums.names))
+            if progress.pass_rows is None:  # the pass's first batch
+                progress = dataclasses.replace(progress, pass_rows=group[0].size)
             before = progress.step
             self.epoch_examples += sum(placed.n for placed in group) * examples
             if len(group) > 1 and len(group) == k:

@@ -49,6 +49,10 @@ class RunProgress:
         sum_names: the names of `sums`' entries, in order (a statistic's
             entry takes several numbers of the vector).
         preempted: the signal that asked the run to stop, if one came.
+        pass_rows: this process's rows in each step of the epoch's pass (its
+            first batch's, padded; None before it): a run resumed mid-epoch
+            pads its batches to them as the pass did, so that it sums them
+            in the same order.
     """
 
     step: int = 0
@@ -58,6 +62,7 @@ class RunProgress:
     sums: EpochSums | None = None
     sum_names: tuple[str, ...] = ()
     preempted: int | None = None
+    pass_rows: int | None = None
 
     def stepped(self, sums: EpochSums, steps: int = 1) -> "RunProgress":
         """The progress after `steps` more steps, whose epoch's sums are `sums`."""
@@ -69,11 +74,14 @@ class RunProgress:
             sums,
             self.sum_names,
             self.preempted,
+            self.pass_rows,
         )
 
     def next_epoch(self) -> "RunProgress":
         """The progress at the start of the next epoch."""
-        return dataclasses.replace(self, epoch=self.epoch + 1, epoch_steps=0, sums=None)
+        return dataclasses.replace(
+            self, epoch=self.epoch + 1, epoch_steps=0, sums=None, pass_rows=None
+        )
 
     def done(self) -> bool:
         """Whether the plan is complete (by steps or by epochs)."""
@@ -95,6 +103,7 @@ class RunProgress:
             "epoch": self.epoch,
             "epoch_steps": self.epoch_steps,
             "run": dataclasses.asdict(self.plan),
+            "pass_rows": self.pass_rows,
             "acc": None
             if sums is None
             else {
@@ -118,4 +127,6 @@ class RunProgress:
             plan=RunPlan(**state["run"]),
             sums=sums if acc else None,
             sum_names=tuple(acc["names"]) if acc else (),
+            # (Absent from checkpoints written before it was kept.)
+            pass_rows=state.get("pass_rows"),
         )
