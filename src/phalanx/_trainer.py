@@ -56,6 +56,7 @@ from ._engine._step import StepParts
 from ._engine._summary import ModelSummary, StepMemory, summarize
 from ._precision import Precision, PrecisionName, cast_floating, precision_of
 from ._preemption import Preempted, preemption
+from ._state._clock import PhaseClock
 from ._state._history import History
 from ._state._hyperparams import hyperparam_value
 from ._state._progress import RunPlan, RunProgress
@@ -67,6 +68,7 @@ from ._typing import (
     ChecksMode,
     EvalSets,
     HostMetrics,
+    GCMode,
     LossFn,
     LossName,
     NanPolicy,
@@ -151,6 +153,8 @@ class DataParallelTrainer(Generic[_Model]):
         progress: bool = True,
         ema: float | None = None,
     ):
+        gc: GCMode = "auto",
+        slow_steps: float | None = 3.0,
         """
         Args:
             model: a per-example Equinox model; it may take a ``key`` keyword
@@ -230,6 +234,23 @@ class DataParallelTrainer(Generic[_Model]):
                 not. It is checkpointed with the state; `ema_model` is the
                 model with it. None (the default): no average.
 
+            gc: Python's garbage collector during `fit`: ``"auto"`` (the
+                default) turns its automatic collections off while the loop
+                runs, collects where the host waits for the device anyway
+                (the young generations at each sync point, everything at
+                epoch ends), and freezes the objects alive at the first sync
+                point (`gc.freeze`) so that no collection walks them again;
+                ``"off"``: no collection at all during the loop; ``"python"``:
+                Python's own collector, untouched. The collector's settings
+                (enabled, thresholds) are restored when `fit` returns or
+                raises.
+            slow_steps: warn (one ``phalanx:`` line, at most 5 a fit) when
+                the steps between two sync points take more than this many
+                times the median such stretch, per step (and at least 0.05 s
+                more), naming the steps, the slowest one and the phase that
+                grew (data, host, callbacks, gc, the device). Compiles,
+                evaluations and checkpoint saves are left out; the first 8
+                stretches of a fit are its warm-up. None: no warning.
         Raises:
             TypeError, ValueError: an argument is invalid (the message names it).
         """
@@ -250,8 +271,16 @@ class DataParallelTrainer(Generic[_Model]):
             progress=progress,
             ema=ema,
         )
+            gc=gc,
+            slow_steps=slow_steps,
         self.show_progress = progress
         self.ema: float | None = None if ema is None else float(ema)
+        self.gc: GCMode = gc
+        """The garbage-collection policy of `fit` (see the argument)."""
+        self.slow_steps: float | None = (
+            None if slow_steps is None else float(slow_steps)
+        )
+        """The slow-step alarm's factor (None: off)."""
         """The decay of the parameters' moving average (None: none kept)."""
         self.precision = precision_of(precision)
         if self.precision.mixed:  # the master weights' dtype
@@ -325,6 +354,8 @@ class DataParallelTrainer(Generic[_Model]):
         # The last fit's epochs and steps, for callbacks outside a fit.
         self._totals: tuple[int | None, int | None] = (None, None)
         parts = StepParts(
+        # The last fit's phase clock (its hooks read it at on_fit_end).
+        self._clock: PhaseClock | None = None
             loss=self.loss,
             metrics=self.metrics,
             gradients=self.gradients,
@@ -657,6 +688,7 @@ class DataParallelTrainer(Generic[_Model]):
             FloatingPointError: a non-finite gradient under nan_policy="raise".
         """
         epochs, steps = check_duration(epochs, steps)
+        clock = PhaseClock()  # the fit's wall time starts here ("other")
         default_split = self._splits_by_default
         check_iterable(data, "data", default_split=default_split)
         sets = eval_sets(eval_data, default_split=default_split)
@@ -703,7 +735,12 @@ class DataParallelTrainer(Generic[_Model]):
             history=self.history,
             evaluate=self._evaluate_sets,
             settings=LoopSettings(
-                self.prefetch, self.sync_every, self.nan_policy, self.steps_per_call
+                self.prefetch,
+                self.sync_every,
+                self.nan_policy,
+                self.steps_per_call,
+                gc=self.gc,
+                slow_steps=self.slow_steps,
             ),
             data=data,
             eval_sets=sets,
@@ -715,6 +752,7 @@ class DataParallelTrainer(Generic[_Model]):
                 step_metrics=names, eval_metrics=eval_names
             ),
         )
+            clock=clock,
         check_one_shot(
             data,
             sets,
@@ -723,25 +761,29 @@ class DataParallelTrainer(Generic[_Model]):
             eval_every=eval_every,
         )
         self._fit, self._totals = fit, (fit.max_epochs, fit.total_steps)
-        try:
+        self._clock = clock
+        with clock.running():
             try:
-                # A callback failing to start (a tracker that cannot reach
-                # its server) lets the others that started close their files.
-                self._callbacks.fit_start(fit.info())
-                with preemption(fit.preempt):
-                    signum = fit.run().progress.preempted
-                if signum is not None:
-                    saved = [
-                        store.save_snapshot(self.snapshot(), wait=True)
-                        for store in self._callbacks.stores
-                    ]
-                    raise Preempted(signum, str(saved[0]) if saved else None)
-            except BaseException as error:
-                self._callbacks.exception(fit.info(), error)
-                raise
-        finally:
-            self._fit = None
-        self._callbacks.fit_end(self._info())
+                try:
+                    # A callback failing to start (a tracker that cannot
+                    # reach its server) lets the others that started close
+                    # their files.
+                    self._callbacks.fit_start(fit.info())
+                    with preemption(fit.preempt):
+                        signum = fit.run().progress.preempted
+                    if signum is not None:
+                        clock.switch("checkpoint")
+                        saved = [
+                            store.save_snapshot(self.snapshot(), wait=True)
+                            for store in self._callbacks.stores
+                        ]
+                        raise Preempted(signum, str(saved[0]) if saved else None)
+                except BaseException as error:
+                    self._callbacks.exception(fit.info(), error)
+                    raise
+            finally:
+                self._fit = None
+            self._callbacks.fit_end(self._info())
         return self.state
 
     @validates_own_arguments
@@ -1028,3 +1070,4 @@ class DataParallelTrainer(Generic[_Model]):
     def _splits_by_default(self) -> bool:
         """Whether batches are split by the default `split_batch`."""
         return type(self).split_batch is DataParallelTrainer.split_batch
+            clock=self._clock,

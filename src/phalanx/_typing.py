@@ -36,6 +36,8 @@ LossFn: TypeAlias = Callable[[Any, Any], PerExample]
 LossName: TypeAlias = Literal["cross_entropy", "categorical_cross_entropy", "mse"]
 ChecksMode: TypeAlias = Literal["on", "off"]
 NanPolicy: TypeAlias = Literal["raise", "skip", "off"]
+# What fit does with Python's garbage collector (the trainer's ``gc=``).
+GCMode: TypeAlias = Literal["auto", "off", "python"]
 # A jax device (``jax.Device``, which type checkers cannot see as a class).
 Device: TypeAlias = Any
 # Strategy ``devices=``: None (all local), an int (the first n) or devices.

@@ -1,6 +1,7 @@
 """Validation of the trainer's arguments, before any device work."""
 
 import re
+import typing
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -12,7 +13,7 @@ import optax
 from .._losses import LOSSES
 from .._precision import precision_of
 from .._state._progress import RunProgress
-from .._typing import EvalSets
+from .._typing import EvalSets, GCMode
 from .._validate import (
     boolean,
     integer,
@@ -45,6 +46,8 @@ def check_config(
     precision: Any = "fp32",
     progress: Any = True,
     ema: Any = None,
+    gc: Any = "auto",
+    slow_steps: Any = 3.0,
 ) -> None:
     """Raise TypeError / ValueError naming the first bad trainer argument."""
     if not callable(model):
@@ -100,6 +103,13 @@ def check_config(
     precision_of(precision)
     boolean("progress", progress)
     check_ema(ema)
+    one_of("gc", gc, typing.get_args(GCMode))
+    if slow_steps is not None and not (is_real(slow_steps) and float(slow_steps) > 1):
+        raise ValueError(
+            f"slow_steps={slow_steps!r}: pass the factor over the median step "
+            "time at which a slow step is reported, a number above 1 (e.g. "
+            "slow_steps=3.0), or None for no report"
+        )
     if steps_per_call > 1 and strategy is not None:
         stacked(strategy.batch_sharding)  # the strategy can stack batches
     optional_int_at_least(

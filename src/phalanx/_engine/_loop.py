@@ -8,6 +8,12 @@ the state and progress of the same step; it returns the run it ends with.
 It never writes into the trainer: a callback's stop request is read from
 ``trainer.stop_training``, a signal's is the loop's own, and it ends up in
 the returned run's progress (``preempted``).
+
+It tells the fit's `PhaseClock` what it is doing (waiting for data,
+dispatching steps and waiting at sync points, its own work, evaluating),
+judges the windows between sync points for slow steps, names the compiles
+of its train steps, and runs the fit's garbage-collection policy; none of
+that waits for the device.
 """
 
 import dataclasses
@@ -15,18 +21,22 @@ from collections.abc import Callable, Iterable, Sized
 from typing import Any
 
 import jax
+import numpy as np
 
 from .._checks._batch import empty_data_message, nonfinite_error
+from .._state._clock import PhaseClock
 from .._state._history import History
 from .._state._progress import RunPlan, RunProgress
 from .._state._run import Run, RunSlot
 from .._state._sums import FLAGS, EpochSums, StepSums
-from .._typing import EvalSets, HostMetrics, NanPolicy
+from .._typing import EvalSets, GCMode, HostMetrics, NanPolicy
 from ..callbacks._base import StepInfo, TrainerLike
 from ..callbacks._dispatch import Callbacks
 from ..data import Resumable
 from ..strategies._placement import to_host
+from ._alarms import Recompiles, SlowSteps
 from ._feed import Feed
+from ._gc import Collector
 from ._prepare import Preparer
 
 
@@ -39,12 +49,16 @@ class LoopSettings:
         sync_every: how often the host waits for the device (see the trainer).
         nan_policy: what a non-finite gradient does.
         steps_per_call: steps run by one compiled call (see the trainer).
+        gc: the garbage-collection policy (see the trainer).
+        slow_steps: the slow-step alarm's factor (None: off; see the trainer).
     """
 
     prefetch: int
     sync_every: int
     nan_policy: NanPolicy
     steps_per_call: int = 1
+    gc: GCMode = "auto"
+    slow_steps: float | None = 3.0
 
 
 class FitLoop:
@@ -76,6 +90,7 @@ class FitLoop:
         eval_sets: EvalSets | None = None,
         eval_every: int | None = None,
         check_metrics: Callable[[tuple[str, ...], tuple[str, ...]], None] | None = None,
+        clock: PhaseClock | None = None,
     ):
         """Args:
         trainer: what callbacks are told about (and whose ``stop_training``
@@ -84,6 +99,8 @@ class FitLoop:
             names before the first step, where they were not known before
             the first batch (the callbacks' monitors are checked against
             them).
+        clock: the fit's phase clock, which the loop tells what it is
+            doing (one of its own if None).
         (The rest: as the attributes, and the trainer's parts.)
         """
         self.trainer = trainer
@@ -107,6 +124,12 @@ class FitLoop:
         # in the progress where the loop ends).
         self.signal: int | None = None
         self.max_epochs, self.total_steps = plan(data, slot.run.progress)
+        self.clock = clock = PhaseClock() if clock is None else clock
+        self.collector = Collector(settings.gc)
+        self.slow = SlowSteps(clock, settings.slow_steps)
+        self.recompiles = Recompiles()
+        # The step of the flags `sync` waits on next.
+        self.waiting_step = 0
 
     @property
     def progress(self) -> RunProgress:
@@ -138,6 +161,7 @@ class FitLoop:
             start_step=progress.plan.start_step,
             last_in_call=last_in_call,
             eval_every=self.eval_every,
+            clock=self.clock,
         )
 
     def data_state(self) -> Any:
@@ -160,8 +184,9 @@ class FitLoop:
     def run(self) -> Run:
         """Epochs until the plan is done, a callback stops training, or a
         signal came; the run it ends with (also left in the slot)."""
-        while not (self.stopping() or self.progress.done()):
-            self.run_epoch()
+        with self.collector:
+            while not (self.stopping() or self.progress.done()):
+                self.run_epoch()
         # (A restored snapshot may carry the signal that stopped its own run.)
         run = self.slot.run
         progress = dataclasses.replace(run.progress, preempted=self.signal)
@@ -173,8 +198,9 @@ class FitLoop:
         then evaluate (at epoch ends), log the epoch and call `on_epoch_end`;
         return early when the plan is done, a callback stops training, or a
         signal came."""
-        data, progress = self.data, self.progress
+        data, progress, clock = self.data, self.progress, self.clock
         epoch = progress.epoch
+        clock.switch("host")
         self.callbacks.epoch_start(self.info())
         # Resumed from a snapshot of the epoch's last step: only its end is left.
         done = isinstance(data, Sized) and 0 < len(data) <= progress.epoch_steps
@@ -185,6 +211,7 @@ class FitLoop:
         skip = 0 if isinstance(data, Resumable) else progress.epoch_steps
         self.waiting = None  # the epoch's end waits for every step
         self.epoch_examples = 0
+        clock.switch("data")  # the pass's first batch is prepared here
         self.feed = feed = Feed(
             self.preparer,
             () if done else data,
@@ -195,17 +222,24 @@ class FitLoop:
             group=self.settings.steps_per_call,
             rows=progress.pass_rows,
         )
+        self.slow.restart(progress.step)
         try:
             with feed:
                 self.train_pass(feed)
         finally:
             self.feed = None
+            clock.switch("host")
         if self.signal is not None:
             return  # mid-epoch: the checkpoint keeps the epoch's sums
         epoch_sums = self.progress.sums
         if epoch_sums is None:
             raise ValueError(empty_data_message("data", epoch))
-        logs = self.epoch_logs(jax.device_get(epoch_sums))
+        self.collector.at_epoch_end()  # while the device finishes the steps
+        clock.switch("step")
+        fetched = jax.device_get(epoch_sums)
+        clock.switch("host")
+        self.slow.waited(self.progress.step)
+        logs = self.epoch_logs(fetched)
         if self.eval_sets is not None and self.eval_every is None:
             logs.update(self.evaluation())
         self.history.append(logs, self.progress.step)
@@ -213,16 +247,20 @@ class FitLoop:
         run = self.slot.run
         self.slot.run = run.replace(progress=run.progress.next_epoch())
         self.callbacks.epoch_end(info)
+        clock.switch("host")
 
     def evaluation(self) -> HostMetrics:
         """Evaluate every set now (after `progress.step`): recorded in the
         history and told to the callbacks, its metrics the same dict."""
-        self.callbacks.eval_start(self.info())
-        assert self.eval_sets is not None
-        metrics = self.evaluate(self.eval_sets)
-        progress = self.progress
-        self.history.append_evaluation(progress.step, progress.epoch, metrics)
-        self.callbacks.eval_end(self.info(metrics))
+        with self.clock.within("eval"):
+            self.callbacks.eval_start(self.info())
+            assert self.eval_sets is not None
+            metrics = self.evaluate(self.eval_sets)
+            progress = self.progress
+            self.history.append_evaluation(progress.step, progress.epoch, metrics)
+            self.callbacks.eval_end(self.info(metrics))
+        # Every step so far is done; the next window starts after it.
+        self.slow.restart(progress.step)
         return metrics
 
     def train_pass(self, feed: Feed) -> None:
@@ -231,7 +269,7 @@ class FitLoop:
         pass ends, the plan is done, a callback stops training, or a signal
         came; each of those is acted on where a call ends, and a call ends
         at each step ``eval_every`` evaluates after."""
-        callbacks = self.callbacks
+        callbacks, clock, slow = self.callbacks, self.clock, self.slow
         sync_every, k = self.settings.sync_every, self.settings.steps_per_call
         every = self.eval_every
         examples = jax.process_count()  # every process's slice of a batch
@@ -240,7 +278,9 @@ class FitLoop:
             size = k if left is None else min(k, left)
             if every is not None:  # up to the next evaluation
                 size = min(size, every - self.progress.step % every)
+            slow.began(clock.switch("data"), self.progress.step)
             group = feed.take(size)
+            clock.switch("host")
             if not group:
                 return
             steps = self.preparer.built()
@@ -261,25 +301,35 @@ class FitLoop:
                 progress = dataclasses.replace(progress, pass_rows=group[0].size)
             before = progress.step
             self.epoch_examples += sum(placed.n for placed in group) * examples
+            compiles = clock.compile_count
             if len(group) > 1 and len(group) == k:
                 assert steps.train_many is not None
                 batch, weight, total = self.preparer.pipeline.stack(group)
-                leaves, epoch_sums, sums = steps.train_many(
-                    leaves, *epoch_sums, batch, weight, total
-                )
+                clock.switch("step")
+                args = (leaves, *epoch_sums, batch, weight, total)
+                leaves, epoch_sums, sums = steps.train_many(*args)
+                clock.switch("host")
+                if clock.compile_count != compiles:
+                    self.compiled(f"train step x{k}", compiles, args)
                 progress = progress.stepped(epoch_sums, k)
                 self.move_to(leaves, progress)
                 rows = [(sums, i) for i in range(k)]
             else:
                 rows = []
                 for placed in group:
-                    leaves, epoch_sums, sums = steps.train(
+                    clock.switch("step")
+                    args = (
                         leaves,
                         *epoch_sums,
                         placed.leaves,
                         placed.weight,
                         placed.total,
                     )
+                    leaves, epoch_sums, sums = steps.train(*args)
+                    clock.switch("host")
+                    if clock.compile_count != compiles:
+                        self.compiled("train step", compiles, args)
+                        compiles = clock.compile_count
                     progress = progress.stepped(epoch_sums)
                     self.move_to(leaves, progress)
                     rows.append((sums, None))
@@ -313,12 +363,37 @@ class FitLoop:
         in-flight window that never drains: the steps since then keep the
         device busy meanwhile); surface a bad step up to there."""
         flags, self.waiting = self.waiting, epoch_sums.flags
+        done, self.waiting_step = self.waiting_step, self.progress.step
+        # Collected while the device runs the steps since the last point.
+        self.collector.at_sync()
         if flags is None:
             return
+        clock = self.clock
+        clock.switch("step")
         if self.settings.nan_policy == "raise":
-            self.raise_if_nonfinite(jax.device_get(flags))
+            fetched = jax.device_get(flags)
+            clock.switch("host")
+            self.raise_if_nonfinite(fetched)
         else:
             jax.block_until_ready(flags)
+            clock.switch("host")
+        self.slow.waited(done, self.progress.step)
+
+    def compiled(self, kind: str, since: int, args: tuple[Any, ...]) -> None:
+        """A train call compiled (JAX's compile events since `since` on the
+        clock): name those compiles by `kind` and the batch's types, and
+        tell the recompile alarm what the call's arguments were (their
+        types and shardings: readable after donation, no device value)."""
+        leaves, rest = args[0], args[1:]
+        names = leaf_names(self.compiler.layout.treedef)
+        batch = jax.tree.leaves(args[-3])
+        spec = " ".join(_short(x) for x in batch)
+        self.clock.name_compiles(since, f"{kind}, batch {spec}")
+        named = [*zip(names, leaves, strict=True)]
+        named += [(f"argument {i + 1}", x) for i, x in enumerate(jax.tree.leaves(rest))]
+        self.recompiles.compiled(
+            kind, [(name, _typed(x), _sharding(x)) for name, x in named]
+        )
 
     def build_steps(self) -> None:
         """Build the steps from the data's first batch without training on it
@@ -361,6 +436,37 @@ class FitLoop:
             )
             model = self.compiler.layout.unflatten(run.leaves).model
             raise nonfinite_error(step, leaf, model)
+
+
+def _typed(x: Any) -> str:
+    """An argument leaf's type as JAX keys a compile by it: ``~`` marks a
+    weak type (``~float32[]``)."""
+    if isinstance(x, jax.Array):
+        return str(x.aval)
+    x = np.asarray(x)
+    return f"{x.dtype}{list(x.shape)}"
+
+
+def _short(x: Any) -> str:
+    """A batch leaf's type in short, as JAX writes it: ``f32[64,784]``."""
+    x = x if isinstance(x, jax.Array | np.ndarray) else np.asarray(x)
+    name = x.dtype.name
+    for long, short in (("bfloat", "bf"), ("float", "f"), ("uint", "u")):
+        name = name.replace(long, short)
+    name = name.replace("int", "i") if name.startswith("int") else name
+    return f"{name}[{','.join(map(str, x.shape))}]"
+
+
+def _sharding(x: Any) -> Any:
+    return x.sharding if isinstance(x, jax.Array) else None
+
+
+def leaf_names(treedef: Any) -> list[str]:
+    """The path of each leaf of a state's structure, e.g.
+    ``state.opt_state[0].hyperparams['learning_rate']``."""
+    numbered = jax.tree.unflatten(treedef, range(treedef.num_leaves))
+    paths = jax.tree_util.tree_flatten_with_path(numbered)[0]
+    return [f"state{jax.tree_util.keystr(path)}" for path, _ in paths]
 
 
 def plan(data: Iterable[Any], progress: RunProgress) -> tuple[int | None, int | None]:

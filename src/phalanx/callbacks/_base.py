@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 import equinox as eqx
 import jax
 
+from .._state._clock import PhaseClock, TimePhase
 from .._state._history import History
 from .._state._snapshot import Snapshot
 from .._state._sums import StepSums
@@ -92,6 +93,10 @@ class StepInfo(Generic[_Model]):
         default_factory=dict, repr=False
     )
     examples: int = 0
+        clock: in `fit`, its `PhaseClock`: the seconds spent so far in each
+            phase of the fit (``clock.totals()``) and its compiles
+            (``clock.compiles``), read by `px.callbacks.Timeline`. None
+            outside a fit.
     max_epochs: int | None = None
     total_steps: int | None = None
     start_epoch: int = 0
@@ -107,6 +112,7 @@ class StepInfo(Generic[_Model]):
         epoch's (with `fit`'s evaluation at epoch ends, its metrics
         prefixed ``eval_``); at `on_eval_end` the evaluation's: in `fit`,
         every set's, prefixed as named there (``eval_loss``, or
+    clock: PhaseClock | None = dataclasses.field(default=None, repr=False)
         ``eval_<set>_loss`` for named sets); from `trainer.evaluate`, its
         results as it returns them. A callback that reads them only every n
         steps makes the device wait only every n steps. Callbacks may add
@@ -170,7 +176,9 @@ class Callback(Generic[_Model]):
     What a callback needs of a fit is declared here, never probed: which
     processes run it (`main_process_only`), whether it is called after each
     step (`needs_steps`), the metrics it reads (`monitors`) and those it adds
-    (`added_metrics`).
+    (`added_metrics`), the phase of the fit's time its hooks count as
+    (`time_phase`), and whether its `on_fit_end` comes after all others'
+    (`ends_last`).
 
     ``Callback[M]`` (M the model class) types its hooks' `StepInfo`:
     ``info.trainer.model`` and ``info.state.model`` are then an ``M``.
@@ -199,6 +207,15 @@ class Callback(Generic[_Model]):
     def state_key(self) -> str:
         """The key of this callback's `state_dict` in a checkpoint: the class
         name, or ``ClassName:<state_name>``. It does not depend on the
+    # The phase of the fit's time its hooks are charged to (see
+    # `px.callbacks.Timeline`): "callbacks", or e.g. "checkpoint" for the
+    # blocking part of a checkpoint save.
+    time_phase: ClassVar[TimePhase] = "callbacks"
+
+    # Whether its `on_fit_end` runs after every other callback's (checkpoint
+    # stores' included), to see the whole fit (`px.callbacks.Timeline`).
+    ends_last: ClassVar[bool] = False
+
         callback's place in the list, so a resumed fit may add, drop or
         reorder callbacks."""
         name = type(self).__name__

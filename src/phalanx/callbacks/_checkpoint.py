@@ -53,6 +53,9 @@ class Checkpoint(Callback, SnapshotStore):
         ```
     """
 
+    # What a save blocks the loop for (the rest is written in the background).
+    time_phase = "checkpoint"
+
     @validates_own_arguments
     def __init__(
         self,

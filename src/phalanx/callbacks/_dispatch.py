@@ -2,7 +2,8 @@
 for checkpoints, keyed by each callback's `state_key`.
 
 It decides the order callbacks run in, which of them run on this process and
-after each step, and whose state a checkpoint's entry is, from what each
+after each step, whose state a checkpoint's entry is, and which phase of the
+fit's time (`StepInfo.clock`) each one's hooks count as, from what each
 callback declares on `Callback` (never by probing an object for a member);
 it runs no step and touches no device.
 """
@@ -13,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._log import logger
+from .._state._clock import PHASES
 from ..checkpoint._store import SnapshotStore
 from ._base import Callback, StepInfo, has_state, runs_here
 
@@ -54,38 +56,61 @@ class Callbacks:
         self.display = display
         # Only callbacks that do something after a step are called per step.
         self.step_hooks = tuple(c for c in self.here if c.needs_steps)
+        # At fit's end, those that see the whole fit come last.
+        self.ending = tuple(sorted(self.here, key=lambda c: c.ends_last))
         self.stores: tuple[SnapshotStore, ...] = tuple(
             c for c in self.all if isinstance(c, SnapshotStore)
         )
 
     def fit_start(self, info: StepInfo) -> None:
-        self._each(lambda callback: callback.on_fit_start(info))
+        self._each(lambda callback: callback.on_fit_start(info), info)
         # A display knows whether it draws from steps once it has started.
         self.step_hooks = tuple(c for c in self.here if c.needs_steps)
 
     def fit_end(self, info: StepInfo) -> None:
-        self._each(lambda callback: callback.on_fit_end(info))
+        self._each(lambda callback: callback.on_fit_end(info), info, self.ending)
 
     def epoch_start(self, info: StepInfo) -> None:
-        self._each(lambda callback: callback.on_epoch_start(info))
+        self._each(lambda callback: callback.on_epoch_start(info), info)
 
     def epoch_end(self, info: StepInfo) -> None:
-        self._each(lambda callback: callback.on_epoch_end(info))
+        self._each(lambda callback: callback.on_epoch_end(info), info)
 
     def step_end(self, info: StepInfo) -> None:
-        for callback in self.step_hooks:  # per step: no call in between
+        clock = info.clock
+        if clock is None:
+            for callback in self.step_hooks:  # per step: no call in between
+                callback.on_step_end(info)
+            return
+        clock.enter("callbacks")
+        for callback in self.step_hooks:
+            clock.switch(callback.time_phase)
             callback.on_step_end(info)
+        clock.leave()
 
     def eval_start(self, info: StepInfo) -> None:
-        self._each(lambda callback: callback.on_eval_start(info))
+        self._each(lambda callback: callback.on_eval_start(info), info)
 
     def eval_end(self, info: StepInfo) -> None:
-        self._each(lambda callback: callback.on_eval_end(info))
+        self._each(lambda callback: callback.on_eval_end(info), info)
 
-    def _each(self, hook: Callable[[Callback], None]) -> None:
-        """Call `hook` on every callback this process runs, in order."""
-        for callback in self.here:
-            hook(callback)
+    def _each(
+        self,
+        hook: Callable[[Callback], None],
+        info: StepInfo,
+        order: tuple[Callback, ...] | None = None,
+    ) -> None:
+        """Call `hook` on every callback this process runs, in order (or in
+        `order`), each charged to its phase on `info`'s clock."""
+        clock = info.clock
+        order = self.here if order is None else order
+        if clock is None or clock.stopped is not None:  # outside a fit's loop
+            for callback in order:
+                hook(callback)
+            return
+        for callback in order:
+            with clock.within(callback.time_phase):
+                hook(callback)
 
     def exception(self, info: StepInfo, error: BaseException) -> None:
         """Every callback gets to clean up (close files, stop displays), even
@@ -153,8 +178,14 @@ _LEGACY = re.compile(r"\d+:")
 
 
 def _check_state_keys(callbacks: Sequence[Callback]) -> None:
-    """Raise unless every stateful callback has a `state_key` of its own."""
+    """Raise unless every stateful callback has a `state_key` of its own
+    (and a `time_phase` the clock knows)."""
     for i, callback in enumerate(callbacks):
+        if callback.time_phase not in PHASES:
+            raise ValueError(
+                f"callbacks[{i}].time_phase={callback.time_phase!r} is not a "
+                f"phase of the fit's time; use one of {', '.join(PHASES)}"
+            )
         name = callback.state_name
         if name is not None and not isinstance(name, str):
             raise TypeError(

@@ -32,8 +32,9 @@ from ._throughput import RateMeter
 
 # The per-epoch table's headings where they are not the metric's own name.
 _HEADINGS = {"eval_loss": "eval loss", "eval_accuracy": "eval acc"}
-# Not columns of their own: Throughput's rates are the "ex/s" column.
-_HIDDEN = ("examples_per_sec", "steps_per_sec", "ex/s", "time")
+# Not columns of their own: Throughput's rates are the "ex/s" column (its
+# FLOPs per second and utilisation are in the history and the loggers').
+_HIDDEN = ("examples_per_sec", "steps_per_sec", "tflops_per_sec", "mfu", "ex/s", "time")
 # Seconds between two reads of the step's metrics by the live bar: each read
 # waits for the device, so the bar refreshes at most this often (the step
 # count still moves at every log point).
@@ -283,7 +284,10 @@ def _columns(values: dict[str, float]) -> tuple[str, ...]:
     """The epoch table's columns for an epoch's metrics: the epoch, the
     loss, the other training metrics (in the order they came), examples
     per second, the evaluation's loss and metrics, and the time."""
-    shown = [name for name in values if name not in _HIDDEN]
+    # (Timeline's time/<phase> metrics are its table's, not a column each.)
+    shown = [
+        name for name in values if name not in _HIDDEN and not name.startswith("time/")
+    ]
     train = [name for name in shown if not name.startswith("eval_")]
     evals = [name for name in shown if name.startswith("eval_")]
     first = [name for name in ("loss", "eval_loss") if name in shown]

@@ -1,0 +1,181 @@
+"""The loop's two alarms: slow steps, and a train step that keeps compiling.
+
+Both read only the fit's `PhaseClock` and the host's view of the arrays
+(shapes, dtypes, shardings: no device value), and each speaks in one
+``phalanx:`` log line. Steps are dispatched without waiting, so one step's
+time is only known over a *window*: from one point where the host waited
+for the device to the next (a sync point, an epoch's end), during which a
+known number of steps finished. A window's time per step, leaving out what
+is planned to be slow (compiles, evaluations, checkpoint saves), is judged
+against the median of the windows before it.
+"""
+
+import collections
+import statistics
+from typing import Any
+
+from .._log import logger
+from .._state._clock import PhaseClock
+
+
+# The phases a window is judged on: the rest are slow by plan.
+JUDGED = ("step", "data", "host", "callbacks", "gc", "other")
+WARMUP = 8  # windows measured before the alarm may fire
+FLOOR_S = 0.05  # a slow window is also at least this much over the median
+LIMIT = 5  # warnings per fit
+_NAMES = {"step": "step (the device, as the host waits for it)"}
+
+
+class SlowSteps:
+    """Warns of a window of steps slower than `factor` × the median window
+    (per step), naming its longest step and the phase that grew.
+
+    The loop calls `began` as each call's batches are taken, `waited` each
+    time the host has waited for the device (with the steps now known to be
+    done), and `restart` after work that is slow by plan and outside the
+    steps (an epoch's end, its evaluation and callbacks).
+    """
+
+    def __init__(self, clock: PhaseClock, factor: float | None):
+        self.clock = clock
+        self.factor = factor
+        self.warned = 0
+        self._windows: collections.deque[dict[str, float]] = collections.deque(
+            maxlen=64
+        )
+        self._base = clock.totals()
+        self._done = 0  # steps known finished at the window's start
+        self._step = 0  # steps dispatched at the window's start
+        self._longest = (0.0, 0)  # the window's longest call: seconds, step
+        self._last = 0.0  # when the last call began
+
+    def began(self, now: float, step: int) -> None:
+        """A call begins at `now` (`perf_counter`) after `step` steps."""
+        seconds = now - self._last
+        if self._last and seconds > self._longest[0]:
+            self._longest = (seconds, step)
+        self._last = now
+
+    def restart(self, done: int, step: int | None = None) -> None:
+        """Start a new window here, `done` steps finished and `step` made
+        (default `done`)."""
+        self._base = self.clock.totals()
+        self._done = done
+        self._step = done if step is None else step
+        self._longest, self._last = (0.0, 0), 0.0
+
+    def waited(self, done: int, step: int | None = None) -> None:
+        """The host has waited for the device: `done` steps are finished, of
+        `step` made (default `done`)."""
+        step = done if step is None else step
+        if self.factor is None or done <= self._done:
+            return
+        totals = self.clock.totals()
+        steps = done - self._done
+        spent = {p: (totals[p] - self._base[p]) / steps for p in JUDGED}
+        compiled = totals["compile"] > self._base["compile"]
+        first, longest = self._step + 1, self._longest
+        self.restart(done, step)
+        if compiled:  # a warm-up window
+            return
+        spent["total"] = sum(spent.values())
+        windows = self._windows
+        if len(windows) >= WARMUP and self.warned < LIMIT:
+            median = {p: statistics.median(w[p] for w in windows) for p in spent}
+            extra = (spent["total"] - median["total"]) * steps
+            if spent["total"] > self.factor * median["total"] and extra > FLOOR_S:
+                self._warn(first, step, steps, spent, median, longest)
+                return  # kept out of the median
+        windows.append(spent)
+
+    def _warn(
+        self,
+        first: int,
+        last: int,
+        steps: int,
+        spent: dict[str, float],
+        median: dict[str, float],
+        longest: tuple[float, int],
+    ) -> None:
+        grown = max(JUDGED, key=lambda p: spent[p] - median[p])
+        growth = (spent[grown] - median[grown]) * steps
+        where = f"step {last}" if first >= last else f"steps {first}-{last}"
+        seconds, step = longest
+        slowest = (
+            f"; the slowest was step {step}'s ({seconds:.3g} s)"
+            if seconds and grown != "step"
+            else ""
+        )
+        self.warned += 1
+        more = (
+            " (no more slow-step warnings in this fit)" if self.warned == LIMIT else ""
+        )
+        assert self.factor is not None
+        logger.warning(
+            f"slow steps: {where} took {spent['total'] * steps:.3g} s "
+            f"(over {steps} steps the device finished), "
+            f"{_ms(spent['total'])} a step, {spent['total'] / median['total']:.1f}x "
+            f"the median {_ms(median['total'])}{slowest}; the time grew in "
+            f"{_NAMES.get(grown, grown)} (+{growth:.3g} s). Set "
+            f"DataParallelTrainer(slow_steps=...) to another factor "
+            f"(now {self.factor:g}) or None to silence this{more}"
+        )
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+class Recompiles:
+    """Counts the compiles of each compiled train function in a fit, keeps
+    the signature of the arguments each compiled for, and warns once when
+    one compiles a third time, naming what changed."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._signatures: dict[str, list[tuple[str, str, Any]]] = {}
+        self.warned = False
+
+    def compiled(self, kind: str, signature: list[tuple[str, str, Any]]) -> None:
+        """`kind` (e.g. ``"train step"``) compiled for `signature`: each
+        argument leaf's name, its type (``~`` marks a weak type) and its
+        sharding."""
+        self.counts[kind] += 1
+        before = self._signatures.get(kind)
+        self._signatures[kind] = signature
+        if self.counts[kind] != 3 or self.warned or before is None:
+            return
+        self.warned = True
+        logger.warning(recompile_message(kind, before, signature))
+
+
+def recompile_message(
+    kind: str, before: list[tuple[str, str, Any]], now: list[tuple[str, str, Any]]
+) -> str:
+    """What changed between two compiles' arguments, and how to avoid it."""
+    changes = [
+        (name, f"{old} -> {new}" if old != new else "sharding changed")
+        for (name, old, old_sharding), (_, new, new_sharding) in zip(
+            before, now, strict=False
+        )
+        if old != new or old_sharding != new_sharding
+    ]
+    if len(before) != len(now):
+        changes.append(("arguments", f"{len(before)} leaves -> {len(now)}"))
+    if not changes:
+        what = (
+            "no argument's shape, dtype or sharding changed (JAX's caches were "
+            "cleared, or a static value changed)"
+        )
+    else:
+        shown = "; ".join(f"{name}: {change}" for name, change in changes[:3])
+        extra = f" and {len(changes) - 3} more" if len(changes) > 3 else ""
+        what = f"{shown}{extra}"
+    return (
+        f"the {kind} compiled a third time in this fit: {what}. Each new "
+        "shape, dtype, weak type (~) or sharding of an argument compiles the "
+        "step again; keep them fixed, e.g. replace a state leaf with "
+        "jnp.full_like(old, value), which keeps its shape, dtype and weak type "
+        "(jnp.asarray(0.1) is weakly typed, jnp.asarray(0.1, jnp.float32) "
+        "is not), and keep batches of one shape and dtype"
+    )

@@ -1,0 +1,85 @@
+"""Issue 33, part 3: the slow-step alarm (a planted stall named, a steady
+run silent) and the recompile alarm (the changing leaf named)."""
+
+import time
+
+import optax
+from typing_extensions import override
+
+import phalanx as px
+from helpers import make_data, make_model
+from test_timeline import LowerRate, batches
+
+
+class Stall(px.Callback):
+    """Sleeps `seconds` after step `at`."""
+
+    def __init__(self, at: int, seconds: float = 0.5):
+        self.at, self.seconds = at, seconds
+
+    @override
+    def on_step_end(self, info):
+        if info.step == self.at:
+            time.sleep(self.seconds)
+
+
+def slow_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "slow steps" in line]
+
+
+def trainer(**kwargs) -> px.DataParallelTrainer:
+    return px.DataParallelTrainer(
+        make_model(),
+        kwargs.pop("optimizer", optax.adam(1e-2)),
+        strategy=px.ShardingStrategy(1),
+        progress=False,
+        **kwargs,
+    )
+
+
+def test_a_stall_in_a_callback_is_named(capsys):
+    run = trainer(callbacks=[Stall(70)], sync_every=4)
+    run.fit(batches(100), epochs=1)
+    lines = slow_lines(capsys.readouterr().err)
+    assert len(lines) == 1, lines
+    assert "grew in callbacks" in lines[0]
+    assert "step 70's" in lines[0]  # the slowest step, within its window
+    assert "slow_steps=" in lines[0]  # how to tune it
+
+
+def test_a_steady_run_stays_silent(capsys):
+    run = trainer(sync_every=4)
+    run.fit(batches(50), epochs=10)  # 500 steps, 125 windows judged
+    assert int(run.state.step) == 500
+    assert slow_lines(capsys.readouterr().err) == []
+
+
+def test_slow_steps_none_turns_it_off(capsys):
+    run = trainer(callbacks=[Stall(30)], sync_every=2, slow_steps=None)
+    run.fit(batches(40), epochs=1)
+    assert slow_lines(capsys.readouterr().err) == []
+
+
+def test_a_third_compile_names_the_leaf(capsys):
+    run = trainer(
+        optimizer=optax.inject_hyperparams(optax.adam)(learning_rate=1e-2, b1=0.9),
+        callbacks=[LowerRate((2, 4), ("learning_rate", "b1"))],
+    )
+    run.fit(batches(6), epochs=1)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "compiled a third time" in line]
+    assert len(lines) == 1, err
+    assert "state.opt_state.hyperparams['b1']: float32[] -> ~float32[]" in lines[0]
+    assert "jnp.full_like" in lines[0]
+
+
+def test_bad_settings_are_named():
+    x, y = make_data(8)
+    del x, y
+    for value in (1.0, "3", -2):
+        try:
+            trainer(slow_steps=value)
+        except ValueError as error:
+            assert f"slow_steps={value!r}" in str(error)
+        else:
+            raise AssertionError(value)

@@ -1,0 +1,145 @@
+"""Issue 33, part 2: where a fit's time goes (the phase clock and
+`px.callbacks.Timeline`): the parts sum to the wall time, compiles are
+counted and named, and measuring adds no wait for the device."""
+
+import json
+import time
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from typing_extensions import override
+
+import phalanx as px
+from helpers import make_data, make_model
+
+
+PHASES = ("step", "compile", "data", "host", "eval", "checkpoint", "callbacks")
+
+
+def batches(n: int, size: int = 16) -> list:
+    x, y = make_data(n * size)
+    return [(x[i : i + size], y[i : i + size]) for i in range(0, n * size, size)]
+
+
+def test_parts_sum_to_the_wall_time(tmp_path):
+    data = batches(12)
+    timeline = px.callbacks.Timeline(
+        path=tmp_path / "timeline.json", trace=tmp_path / "trace.json", table=False
+    )
+    saves = px.callbacks.Checkpoint(tmp_path / "ckpt", every_n_steps=5)
+    trainer = px.DataParallelTrainer(
+        make_model(),
+        optax.adam(1e-2),
+        strategy=px.ShardingStrategy(2),
+        callbacks=[timeline, saves],
+        sync_every=4,
+        progress=False,
+    )
+    start = time.perf_counter()
+    trainer.fit(data, epochs=2, eval_data=data[:3])
+    wall = time.perf_counter() - start
+    record = json.loads((tmp_path / "timeline.json").read_text())
+    parts = record["phases"]
+    assert sum(parts.values()) == pytest_approx(record["wall_s"])
+    assert abs(record["wall_s"] - wall) <= 0.05 * wall
+    for phase in PHASES:  # each measured, none negative
+        assert parts[phase] > 0, phase
+    assert min(parts.values()) >= 0
+    # Per epoch: time/<phase> and goodput in the history, summing to the epoch.
+    epoch = trainer.history[-1]
+    assert 0 < epoch["goodput"] < 1
+    row = record["epochs"][-1]
+    assert sum(row[p] for p in parts) == pytest_approx(row["wall"])
+    assert epoch["time/step"] == row["step"]
+    # The trace: Chrome "X" events of the phases, back to back.
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X" and e["tid"] == 1]
+    assert {e["name"] for e in spans} >= {"step", "data", "host", "checkpoint"}
+    covered = sum(e["dur"] for e in spans) / 1e6  # to the last phase change
+    assert 0.95 * record["wall_s"] <= covered <= record["wall_s"]
+
+
+def pytest_approx(value):
+    return pytest.approx(value, rel=1e-6, abs=1e-6)
+
+
+class LowerRate(px.Callback):
+    """Replaces the learning rate at `step` with a weakly typed array (a
+    Python number's), which the train step compiles for once more."""
+
+    def __init__(self, steps: tuple[int, ...], names: tuple[str, ...]):
+        self.changes = dict(zip(steps, names, strict=True))
+
+    @override
+    def on_step_end(self, info):
+        name = self.changes.get(info.step)
+        if name is not None:
+            state = info.state
+            info.trainer.state = eqx.tree_at(
+                lambda s: s.opt_state.hyperparams[name],
+                state,
+                jnp.asarray(0.5 * float(state.opt_state.hyperparams[name])),
+            )
+
+
+def test_a_second_compile_is_counted_and_named():
+    data = batches(6)
+    trainer = px.DataParallelTrainer(
+        make_model(),
+        optax.inject_hyperparams(optax.adam)(learning_rate=1e-2),
+        strategy=px.ShardingStrategy(1),
+        callbacks=[LowerRate((3,), ("learning_rate",))],
+        progress=False,
+    )
+    trainer.fit(data, epochs=1)
+    clock = trainer._clock
+    train = [c for c in clock.compiles if c.name.startswith("train step")]
+    assert len(train) == 2
+    assert {c.name for c in train} == {"train step, batch f32[16,5] i32[16]"}
+    assert all(c.seconds > 0 for c in train)
+    totals = clock.totals()
+    assert totals["compile"] >= sum(c.seconds for c in clock.compiles) * 0.99
+    # The second one happened in the fourth step's call.
+    assert train[1].at > train[0].at
+
+
+def test_no_wait_for_the_device_is_added(monkeypatch):
+    x, y = make_data(32)
+    trainer = px.DataParallelTrainer(
+        make_model(),
+        optax.adam(1e-2),
+        strategy=px.ShardingStrategy(2),
+        sync_every=8,
+        callbacks=[px.callbacks.Timeline(table=False)],
+        progress=False,
+    )
+    trainer.fit([(x, y)], steps=2)  # compile outside the counted run
+    fetches = []
+    real_get, real_block = jax.device_get, jax.block_until_ready
+    monkeypatch.setattr(
+        jax, "device_get", lambda t: fetches.append("get") or real_get(t)
+    )
+    monkeypatch.setattr(
+        jax, "block_until_ready", lambda t: fetches.append("block") or real_block(t)
+    )
+    with jax.transfer_guard_device_to_host("disallow"):
+        trainer.fit([(x, y)] * 32, epochs=1)
+    # As tests/engine/test_loop.py counts without a Timeline: the loop's own.
+    assert len(fetches) == 32 // 8 - 1 + 1
+    assert trainer.history[-1]["time/step"] > 0
+
+
+def test_a_callback_declares_its_phase():
+    class Bad(px.Callback):
+        time_phase = "thinking"  # pyright: ignore[reportAssignmentType]
+
+    try:
+        px.DataParallelTrainer(make_model(), optax.adam(1e-2), callbacks=[Bad()])
+    except ValueError as error:
+        assert "time_phase='thinking'" in str(error)
+        assert "checkpoint" in str(error)
+    else:
+        raise AssertionError("no error")
