@@ -67,8 +67,8 @@ from ._state._train_state import DynamicScale, TrainState
 from ._typing import (
     ChecksMode,
     EvalSets,
-    HostMetrics,
     GCMode,
+    HostMetrics,
     LossFn,
     LossName,
     NanPolicy,
@@ -152,9 +152,9 @@ class DataParallelTrainer(Generic[_Model]):
         precision: PrecisionName | Precision = "fp32",
         progress: bool = True,
         ema: float | None = None,
-    ):
         gc: GCMode = "auto",
         slow_steps: float | None = 3.0,
+    ):
         """
         Args:
             model: a per-example Equinox model; it may take a ``key`` keyword
@@ -233,7 +233,6 @@ class DataParallelTrainer(Generic[_Model]):
                 `predict` then use the averaged parameters; training does
                 not. It is checkpointed with the state; `ema_model` is the
                 model with it. None (the default): no average.
-
             gc: Python's garbage collector during `fit`: ``"auto"`` (the
                 default) turns its automatic collections off while the loop
                 runs, collects where the host waits for the device anyway
@@ -246,11 +245,12 @@ class DataParallelTrainer(Generic[_Model]):
                 raises.
             slow_steps: warn (one ``phalanx:`` line, at most 5 a fit) when
                 the steps between two sync points take more than this many
-                times the median such stretch, per step (and at least 0.05 s
+                times the median such stretch, per step (and at least 0.1 s
                 more), naming the steps, the slowest one and the phase that
                 grew (data, host, callbacks, gc, the device). Compiles,
                 evaluations and checkpoint saves are left out; the first 8
                 stretches of a fit are its warm-up. None: no warning.
+
         Raises:
             TypeError, ValueError: an argument is invalid (the message names it).
         """
@@ -270,17 +270,17 @@ class DataParallelTrainer(Generic[_Model]):
             precision=precision,
             progress=progress,
             ema=ema,
-        )
             gc=gc,
             slow_steps=slow_steps,
+        )
         self.show_progress = progress
-        self.ema: float | None = None if ema is None else float(ema)
         self.gc: GCMode = gc
         """The garbage-collection policy of `fit` (see the argument)."""
         self.slow_steps: float | None = (
             None if slow_steps is None else float(slow_steps)
         )
         """The slow-step alarm's factor (None: off)."""
+        self.ema: float | None = None if ema is None else float(ema)
         """The decay of the parameters' moving average (None: none kept)."""
         self.precision = precision_of(precision)
         if self.precision.mixed:  # the master weights' dtype
@@ -353,9 +353,9 @@ class DataParallelTrainer(Generic[_Model]):
         self._fit: FitLoop | None = None
         # The last fit's epochs and steps, for callbacks outside a fit.
         self._totals: tuple[int | None, int | None] = (None, None)
-        parts = StepParts(
         # The last fit's phase clock (its hooks read it at on_fit_end).
         self._clock: PhaseClock | None = None
+        parts = StepParts(
             loss=self.loss,
             metrics=self.metrics,
             gradients=self.gradients,
@@ -687,8 +687,8 @@ class DataParallelTrainer(Generic[_Model]):
                 they concern; the state is that of the last good step.
             FloatingPointError: a non-finite gradient under nan_policy="raise".
         """
-        epochs, steps = check_duration(epochs, steps)
         clock = PhaseClock()  # the fit's wall time starts here ("other")
+        epochs, steps = check_duration(epochs, steps)
         default_split = self._splits_by_default
         check_iterable(data, "data", default_split=default_split)
         sets = eval_sets(eval_data, default_split=default_split)
@@ -751,8 +751,8 @@ class DataParallelTrainer(Generic[_Model]):
             else lambda names, eval_names: monitors(
                 step_metrics=names, eval_metrics=eval_names
             ),
-        )
             clock=clock,
+        )
         check_one_shot(
             data,
             sets,
@@ -1064,10 +1064,10 @@ class DataParallelTrainer(Generic[_Model]):
             total_steps=total_steps,
             start_epoch=progress.plan.start_epoch,
             start_step=progress.plan.start_step,
+            clock=self._clock,
         )
 
     @property
     def _splits_by_default(self) -> bool:
         """Whether batches are split by the default `split_batch`."""
         return type(self).split_batch is DataParallelTrainer.split_batch
-            clock=self._clock,

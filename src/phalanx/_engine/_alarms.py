@@ -21,7 +21,7 @@ from .._state._clock import PhaseClock
 # The phases a window is judged on: the rest are slow by plan.
 JUDGED = ("step", "data", "host", "callbacks", "gc", "other")
 WARMUP = 8  # windows measured before the alarm may fire
-FLOOR_S = 0.05  # a slow window is also at least this much over the median
+FLOOR_S = 0.1  # a slow window is also at least this much over the median
 LIMIT = 5  # warnings per fit
 _NAMES = {"step": "step (the device, as the host waits for it)"}
 

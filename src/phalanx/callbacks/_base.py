@@ -84,6 +84,10 @@ class StepInfo(Generic[_Model]):
             where it is evaluated at epoch ends (the evaluation's metrics
             then join the epoch's), and at the hooks of `trainer.evaluate`:
             loggers write an evaluation of their own only where it is set.
+        clock: in `fit`, its `PhaseClock`: the seconds spent so far in each
+            phase of the fit (``clock.totals()``) and its compiles
+            (``clock.compiles``), read by `px.callbacks.Timeline`. None
+            outside a fit.
     """
 
     trainer: TrainerLike[_Model]
@@ -93,16 +97,13 @@ class StepInfo(Generic[_Model]):
         default_factory=dict, repr=False
     )
     examples: int = 0
-        clock: in `fit`, its `PhaseClock`: the seconds spent so far in each
-            phase of the fit (``clock.totals()``) and its compiles
-            (``clock.compiles``), read by `px.callbacks.Timeline`. None
-            outside a fit.
     max_epochs: int | None = None
     total_steps: int | None = None
     start_epoch: int = 0
     start_step: int = 0
     last_in_call: bool = True
     eval_every: int | None = None
+    clock: PhaseClock | None = dataclasses.field(default=None, repr=False)
 
     @functools.cached_property
     def metrics(self) -> HostMetrics:
@@ -112,7 +113,6 @@ class StepInfo(Generic[_Model]):
         epoch's (with `fit`'s evaluation at epoch ends, its metrics
         prefixed ``eval_``); at `on_eval_end` the evaluation's: in `fit`,
         every set's, prefixed as named there (``eval_loss``, or
-    clock: PhaseClock | None = dataclasses.field(default=None, repr=False)
         ``eval_<set>_loss`` for named sets); from `trainer.evaluate`, its
         results as it returns them. A callback that reads them only every n
         steps makes the device wait only every n steps. Callbacks may add
@@ -198,15 +198,6 @@ class Callback(Generic[_Model]):
     # (checkpoints) run everywhere; their inputs are the same global values.
     main_process_only: ClassVar[bool] = False
 
-    # Tells this callback's state in a checkpoint apart from that of another
-    # callback of its class in the same fit (see `state_key`); None: the
-    # class name alone is the key.
-    state_name: str | None = None
-
-    @property
-    def state_key(self) -> str:
-        """The key of this callback's `state_dict` in a checkpoint: the class
-        name, or ``ClassName:<state_name>``. It does not depend on the
     # The phase of the fit's time its hooks are charged to (see
     # `px.callbacks.Timeline`): "callbacks", or e.g. "checkpoint" for the
     # blocking part of a checkpoint save.
@@ -216,6 +207,15 @@ class Callback(Generic[_Model]):
     # stores' included), to see the whole fit (`px.callbacks.Timeline`).
     ends_last: ClassVar[bool] = False
 
+    # Tells this callback's state in a checkpoint apart from that of another
+    # callback of its class in the same fit (see `state_key`); None: the
+    # class name alone is the key.
+    state_name: str | None = None
+
+    @property
+    def state_key(self) -> str:
+        """The key of this callback's `state_dict` in a checkpoint: the class
+        name, or ``ClassName:<state_name>``. It does not depend on the
         callback's place in the list, so a resumed fit may add, drop or
         reorder callbacks."""
         name = type(self).__name__
