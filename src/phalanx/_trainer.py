@@ -57,6 +57,7 @@ from ._engine._summary import ModelSummary, StepMemory, summarize
 from ._precision import Precision, PrecisionName, cast_floating, precision_of
 from ._preemption import Preempted, preemption
 from ._state._clock import PhaseClock
+from ._state._flops import StepFlops
 from ._state._history import History
 from ._state._hyperparams import hyperparam_value
 from ._state._progress import RunPlan, RunProgress
@@ -867,7 +868,10 @@ class DataParallelTrainer(Generic[_Model]):
         Given a batch, the summary also compiles the train step for batches
         of its shape and says what a step takes on each device at its peak
         (``.step``: XLA's `memory_analysis`): before the first step, whether
-        a model and batch fit. Nothing runs on the devices.
+        a model and batch fit. Nothing runs on the devices. The step's FLOPs
+        (``.flops``, see `flops_per_step`) are those of batches like
+        `batch`, or without one of those the trainer last trained on (None
+        before any).
 
         Example:
             ```python
@@ -876,7 +880,36 @@ class DataParallelTrainer(Generic[_Model]):
             ```
         """
         step = None if batch is None else StepMemory.of(self.lower(batch).compile())
-        return summarize(self._layout, self.state, self.strategy, step)
+        return summarize(
+            self._layout,
+            self.state,
+            self.strategy,
+            step,
+            flops=self.flops_per_step(batch),
+        )
+
+    def flops_per_step(self, batch: PyTree | None = None) -> StepFlops | None:
+        """The floating-point operations of one train step: its matrix
+        multiplies and convolutions, forward and backward, on the global
+        batch (`StepFlops`: ``.total`` and ``.per_device``).
+
+        Counted on the step's program for batches like `batch` (or, without
+        one, like those the trainer last trained on: the first batch of its
+        latest pass; None before any), once per batch size, padding
+        included. Nothing is compiled, placed or run. `Throughput`
+        turns it into FLOPs per second and model FLOPs utilisation.
+
+        Raises:
+            TypeError, ValueError: `batch` does not fit the model, or not
+                the spec of the trainer's first batch.
+
+        Example:
+            ```python
+            trainer.flops_per_step((x[:256], y[:256])).total  # e.g. 2.58e8
+            ```
+        """
+        size = None if batch is None else self._preparer.size_of(batch, "batch")
+        return self._preparer.flops(size)
 
     def lower(self, batch: PyTree) -> jax.stages.Lowered:
         """The train step lowered for `batch`, to inspect what it compiles to.

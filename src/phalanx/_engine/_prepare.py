@@ -6,14 +6,20 @@ split it, the `BatchPipeline` checks, pads and places it, and, at the first
 batch ever, the `StepCompiler` is asked for the steps of its spec, once and
 explicitly, before anything is placed. It runs on the calling thread or on
 the feed's background thread; it never calls the loop or the callbacks.
+It also counts the train step's FLOPs (`flops`), for a step size or for the
+first batch's.
 """
 
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import jax
+
 from .._checks._batch import label_shape_hint
 from .._checks._hooks import HookError, check_split
+from .._state._flops import StepFlops
 from ._compiled import StepCompiler, Steps
+from ._flops import FlopCounter
 from ._pipeline import BatchPipeline, DeviceBatch
 
 
@@ -36,6 +42,8 @@ class Preparer:
         pipeline: checks, pads and places the split batches.
         compiler: builds the steps for the first batch's spec.
         steps: the steps, once the first batch has been seen (None before).
+        size: the global step size of the latest training pass (its first
+            batch's; None before any).
     """
 
     def __init__(
@@ -45,6 +53,8 @@ class Preparer:
         self.pipeline = pipeline
         self.compiler = compiler
         self.steps: Steps | None = None
+        self.size: int | None = None
+        self._flops = FlopCounter(compiler)
 
     def split(self, batch: Any) -> tuple[Any, Any, Any]:
         """``(inputs, targets, sample_weight)`` of a user's batch."""
@@ -59,7 +69,10 @@ class Preparer:
         parts = self.split(batch)
         if self.steps is None:
             self.steps = self.build(parts, where)
-        return self.pipeline.prepare(parts, where, first, train=train)
+        placed = self.pipeline.prepare(parts, where, first, train=train)
+        if train and first is None:  # once a pass
+            self.size = placed.size
+        return placed
 
     def build(self, parts: tuple[Any, Any, Any], where: str) -> Steps:
         """The steps for the first batch's spec, checked against the model and
@@ -79,6 +92,27 @@ class Preparer:
             raise TypeError(hint) from error
         self.pipeline.expect(first, steps.outputs)
         return steps
+
+    def size_of(self, batch: Any, where: str) -> int:
+        """The global step size of a user's `batch`, checked against the
+        first batch's spec (at the first batch ever, the steps are built for
+        it); nothing is placed."""
+        parts = self.split(batch)
+        if self.steps is None:
+            self.steps = self.build(parts, where)
+        self.pipeline.check(parts, (*jax.tree.flatten(parts[:2]), None), where)
+        return self.pipeline.first_batch(parts, where).size
+
+    def flops(self, size: int | None = None) -> StepFlops | None:
+        """The train step's FLOPs at a global step of `size` examples (by
+        default the latest training pass's); None without a size."""
+        size = self.size if size is None else size
+        if self.steps is None or size is None:
+            return None
+        spec = self.pipeline.spec
+        assert spec is not None, "the steps are built for the first batch's spec"
+        shapes = list(zip(spec.shapes, spec.dtypes, strict=True))
+        return self._flops.count(self.steps, shapes, size)
 
     def built(self) -> Steps:
         """The steps, which a prepared batch has built."""

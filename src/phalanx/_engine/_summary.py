@@ -1,7 +1,8 @@
 """A model's parameters and the training state's memory, per device: the
 `ModelSummary` that `trainer.summary()` returns, read from the state's
 layout (its shapes and shardings), never from the arrays' values; and,
-given a batch, the compiled train step's memory (`StepMemory`)."""
+given a batch, the compiled train step's memory (`StepMemory`); and the
+step's FLOPs where a batch is known (`StepFlops`, counted by the caller)."""
 
 import dataclasses
 import io
@@ -14,6 +15,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from .._state._flops import StepFlops
 from .._state._train_state import TrainState
 from ..strategies import Strategy
 from ..strategies._names import strategy_name
@@ -110,6 +112,8 @@ class ModelSummary:
             state, loss scale).
         step: the compiled train step's memory per device, for the batch
             ``trainer.summary(batch)`` was given; None without one.
+        flops: the train step's FLOPs, for that batch or the first batch
+            the trainer saw; None before any.
     """
 
     model: str
@@ -126,9 +130,11 @@ class ModelSummary:
     state_bytes: int
     state_bytes_per_device: int
     step: StepMemory | None = None
+    flops: StepFlops | None = None
 
     def short(self) -> str:
-        """The summary in one line: parameters, memory per device, strategy."""
+        """The summary in one line: parameters, memory per device, FLOPs
+        per step where known, strategy."""
         parts = [
             f"{self.model}: {self.total_params:,} parameters "
             f"({format_bytes(self.param_bytes)}; "
@@ -143,6 +149,8 @@ class ModelSummary:
             )
         if self.step is not None:
             parts.append(f"step peak {format_bytes(self.step.peak)} per device")
+        if self.flops is not None:
+            parts.append(self.flops.short())
         parts.append(f"{self.strategy} on {self._devices()}")
         return ", ".join(parts)
 
@@ -167,6 +175,8 @@ class ModelSummary:
                 f"\ntrain step: peak {format_bytes(self.step.peak)} per device "
                 f"(temporaries {format_bytes(self.step.temporaries)})"
             )
+        if self.flops is not None:
+            caption += f"\ntrain step: {self.flops.short()}"
         table = Table(
             title=f"{self.model} under {self.strategy} on {self._devices()}",
             caption=caption,
@@ -219,6 +229,8 @@ def summarize(
     state: TrainState,
     strategy: Strategy,
     step: StepMemory | None = None,
+    *,
+    flops: StepFlops | None = None,
 ) -> ModelSummary:
     """The summary of `state`, laid out on devices as `layout` says.
 
@@ -228,6 +240,7 @@ def summarize(
             shapes and dtypes).
         strategy: the strategy the layout is of.
         step: the compiled train step's memory, where known.
+        flops: the train step's FLOPs, where known.
     """
     # The layout as two `TrainState`s (of shardings, of shapes as the arrays
     # travel), so each part of the state is read by its field.
@@ -271,6 +284,7 @@ def summarize(
         state_bytes=everything[0],
         state_bytes_per_device=everything[1],
         step=step,
+        flops=flops,
     )
 
 

@@ -8,7 +8,9 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 import equinox as eqx
 import jax
 
+from .._precision import Precision
 from .._state._clock import PhaseClock, TimePhase
+from .._state._flops import StepFlops
 from .._state._history import History
 from .._state._snapshot import Snapshot
 from .._state._sums import StepSums
@@ -32,6 +34,8 @@ class TrainerLike(Protocol[_Model]):
     # The decay of the parameters' moving average, which evaluations use
     # (None: none kept).
     ema: float | None
+    # The dtypes a step computes in.
+    precision: Precision
 
     @property
     def state(self) -> TrainState[_Model]:
@@ -48,6 +52,11 @@ class TrainerLike(Protocol[_Model]):
 
     def snapshot(self) -> Snapshot:
         """Everything needed to continue the run exactly, as it is now."""
+        ...
+
+    def flops_per_step(self, batch: Any = None) -> StepFlops | None:
+        """The floating-point operations of one train step, for batches like
+        `batch` or those last trained on (None before any)."""
         ...
 
     def restore(self, snapshot: Snapshot) -> None:

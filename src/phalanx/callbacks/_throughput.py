@@ -1,19 +1,30 @@
-"""`px.callbacks.Throughput`: examples and steps per second added to the
-metrics, and the `RateMeter` that counts them (shared with `ProgressBar`).
+"""`px.callbacks.Throughput`: examples, steps and FLOPs per second and model
+FLOPs utilisation added to the metrics, and the `RateMeter` that counts them
+(shared with `ProgressBar`).
 
 Rates are measured on the host between points where the device has caught
-up (a read of the step's metrics), never by timing a dispatch; it declares
-the metrics it adds (`added_metrics`) and changes nothing else of the run.
+up (a read of the step's metrics), never by timing a dispatch; the FLOPs
+per step are the trainer's count (`flops_per_step`), the peak the device
+table's (`_peak_flops.py`) or the user's. It declares the metrics it adds
+(`added_metrics`) and changes nothing else of the run.
 """
 
 import time
 
 import jax
+import numpy as np
 from typing_extensions import override
 
-from .._typing import validates_own_arguments
-from .._validate import positive_int
+from .._log import logger
+from .._typing import HostMetrics, validates_own_arguments
+from .._validate import finite_at_least, positive_int
 from ._base import Callback, StepInfo
+from ._peak_flops import peak_flops as table_peak
+
+
+# Where `Throughput` says that it has no peak for the device (a program that
+# says so itself, as ``phalanx train`` does, quiets this logger).
+NOTE = logger.getChild("throughput")
 
 
 class RateMeter:
@@ -65,7 +76,8 @@ class RateMeter:
 
 
 class Throughput(Callback):
-    """Adds ``examples_per_sec`` and ``steps_per_sec`` to the metrics.
+    """Adds ``examples_per_sec``, ``steps_per_sec``, ``tflops_per_sec`` and,
+    where the device's peak is known, ``mfu`` to the metrics.
 
     Every `log_every` steps it reads the step's metrics, which waits for the
     device, so the figures are the device's real pace over the steps since the
@@ -75,14 +87,32 @@ class Throughput(Callback):
     ``fit(eval_every=)`` are left out of the log points' figures). The epoch
     figures land in `trainer.history`.
 
+    ``tflops_per_sec`` is the train step's FLOPs (`flops_per_step`: its
+    matrix multiplies and convolutions, forward and backward, counted on the
+    step's program, no input needed) times steps per second, over all
+    devices. ``mfu`` (model FLOPs utilisation) is that over the devices'
+    peak: `peak_flops` times the number of devices. The count is the step's
+    own, not the ``6·params·tokens`` convention: it is exact for any model
+    (attention's quadratic term, convolutions, embeddings that are lookups,
+    a first layer with no input gradient), it includes work that the
+    program repeats (activation recomputation under remat), and it leaves
+    elementwise work out, as the convention and the matrix units' peaks do.
+    Without `peak_flops`, the peak is looked up by the device
+    (``jax.devices()[0].device_kind``: NVIDIA A100, H100, H200, B200, TPU
+    v4, v5e, v5p, v6e; bf16/fp16 or fp32 by the trainer's precision); on
+    any other device (a CPU) there is no ``mfu``, said once.
+
     Place it **before** any logger in ``callbacks=``: callbacks see the values
     that earlier callbacks added, not those of later ones.
 
     Args:
         log_every: steps between log points (each one a device sync).
+        peak_flops: one device's peak FLOP/s, for ``mfu`` (e.g. ``989e12``
+            for an H100's dense bf16); None: from the device table.
 
     Raises:
-        ValueError: `log_every` is not a positive int.
+        ValueError: `log_every` is not a positive int, or `peak_flops` not
+            a positive number.
 
     Example:
         ```python
@@ -95,15 +125,44 @@ class Throughput(Callback):
     """
 
     @validates_own_arguments
-    def __init__(self, *, log_every: int = 10) -> None:
+    def __init__(self, *, log_every: int = 10, peak_flops: float | None = None) -> None:
         self.log_every = positive_int("log_every", log_every, example="log_every=10")
+        self.peak_flops = None
+        if peak_flops is not None:
+            fix = "pass one device's FLOP/s, e.g. peak_flops=989e12, or None"
+            self.peak_flops = finite_at_least("peak_flops", peak_flops, 0.0, hint=fix)
+            if self.peak_flops == 0:
+                raise ValueError(f"{peak_flops=} is not positive; {fix}")
         self._window = RateMeter()
         self._epoch = RateMeter()
+        self._peak: float | None = None  # this fit's, per device
+        self._said = False  # that there is no mfu
 
     @override
     def added_metrics(self) -> tuple[str, ...]:
-        """The two rates."""
-        return ("examples_per_sec", "steps_per_sec")
+        """The rates; ``mfu`` where a peak is given or the device's known."""
+        kind = jax.devices()[0].device_kind
+        known = self.peak_flops is not None or any(
+            table_peak(kind, np.dtype(dtype)) is not None
+            for dtype in ("bfloat16", "float32")
+        )
+        mfu = ("mfu",) if known else ()
+        return ("examples_per_sec", "steps_per_sec", "tflops_per_sec", *mfu)
+
+    @override
+    def on_fit_start(self, info: StepInfo) -> None:
+        self._peak = self.peak_flops
+        if self._peak is None:
+            kind = jax.devices()[0].device_kind
+            compute = np.dtype(info.trainer.precision.compute)
+            self._peak = table_peak(kind, compute)
+            if self._peak is None and not self._said:
+                self._said = True
+                NOTE.info(
+                    f"Throughput: no peak FLOP/s known for {kind!r} devices "
+                    f"computing in {compute}, so no mfu; pass "
+                    "Throughput(peak_flops=...) (one device's FLOP/s) to have it"
+                )
 
     @override
     def on_epoch_start(self, info: StepInfo) -> None:
@@ -121,6 +180,7 @@ class Throughput(Callback):
             examples, steps = self._window.rates()
             metrics["examples_per_sec"] = examples
             metrics["steps_per_sec"] = steps
+            self._add_flops(info, metrics, steps)
             self._window.restart()
 
     @override
@@ -138,3 +198,18 @@ class Throughput(Callback):
         examples, steps = self._epoch.rates()
         info.metrics["examples_per_sec"] = examples
         info.metrics["steps_per_sec"] = steps
+        self._add_flops(info, info.metrics, steps)
+
+    def _add_flops(self, info: StepInfo, metrics: HostMetrics, steps: float) -> None:
+        """``tflops_per_sec`` (and ``mfu``) at `steps` steps per second."""
+        began = time.perf_counter()
+        # Counted once per batch size (a trace, ~0.1 s for a small model),
+        # then remembered: that time is not the epoch's steps'.
+        flops = info.trainer.flops_per_step()
+        self._epoch.start += time.perf_counter() - began
+        if flops is None:
+            return
+        achieved = flops.total * steps
+        metrics["tflops_per_sec"] = achieved / 1e12
+        if self._peak is not None:
+            metrics["mfu"] = achieved / (self._peak * flops.devices)

@@ -1,0 +1,164 @@
+"""The train step's FLOPs (`trainer.flops_per_step`), counted on its jaxpr:
+the MLP 784-256-128-10's against the analytic count of its matrix
+multiplies, the same under accumulation (a scan counted times its length),
+never a compile added to a fit; `Throughput`'s ``tflops_per_sec`` and
+``mfu`` from them; the device peak table; the summary's line."""
+
+import logging
+
+import jax
+import numpy as np
+import optax
+import pytest
+from jax import monitoring
+
+import phalanx as px
+from phalanx.callbacks._peak_flops import peak_flops
+
+
+BATCH = 256
+WIDTHS = (784, 256, 128, 10)
+
+
+def analytic(batch: int) -> int:
+    """Forward 2·B·Σ fan_in·fan_out; backward twice that, less the first
+    layer's input gradient (nothing needs it)."""
+    forward = (
+        2 * batch * sum(a * b for a, b in zip(WIDTHS[:-1], WIDTHS[1:], strict=True))
+    )
+    return 3 * forward - 2 * batch * WIDTHS[0] * WIDTHS[1]
+
+
+def mlp() -> px.models.MLP:
+    return px.models.MLP(784, 10, hidden=(256, 128), key=jax.random.key(0))
+
+
+def batch(n: int = BATCH) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(n, 784)).astype(np.float32)
+    return x, rng.integers(0, 10, n).astype(np.int32)
+
+
+@pytest.mark.parametrize("microbatches", [1, 4])
+def test_the_mlp_step_counts_its_matrix_multiplies(microbatches):
+    strategy = px.ShardingStrategy()
+    if microbatches > 1:
+        strategy = px.AccumulatingStrategy(strategy, microbatches)
+    trainer = px.DataParallelTrainer(mlp(), optax.adam(1e-3), strategy=strategy)
+    assert trainer.flops_per_step() is None  # no batch yet
+    flops = trainer.flops_per_step(batch())
+    assert flops is not None
+    # XLA's cost_analysis() counts a scan's body once: 1/4 of this under
+    # accumulation; the jaxpr count multiplies it by its length.
+    assert abs(flops.total / analytic(BATCH) - 1) < 0.15
+    assert flops.total == analytic(BATCH)  # matrix multiplies only, exactly
+    assert (flops.devices, flops.size) == (8, BATCH)
+    assert flops.per_device == flops.total / 8
+    # A batch of 100 is padded to a multiple of 8 × microbatches: its step
+    # counts those examples too.
+    small = trainer.flops_per_step(batch(100))
+    assert (small.size, small.total) == (
+        (104, 128)[microbatches > 1],
+        analytic(small.size),
+    )
+
+
+def test_counting_adds_no_compile_to_a_fit():
+    """A fit with `Throughput` reading the FLOPs at every step compiles what
+    the same fit without it does; counting afterwards compiles nothing."""
+    requests = []
+    # Compiles, whether JAX then finds them in its persistent cache or not.
+    names = ("/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses")
+
+    def on_event(name: str, **kwargs) -> None:
+        if name in names:
+            requests.append(name)
+
+    def on_duration(name: str, secs: float, **kwargs) -> None:
+        if name == "/jax/core/compile/backend_compile_duration":
+            requests.append(name)
+
+    monitoring.register_event_listener(on_event)
+    monitoring.register_event_duration_secs_listener(on_duration)
+    x, y = batch(512)
+    counts = []
+    try:
+        for callbacks in ([], [px.callbacks.Throughput(log_every=1)]):
+            trainer = px.DataParallelTrainer(
+                mlp(), optax.sgd(1e-2), callbacks=callbacks
+            )
+            before = len(requests)
+            trainer.fit(px.data.ArrayLoader((x, y), BATCH))
+            counts.append(len(requests) - before)
+        assert counts[0] == counts[1] > 0
+        before = len(requests)
+        assert trainer.flops_per_step().total == analytic(BATCH)
+        assert trainer.flops_per_step(batch(64)).total == analytic(64)
+        assert trainer.summary().flops.total == analytic(BATCH)
+        assert len(requests) == before
+    finally:
+        monitoring.unregister_event_listener(on_event)
+        monitoring.unregister_event_duration_listener(on_duration)
+
+
+def test_throughput_logs_tflops_and_mfu_against_a_given_peak(caplog):
+    peak = 1e9  # a fake peak FLOP/s per device
+    given = px.callbacks.Throughput(log_every=1, peak_flops=peak)
+    assert given.added_metrics()[-2:] == ("tflops_per_sec", "mfu")
+    trainer = px.DataParallelTrainer(mlp(), optax.sgd(1e-2), callbacks=[given])
+    x, y = batch(512)
+    with caplog.at_level(logging.INFO, logger="phalanx"):
+        trainer.fit(px.data.ArrayLoader((x, y), BATCH), epochs=1)
+    assert "no mfu" not in caplog.text
+    epoch = {name: trainer.history[name][0] for name in trainer.history.names}
+    achieved = analytic(BATCH) * epoch["steps_per_sec"]
+    assert epoch["tflops_per_sec"] == pytest.approx(achieved / 1e12)
+    assert epoch["mfu"] == pytest.approx(achieved / (peak * 8))
+
+    # No peak given, on a CPU: tflops, no mfu, said once over two fits.
+    unknown = px.callbacks.Throughput(log_every=1)
+    assert "mfu" not in unknown.added_metrics()
+    trainer = px.DataParallelTrainer(mlp(), optax.sgd(1e-2), callbacks=[unknown])
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="phalanx"):
+        for _ in range(2):
+            trainer.fit(px.data.ArrayLoader((x, y), BATCH), epochs=1)
+    said = [r.getMessage() for r in caplog.records if "no mfu" in r.getMessage()]
+    assert said == [
+        "Throughput: no peak FLOP/s known for 'cpu' devices computing in "
+        "float32, so no mfu; pass Throughput(peak_flops=...) (one device's "
+        "FLOP/s) to have it"
+    ]
+    assert "mfu" not in trainer.history.names
+    assert len(trainer.history["tflops_per_sec"]) == 2
+
+
+@pytest.mark.parametrize("peak", [0.0, -1e12, float("nan"), "989e12"])
+def test_a_bad_peak_is_refused_by_name(peak):
+    with pytest.raises(ValueError, match="peak_flops"):
+        px.callbacks.Throughput(peak_flops=peak)
+
+
+def test_the_peak_table():
+    bf16, f32 = np.dtype("bfloat16"), np.dtype("float32")
+    assert peak_flops("NVIDIA H100 80GB HBM3", bf16) == 989e12
+    assert peak_flops("NVIDIA H100 80GB HBM3", f32) == 495e12  # TF32
+    assert peak_flops("NVIDIA H100 PCIe", bf16) == 756e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB", np.dtype("float16")) == 312e12
+    assert peak_flops("NVIDIA H200", bf16) == 989e12
+    assert peak_flops("NVIDIA B200", bf16) == 2.25e15
+    assert peak_flops("TPU v4", f32) == 275e12  # one bf16 pass by default
+    assert peak_flops("TPU v5 lite", bf16) == 197e12
+    assert peak_flops("TPU v5p", bf16) == peak_flops("TPU v5", bf16) == 459e12
+    assert peak_flops("TPU v6 lite", bf16) == 918e12
+    assert peak_flops("cpu", f32) is None
+    assert peak_flops("NVIDIA H100 80GB HBM3", np.dtype("float64")) is None
+
+
+def test_the_summary_shows_the_step_flops():
+    trainer = px.DataParallelTrainer(mlp(), optax.sgd(1e-2))
+    assert trainer.summary().flops is None
+    summary = trainer.summary(batch())
+    assert summary.flops.total == analytic(BATCH)
+    assert "258 MFLOPs per step (32.2 MFLOPs per device)" in summary.short()
+    assert "train step: 258 MFLOPs per step" in str(summary)
