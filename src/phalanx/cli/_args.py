@@ -22,7 +22,15 @@ class UsageError(Exception):
 CONFIG_FILE = "config.toml"
 # Options that say how this command runs rather than what the run is: never
 # written to, nor read from, a config file.
-PER_COMMAND = ("config", "resume", "overwrite", "run_dir", "distributed")
+PER_COMMAND = (
+    "config",
+    "resume",
+    "overwrite",
+    "run_dir",
+    "distributed",
+    "compile_cache",
+    "no_compile_cache",
+)
 # Options a resumed run may change: each leaves every update of the run as it
 # was (invariant 5 of docs/architecture.md: a resumed run continues exactly as
 # if never stopped, onto any strategy and device count). Every other option
@@ -98,6 +106,9 @@ class TrainArgs:
     eval_every: int | None = None
     # --no-plot: no history.png.
     no_plot: bool = False
+    # --compile-cache DIR, --no-compile-cache (cli/_compile_cache.py).
+    compile_cache: str | None = None
+    no_compile_cache: bool = False
     # The learning-rate schedule's length in steps; None until the run
     # starts, when it becomes its epochs x steps per epoch (see
     # `with_schedule_steps`) and is written to config.toml.

@@ -63,6 +63,11 @@ def check_arguments(args: TrainArgs) -> None:
         raise UsageError(
             "--resume continues a run; it cannot be combined with --overwrite"
         )
+    if args.compile_cache is not None and args.no_compile_cache:
+        raise UsageError(
+            f"--compile-cache {args.compile_cache} and --no-compile-cache "
+            "contradict each other; pass one"
+        )
     if args.shard is not None and args.strategy != "fsdp":
         raise UsageError(
             f"--shard {args.shard} splits the state of --strategy fsdp, not of "

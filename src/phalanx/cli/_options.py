@@ -130,6 +130,23 @@ def add_optimizer_options(add: Add) -> None:
     add("--seed", type=int, default=0, help="seeds initialisation, shuffling, dropout")
 
 
+def add_compile_cache_options(add: Add) -> None:
+    """--compile-cache and --no-compile-cache (cli/_compile_cache.py)."""
+    add(
+        "--compile-cache",
+        default=None,
+        metavar="DIR",
+        help="keep compiled programs in DIR for the next run to read (JAX's "
+        "persistent compilation cache; default $JAX_COMPILATION_CACHE_DIR, "
+        "else phalanx/jax under $XDG_CACHE_HOME or ~/.cache)",
+    )
+    add(
+        "--no-compile-cache",
+        action="store_true",
+        help="compile every program afresh, reading and writing no cache",
+    )
+
+
 def add_folder_options(add: Add, *, what: str, plot: str) -> None:
     """--run-dir, --overwrite and --no-plot, for a command that writes
     `what` and draws the image `plot`."""

@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 from .._version import __version__
 from ._args import UsageError
 from ._options import (
+    add_compile_cache_options,
     add_device_options,
     add_folder_options,
     add_model_options,
@@ -116,6 +117,7 @@ def build_parser(
     )
     add_optimizer_options(add)
     add_folder_options(add, what="logs", plot="history.png")
+    add_compile_cache_options(add)
     add(
         "--checkpoint-every",
         type=positive_int,
@@ -243,6 +245,7 @@ def _add_find_lr(commands: "argparse._SubParsersAction[_Parser]") -> _Parser:
         "diverges); the suggestion needs at least 13 before that",
     )
     add_folder_options(add, what="lr_find.json and lr_find.png", plot="lr_find.png")
+    add_compile_cache_options(add)
     return find_lr
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from .._env import COORDINATOR, NUM_PROCESSES
 from ._args import TrainArgs, UsageError
+from ._compile_cache import use_compile_cache
 from ._folder import RUN_FILES
 from ._model import is_reference, user_dataset
 
@@ -21,8 +22,8 @@ def checked_start(
     args: TrainArgs, files: tuple[str, ...] = RUN_FILES
 ) -> tuple[Split, Split, list, bool]:
     """The data loaded and checked, the run folder checked (for a command
-    that writes `files` there), then JAX started on the devices and the
-    batch checked against them.
+    that writes `files` there), JAX's compilation cache chosen, then JAX
+    started on the devices and the batch checked against them.
 
     Returns:
         The train and test splits, the devices, and whether 8 fake CPU
@@ -34,6 +35,8 @@ def checked_start(
     train, test = load_dataset(args.dataset, flatten=not args.user_model)
     check_metrics(args, train[1])
     check_run_dir(args.run_dir, args.overwrite, args.resume, files=files)
+    # Before anything compiles: JAX opens its cache at the first compile.
+    use_compile_cache(args.compile_cache, args.no_compile_cache)
     devices, defaulted = select_devices(args.devices, args.distributed)
     check_batch_size(args.batch_size, len(devices), args.microbatches)
     return train, test, devices, defaulted

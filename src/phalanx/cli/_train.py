@@ -1,6 +1,7 @@
 """The training run behind ``phalanx train``, once every argument is valid."""
 
 import functools as ft
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,8 @@ import optax
 from .. import callbacks as cb, models
 from .._checks._device_note import devices_said
 from ..callbacks._base import Callback
+from ..callbacks._peak_flops import peak_flops
+from ..callbacks._throughput import NOTE as THROUGHPUT_NOTE
 from ..data import ArrayLoader
 from ..strategies import (
     AccumulatingStrategy,
@@ -234,6 +237,8 @@ def train_and_report(
         except (FileNotFoundError, ValueError) as error:
             raise UsageError(f"--resume: {error}") from None
     say = print if main else _quiet
+    rows = min(args.batch_size // jax.process_count(), len(x_train))
+    first = (x_train[:rows], y_train[:rows])  # as large as the loader's
     notes = (outputs.note, args.schedule_note(len(loader)))
     for line in start_notes(defaulted, *notes):
         say(line, file=sys.stderr)
@@ -241,7 +246,7 @@ def train_and_report(
         write_config(args)
     epochs = f"{args.epochs} epoch{'s' if args.epochs != 1 else ''}"
     say(banner(args, name, train, test, strategy, devices, epochs))
-    say(f"phalanx: {trainer.summary().short()}")
+    say(f"phalanx: {trainer.summary().short()}{flops_note(trainer, first, devices)}")
     devices_said()  # the banner above names them: no API note on top
     trainer.fit(
         loader,
@@ -258,6 +263,20 @@ def train_and_report(
     )
     say(f"{scores}; logs in {run}")
     return 0
+
+
+def flops_note(trainer: ClassifierTrainer, batch: Any, devices: list[Any]) -> str:
+    """The end of the start line: the train step's FLOPs (counted, not
+    compiled), and where the devices' peak is unknown that `Throughput`
+    logs no ``mfu`` (said here, once, instead of by `Throughput`)."""
+    flops = trainer.flops_per_step(batch)
+    kind = devices[0].device_kind
+    compute = np.dtype(trainer.precision.compute)
+    note = "" if flops is None else f"; {flops.short()}"
+    if peak_flops(kind, compute) is None:
+        THROUGHPUT_NOTE.setLevel(logging.WARNING)
+        note += f" (no mfu: no peak FLOP/s known for {kind!r} devices)"
+    return note
 
 
 def start_notes(defaulted: bool, *notes: str | None) -> list[str]:
