@@ -8,14 +8,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ..strategies import (
-    AccumulatingStrategy,
-    FullyShardedStrategy,
-    MeshStrategy,
-    PmapStrategy,
-    ShardingStrategy,
-    Strategy,
-)
+from .. import strategies as st
+from ..strategies import Strategy
 from ..strategies._names import strategy_name
 
 
@@ -76,15 +70,15 @@ def default_setups(params: list[jax.Array]) -> list[tuple[str, Strategy]]:
     n = jax.device_count()
     min_size = fsdp_min_size(params, n)
     named = [
-        (f"ShardingStrategy on {n} devices", ShardingStrategy()),
-        (f"PmapStrategy on {n} devices", PmapStrategy()),
+        (f"ShardingStrategy on {n} devices", st.ShardingStrategy()),
+        (f"PmapStrategy on {n} devices", st.PmapStrategy()),
         (
             f"AccumulatingStrategy(ShardingStrategy, microbatches=2) on {n} devices",
-            AccumulatingStrategy(ShardingStrategy(), 2),
+            st.AccumulatingStrategy(st.ShardingStrategy(), 2),
         ),
         (
             f"FullyShardedStrategy(min_size={min_size}) on {n} devices",
-            FullyShardedStrategy(min_size=min_size),
+            st.FullyShardedStrategy(min_size=min_size),
         ),
     ]
     if n >= 4 and n % 2 == 0:
@@ -93,7 +87,7 @@ def default_setups(params: list[jax.Array]) -> list[tuple[str, Strategy]]:
             (
                 f"MeshStrategy(data=2, fsdp={n // 2}, min_size={within}) on {n} "
                 "devices",
-                MeshStrategy(data=2, fsdp=n // 2, min_size=within),
+                st.MeshStrategy(data=2, fsdp=n // 2, min_size=within),
             )
         )
     return named
