@@ -51,9 +51,16 @@ STALE_TMP = re.compile(
 )
 PROGRESS = re.compile(r"  step (\d+)/\d+  ")
 FINAL = re.compile(r"test loss \d+\.\d{4}, test accuracy \d+\.\d{4}; logs in RUN$")
-# Throughput figures are wall-clock measurements: the only values allowed to
-# differ between runs.
-TIMINGS = ("examples_per_sec", "steps_per_sec", "tflops_per_sec", "mfu")
+# Throughput figures and the Timeline's (time/<phase>, goodput) are wall-clock
+# measurements: the only values allowed to differ between runs.
+TIMINGS = ("examples_per_sec", "steps_per_sec", "tflops_per_sec", "mfu", "goodput")
+
+
+def timing(name: str) -> bool:
+    """Whether a logged value is a wall-clock measurement."""
+    return name in TIMINGS or name.startswith("time/")
+
+
 ENV = {
     **os.environ,
     "NPROC": "16",
@@ -239,15 +246,15 @@ def host_state(folder: pathlib.Path, step: int) -> dict:
         args = ocp.args.Composite(host=ocp.args.JsonRestore())
         host = manager.restore(step, args=args)["host"]
     for epoch in host["history"]["epochs"]:
-        for name in TIMINGS:
-            epoch.pop(name, None)  # mfu: only where the peak is known
+        for name in [name for name in epoch if timing(name)]:
+            del epoch[name]  # (mfu: only where the peak is known)
     return host
 
 
 def csv_rows(run: pathlib.Path) -> tuple[list[str], list[dict[str, str]]]:
     with open(run / "metrics.csv", newline="") as file:
         reader = csv.DictReader(file)
-        rows = [{k: v for k, v in row.items() if k not in TIMINGS} for row in reader]
+        rows = [{k: v for k, v in row.items() if not timing(k)} for row in reader]
     assert reader.fieldnames is not None
     return list(reader.fieldnames), rows
 
@@ -256,7 +263,7 @@ def jsonl_rows(run: pathlib.Path) -> list[dict]:
     text = (run / "metrics.jsonl").read_text()
     assert text.endswith("\n")
     rows = [json.loads(line) for line in text.splitlines()]
-    return [{k: v for k, v in row.items() if k not in TIMINGS} for row in rows]
+    return [{k: v for k, v in row.items() if not timing(k)} for row in rows]
 
 
 def logged_steps(rows: list[dict]) -> tuple[list[int], list[int]]:

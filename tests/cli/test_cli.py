@@ -60,6 +60,7 @@ OPTIONS = (
     "--logger",
     "--no-plot",
     "--profile",
+    "--telemetry",
 )
 RUN_FILES = [
     "checkpoints",
@@ -68,6 +69,7 @@ RUN_FILES = [
     "metrics.csv",
     "metrics.jsonl",
     "tensorboard",
+    "timeline.json",
 ]
 NOTICE = (
     "phalanx: no accelerator found; using 8 fake CPU devices (--devices N to change)"
@@ -218,8 +220,11 @@ def test_run_prints_table_and_test_accuracy(default_run, steps_per_epoch):
 
 @pytest.mark.slow
 def test_run_folder_holds_only_the_logs(default_run):
-    _, run = default_run
+    result, run = default_run
     assert sorted(os.listdir(run)) == RUN_FILES
+    # timeline.json on every run; its table and trace.json with --telemetry.
+    assert "where the time went" not in result.stdout
+    assert json.loads((run / "timeline.json").read_text())["goodput"] > 0
     assert len(os.listdir(run / "tensorboard")) == 1
 
 
@@ -409,13 +414,41 @@ def test_same_losses_as_the_default(default_run, tmp_path, args, banner):
 @pytest.mark.slow
 def test_eval_every_writes_eval_rows(tmp_path, steps_per_epoch):
     args = ["--epochs", "1", "--eval-every", "5", "--no-plot", "--run-dir", "RUN"]
-    train(tmp_path, *args)
+    # (--telemetry on this run too: tested below, it changes no value.)
+    result = train(tmp_path, *args, "--telemetry")
     rows = read_jsonl(tmp_path / "RUN" / "metrics.jsonl")
     evals = [row for row in rows if row["kind"] == "eval"]
     assert [row["step"] for row in evals] == list(range(5, steps_per_epoch + 1, 5))
     assert {"eval_loss", "eval_accuracy"} <= set(evals[0])
     assert "eval_loss" not in epoch_rows(tmp_path / "RUN" / "metrics.jsonl")[0]
-    assert "eval_every = 5" in (tmp_path / "RUN" / "config.toml").read_text()
+    config = (tmp_path / "RUN" / "config.toml").read_text()
+    assert "eval_every = 5" in config
+    assert "telemetry" not in config  # this command's output, not the run's
+
+    # --telemetry: the Timeline's table at the end, before the final line,
+    # and its trace beside timeline.json.
+    assert result.stderr.splitlines() == [NOTICE]
+    lines = result.stdout.splitlines()
+    (title,) = [i for i, line in enumerate(lines) if "where the time went" in line]
+    assert FINAL_LINE.match(lines[-1]) and title < len(lines) - 1
+    table = "\n".join(lines[title:-1])
+    for phase in ("step", "compile", "data", "eval", "checkpoint", "callbacks"):
+        assert re.search(rf"^\W*{phase}\s", table, flags=re.M), (phase, table)
+    assert "compile: train step, batch f32[64,64] i32[64]" in table
+    run = tmp_path / "RUN"
+    assert sorted(os.listdir(run)) == [
+        "checkpoints", "config.toml", "metrics.csv", "metrics.jsonl",
+        "tensorboard", "timeline.json", "trace.json",
+    ]  # fmt: skip
+    record = json.loads((run / "timeline.json").read_text())
+    assert sum(record["phases"].values()) == pytest.approx(record["wall_s"])
+    assert record["phases"]["eval"] > 0 and record["phases"]["checkpoint"] > 0
+    assert 0 < record["goodput"] < 1
+    (epoch,) = epoch_rows(run / "metrics.jsonl")  # logged, as the history
+    assert epoch["goodput"] == record["epochs"][0]["step"] / record["epochs"][0]["wall"]
+    assert epoch["time/eval"] == record["epochs"][0]["eval"]
+    events = json.loads((run / "trace.json").read_text())["traceEvents"]
+    assert {e["name"] for e in events if e["ph"] == "X"} >= {"step", "eval", "data"}
 
 
 # --- other data, --overwrite, --help ------------------------------------------

@@ -89,7 +89,7 @@ def test_plain_install_runs_the_main_job(tmp_path, plain_env):
     assert result.stderr.splitlines() == [NOTICE, PLAIN_NOTE]
     run = tmp_path / "RUN"
     assert sorted(os.listdir(run)) == [
-        "checkpoints", "config.toml", "metrics.csv", "metrics.jsonl"
+        "checkpoints", "config.toml", "metrics.csv", "metrics.jsonl", "timeline.json"
     ]  # fmt: skip
     assert sorted(os.listdir(run / "checkpoints")) == ["23"]
     # Its config is the default's: where the extras are installed, the same
@@ -365,7 +365,7 @@ def test_wandb_with_a_bad_setting_leaves_no_folder(tmp_path):
     result = run_cli(work, {**env, "WANDB_MODE": "offline"}, *args, "R")
     assert result.returncode == 0, result.stderr
     assert sorted(os.listdir(work / "R")) == [
-        "checkpoints", "config.toml", "metrics.csv", "wandb"
+        "checkpoints", "config.toml", "metrics.csv", "timeline.json", "wandb"
     ]  # fmt: skip
 
 

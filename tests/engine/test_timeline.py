@@ -54,6 +54,9 @@ def test_parts_sum_to_the_wall_time(tmp_path):
     row = record["epochs"][-1]
     assert sum(row[p] for p in parts) == pytest_approx(row["wall"])
     assert epoch["time/step"] == row["step"]
+    # PlotHistory's default panels leave the phases out (goodput is one).
+    names = px.callbacks.PlotHistory(tmp_path / "h.png")._names(trainer.history)
+    assert "goodput" in names and not any(n.startswith("time/") for n in names)
     # The trace: Chrome "X" events of the phases, back to back.
     events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
     spans = [e for e in events if e["ph"] == "X" and e["tid"] == 1]

@@ -60,7 +60,8 @@ class PlotHistory(Callback):
         Args:
             path: the image file; its folder is created if needed.
             metrics: train metric names to draw, a panel each (their ``eval_``
-                curves come along); default every metric in the history.
+                curves come along); default every metric in the history but
+                `Timeline`'s ``time/<phase>`` seconds (its table's).
 
         Raises:
             ImportError: matplotlib is not installed.
@@ -136,6 +137,8 @@ class PlotHistory(Callback):
         evals = _eval_names(history)
         train = [name for name in present if not name.startswith("eval_")]
         if self.metrics is None:
+            # A panel for each of nine phases would crowd out the metrics.
+            train = [name for name in train if not name.startswith("time/")]
             alone = [
                 name.removeprefix("eval_")
                 for name in evals

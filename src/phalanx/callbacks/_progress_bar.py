@@ -284,9 +284,11 @@ def _columns(values: dict[str, float]) -> tuple[str, ...]:
     """The epoch table's columns for an epoch's metrics: the epoch, the
     loss, the other training metrics (in the order they came), examples
     per second, the evaluation's loss and metrics, and the time."""
-    # (Timeline's time/<phase> metrics are its table's, not a column each.)
+    # (Timeline's time/<phase> and goodput are its table's, not columns.)
     shown = [
-        name for name in values if name not in _HIDDEN and not name.startswith("time/")
+        name
+        for name in values
+        if name not in _HIDDEN and name != "goodput" and not name.startswith("time/")
     ]
     train = [name for name in shown if not name.startswith("eval_")]
     evals = [name for name in shown if name.startswith("eval_")]

@@ -30,6 +30,9 @@ PER_COMMAND = (
     "distributed",
     "compile_cache",
     "no_compile_cache",
+    # What this command prints and traces of where its time goes; nothing
+    # of the run itself (its timeline.json is written either way).
+    "telemetry",
 )
 # Options a resumed run may change: each leaves every update of the run as it
 # was (invariant 5 of docs/architecture.md: a resumed run continues exactly as
@@ -109,6 +112,8 @@ class TrainArgs:
     # --compile-cache DIR, --no-compile-cache (cli/_compile_cache.py).
     compile_cache: str | None = None
     no_compile_cache: bool = False
+    # --telemetry: the Timeline's table at the end, and RUN_DIR/trace.json.
+    telemetry: bool = False
     # The learning-rate schedule's length in steps; None until the run
     # starts, when it becomes its epochs x steps per epoch (see
     # `with_schedule_steps`) and is written to config.toml.

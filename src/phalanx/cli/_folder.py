@@ -28,6 +28,8 @@ RUN_FILES = (
     "tensorboard",
     "checkpoints",
     "profile",
+    "timeline.json",
+    "trace.json",
 )
 # Everything a run may write there: its files and W&B's (--logger wandb).
 WRITTEN = (*RUN_FILES, "wandb")

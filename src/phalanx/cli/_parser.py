@@ -188,6 +188,14 @@ def build_parser(
         "numbers)",
     )
     add(
+        "--telemetry",
+        action="store_true",
+        help="print where the time went at the end (px.callbacks.Timeline's "
+        "table: compile, data, steps, evaluation, checkpoints, ...) and write "
+        "RUN_DIR/trace.json, a trace of those phases for ui.perfetto.dev; "
+        "RUN_DIR/timeline.json is written on every run",
+    )
+    add(
         "--profile",
         type=steps,
         metavar="START:END",

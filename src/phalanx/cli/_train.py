@@ -218,6 +218,13 @@ def train_and_report(
         callbacks=[
             cb.Throughput(log_every=every),
             cb.LearningRateMonitor(schedule, log_every=every),
+            # Always: the phase clock runs anyway, and its time/<phase> and
+            # goodput metrics reach the loggers placed after it.
+            cb.Timeline(
+                run / "timeline.json",
+                trace=run / "trace.json" if args.telemetry else None,
+                table=args.telemetry,
+            ),
             *make_loggers(args, outputs.loggers),
             *(make_plot(run / "history.png") if outputs.plot else []),
             cb.ProgressBar(log_every=every),
