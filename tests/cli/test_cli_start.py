@@ -223,7 +223,9 @@ def test_the_same_command_works_once_the_model_is_fixed(tmp_path, capsys, user_m
     err = capsys.readouterr().err
     # Loggers chosen and no plot: nothing left out, nothing to say.
     assert err.splitlines() == [NOTICE]
-    assert sorted(os.listdir("R")) == ["checkpoints", "config.toml", "metrics.csv"]
+    assert sorted(os.listdir("R")) == [
+        "checkpoints", "config.toml", "metrics.csv", "timeline.json"
+    ]  # fmt: skip
     config = tomllib.loads(pathlib.Path("R/config.toml").read_text())
     assert config["no_plot"] is True and config["loggers"] == ["csv"]
 

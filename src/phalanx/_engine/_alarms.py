@@ -71,7 +71,11 @@ class SlowSteps:
         if self.factor is None or done <= self._done:
             return
         totals = self.clock.totals()
-        steps = done - self._done
+        # The window's time went to the steps it dispatched as well as those
+        # it saw finish: after a restart (an epoch's start) the first sync
+        # point finds few finished but a whole window dispatched, which,
+        # per finished step, looked many times slower than it was.
+        steps = max(done - self._done, step - self._step)
         spent = {p: (totals[p] - self._base[p]) / steps for p in JUDGED}
         compiled = totals["compile"] > self._base["compile"]
         first, longest = self._step + 1, self._longest

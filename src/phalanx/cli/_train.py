@@ -1,7 +1,6 @@
 """The training run behind ``phalanx train``, once every argument is valid."""
 
 import functools as ft
-import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +14,6 @@ from .. import callbacks as cb, models
 from .._checks._device_note import devices_said
 from ..callbacks._base import Callback
 from ..callbacks._peak_flops import peak_flops
-from ..callbacks._throughput import NOTE as THROUGHPUT_NOTE
 from ..data import ArrayLoader
 from ..strategies import (
     AccumulatingStrategy,
@@ -216,7 +214,8 @@ def train_and_report(
         steps_per_call=args.steps_per_call,
         precision=args.precision,
         callbacks=[
-            cb.Throughput(log_every=every),
+            # The start line says where there is no mfu (`flops_note`).
+            cb.Throughput(log_every=every, say_no_mfu=False),
             cb.LearningRateMonitor(schedule, log_every=every),
             # Always: the phase clock runs anyway, and its time/<phase> and
             # goodput metrics reach the loggers placed after it.
@@ -281,7 +280,6 @@ def flops_note(trainer: ClassifierTrainer, batch: Any, devices: list[Any]) -> st
     compute = np.dtype(trainer.precision.compute)
     note = "" if flops is None else f"; {flops.short()}"
     if peak_flops(kind, compute) is None:
-        THROUGHPUT_NOTE.setLevel(logging.WARNING)
         note += f" (no mfu: no peak FLOP/s known for {kind!r} devices)"
     return note
 
