@@ -109,8 +109,8 @@ class Throughput(Callback):
         log_every: steps between log points (each one a device sync).
         peak_flops: one device's peak FLOP/s, for ``mfu`` (e.g. ``989e12``
             for an H100's dense bf16); None: from the device table.
-        say_no_mfu: log the one line saying there is no ``mfu`` where the
-            peak is unknown (False where the caller says it itself).
+        quiet: no log line saying there is no ``mfu`` where the peak is
+            unknown (where the caller says it itself).
 
     Raises:
         ValueError: `log_every` is not a positive int, or `peak_flops` not
@@ -132,7 +132,7 @@ class Throughput(Callback):
         *,
         log_every: int = 10,
         peak_flops: float | None = None,
-        say_no_mfu: bool = True,
+        quiet: bool = False,
     ) -> None:
         self.log_every = positive_int("log_every", log_every, example="log_every=10")
         self.peak_flops = None
@@ -144,7 +144,7 @@ class Throughput(Callback):
         self._window = RateMeter()
         self._epoch = RateMeter()
         self._peak: float | None = None  # this fit's, per device
-        self._said = not say_no_mfu  # that there is no mfu
+        self._said = quiet  # that there is no mfu
 
     @override
     def added_metrics(self) -> tuple[str, ...]:

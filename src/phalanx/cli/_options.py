@@ -114,12 +114,8 @@ def add_device_options(add: Add) -> None:
 
 def add_optimizer_options(add: Add) -> None:
     """--optimizer, --clip-norm and --seed."""
-    add(
-        "--optimizer",
-        choices=OPTIMIZERS,
-        default="sgd",
-        help="optax optimizer (sgd uses momentum 0.9)",
-    )
+    sgd = "optax optimizer (sgd uses momentum 0.9)"
+    add("--optimizer", choices=OPTIMIZERS, default="sgd", help=sgd)
     add(
         "--clip-norm",
         type=positive_float,

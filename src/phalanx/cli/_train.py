@@ -215,7 +215,7 @@ def train_and_report(
         precision=args.precision,
         callbacks=[
             # The start line says where there is no mfu (`flops_note`).
-            cb.Throughput(log_every=every, say_no_mfu=False),
+            cb.Throughput(log_every=every, quiet=True),
             cb.LearningRateMonitor(schedule, log_every=every),
             # Always: the phase clock runs anyway, and its time/<phase> and
             # goodput metrics reach the loggers placed after it.
