@@ -139,6 +139,30 @@ def is_gloo_note(line: str) -> bool:
     return re.sub(r"\d+", "#", content) in _GLOO_NOTE
 
 
+class StopAt(px.Callback):
+    """Asks the fit to stop at the end of step `step`."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    @override
+    def on_step_end(self, info):
+        if info.step == self.step:
+            info.stop()
+
+
+def count_host_waits(monkeypatch) -> list[str]:
+    """The loop's waits for the device from now on (each `jax.device_get`
+    and `jax.block_until_ready`, appended as they happen)."""
+    waits: list[str] = []
+    real_get, real_block = jax.device_get, jax.block_until_ready
+    monkeypatch.setattr(jax, "device_get", lambda t: waits.append("get") or real_get(t))
+    monkeypatch.setattr(
+        jax, "block_until_ready", lambda t: waits.append("block") or real_block(t)
+    )
+    return waits
+
+
 class RaiseAt(px.Callback):
     """Raises RuntimeError at the end of step `step` (a crash mid-fit)."""
 

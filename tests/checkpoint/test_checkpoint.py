@@ -17,7 +17,7 @@ import pytest
 from typing_extensions import override
 
 import phalanx as px
-from helpers import RaiseAt, make_data, make_model, max_abs_diff
+from helpers import RaiseAt, StopAt, make_data, make_model, max_abs_diff
 from phalanx.checkpoint._errors import OrbaxErrorFilter, write_error
 from phalanx.checkpoint._folder import CheckpointFolder
 
@@ -62,16 +62,6 @@ def test_resume_is_exact(tmp_path, straight, crash_at, saved):
     )
     assert resumed.history.epochs == reference.history.epochs
     assert loader.state_dict() == reference_loader.state_dict()
-
-
-class StopAt(px.Callback):
-    def __init__(self, step: int):
-        self.step = step
-
-    @override
-    def on_step_end(self, info):
-        if info.step == self.step:
-            info.trainer.stop_training = True
 
 
 def test_a_run_resumed_on_the_short_last_batch_pads_it_as_the_pass_did(tmp_path):

@@ -9,7 +9,7 @@ import optax
 import pytest
 
 import phalanx as px
-from helpers import make_data, make_model, make_strategy
+from helpers import StopAt, make_data, make_model, make_strategy
 
 
 DECAY = 0.8
@@ -104,17 +104,12 @@ def test_a_resumed_run_keeps_the_average_bitwise(tmp_path):
     )
     straight.fit(BATCHES, steps=STEPS)
 
-    class StopAt(px.Callback):
-        def on_step_end(self, info):
-            if info.step == 7:  # mid-epoch
-                info.trainer.stop_training = True
-
     saving = px.callbacks.Checkpoint(tmp_path, every_n_steps=7, every_n_epochs=None)
     first = px.DataParallelTrainer(
         make_model(),
         optax.adam(1e-2),
         ema=DECAY,
-        callbacks=[saving, StopAt()],
+        callbacks=[saving, StopAt(7)],  # mid-epoch
         progress=False,
     )
     first.fit(BATCHES, steps=STEPS)

@@ -11,7 +11,7 @@ import pytest
 from typing_extensions import override
 
 import phalanx as px
-from helpers import make_strategy
+from helpers import StopAt, make_strategy
 
 
 RNG = np.random.default_rng(4)
@@ -154,13 +154,8 @@ def test_assert_equivalent_and_a_bitwise_resume(tmp_path):
     # examples), padded to the pass's 16 rows as the straight run pads it.
     saving = px.callbacks.Checkpoint(tmp_path, every_n_steps=3, every_n_epochs=None)
 
-    class StopAt(px.Callback):
-        def on_step_end(self, info):
-            if info.step == 3:
-                info.trainer.stop_training = True
-
     first = make(px.ShardingStrategy(8))
-    first.callbacks = [saving, StopAt()]
+    first.callbacks = [saving, StopAt(3)]
     first.fit(BATCHES, steps=STEPS)
     resumed = make(px.ShardingStrategy(8))
     resumed.fit(BATCHES, steps=STEPS, resume=tmp_path)

@@ -9,7 +9,7 @@ import pytest
 from typing_extensions import override
 
 import phalanx as px
-from helpers import STRATEGIES, make_data, make_model, max_abs_diff
+from helpers import STRATEGIES, count_host_waits, make_data, make_model, max_abs_diff
 
 
 class CountingTrainer(px.DataParallelTrainer):
@@ -48,14 +48,7 @@ def test_host_syncs_only_at_log_points(monkeypatch, name):
         make_model(), optax.adam(1e-2), strategy=STRATEGIES[name](), sync_every=8
     )
     trainer.fit([(x, y)], steps=2)  # compile outside the counted run
-    fetches = []
-    real_get, real_block = jax.device_get, jax.block_until_ready
-    monkeypatch.setattr(
-        jax, "device_get", lambda t: fetches.append("get") or real_get(t)
-    )
-    monkeypatch.setattr(
-        jax, "block_until_ready", lambda t: fetches.append("block") or real_block(t)
-    )
+    fetches = count_host_waits(monkeypatch)
     # No implicit device-to-host transfer anywhere in the loop.
     with jax.transfer_guard_device_to_host("disallow"):
         trainer.fit([(x, y)] * 32, epochs=1)

@@ -8,7 +8,7 @@ import pytest
 from typing_extensions import override
 
 import phalanx as px
-from helpers import STRATEGIES, make_data, make_model, max_abs_diff, sqrt_loss
+from helpers import STRATEGIES, StopAt, make_data, make_model, max_abs_diff, sqrt_loss
 
 
 K = 4
@@ -148,16 +148,6 @@ def test_a_bad_step_inside_a_call(policy):
         run.fit(data, epochs=1)
         assert run.history[0]["skipped_steps"] == 1
         assert max_abs_diff(run.model, clean.model) <= 1e-6
-
-
-class StopAt(px.Callback):
-    def __init__(self, step: int):
-        self.step = step
-
-    @override
-    def on_step_end(self, info: px.StepInfo) -> None:
-        if info.step == self.step:
-            info.stop()
 
 
 def test_stop_and_checkpoints_act_where_a_call_ends(tmp_path):

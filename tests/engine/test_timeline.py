@@ -14,7 +14,7 @@ import pytest
 from typing_extensions import override
 
 import phalanx as px
-from helpers import make_data, make_model
+from helpers import count_host_waits, make_data, make_model
 
 
 PHASES = ("step", "compile", "data", "host", "eval", "checkpoint", "callbacks")
@@ -125,14 +125,7 @@ def test_no_wait_for_the_device_is_added(monkeypatch):
         progress=False,
     )
     trainer.fit([(x, y)], steps=2)  # compile outside the counted run
-    fetches = []
-    real_get, real_block = jax.device_get, jax.block_until_ready
-    monkeypatch.setattr(
-        jax, "device_get", lambda t: fetches.append("get") or real_get(t)
-    )
-    monkeypatch.setattr(
-        jax, "block_until_ready", lambda t: fetches.append("block") or real_block(t)
-    )
+    fetches = count_host_waits(monkeypatch)
     with jax.transfer_guard_device_to_host("disallow"):
         trainer.fit([(x, y)] * 32, epochs=1)
     # As tests/engine/test_loop.py counts without a Timeline: the loop's own.

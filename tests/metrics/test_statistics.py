@@ -15,7 +15,7 @@ from sklearn import metrics as sk
 from typing_extensions import override
 
 import phalanx as px
-from helpers import make_data, make_model
+from helpers import StopAt, make_data, make_model
 
 
 RNG = np.random.default_rng(0)
@@ -187,14 +187,9 @@ def test_resume_mid_epoch_sums_statistics_exactly(tmp_path):
     straight = Confused(make_model(), optax.adam(1e-2), progress=False)
     straight.fit(batches(), epochs=1)
 
-    class StopAt(px.Callback):
-        def on_step_end(self, info):
-            if info.step == 2:
-                info.trainer.stop_training = True
-
     saving = px.callbacks.Checkpoint(tmp_path, every_n_steps=2, every_n_epochs=None)
     first = Confused(
-        make_model(), optax.adam(1e-2), callbacks=[saving, StopAt()], progress=False
+        make_model(), optax.adam(1e-2), callbacks=[saving, StopAt(2)], progress=False
     )
     first.fit(batches(), epochs=1)
     resumed = Confused(make_model(), optax.adam(1e-2), progress=False)
