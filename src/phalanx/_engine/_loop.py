@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Sized
 from typing import Any
 
 import jax
-import numpy as np
 
 from .._checks._batch import empty_data_message, nonfinite_error
 from .._state._clock import PhaseClock
@@ -439,22 +438,14 @@ class FitLoop:
 
 
 def _typed(x: Any) -> str:
-    """An argument leaf's type as JAX keys a compile by it: ``~`` marks a
-    weak type (``~float32[]``)."""
-    if isinstance(x, jax.Array):
-        return str(x.aval)
-    x = np.asarray(x)
-    return f"{x.dtype}{list(x.shape)}"
+    """An argument leaf's type as JAX keys a compile by it, written the same
+    for a NumPy and a JAX array: ``~`` marks a weak type (``~float32[]``)."""
+    return str(jax.typeof(x))
 
 
 def _short(x: Any) -> str:
     """A batch leaf's type in short, as JAX writes it: ``f32[64,784]``."""
-    x = x if isinstance(x, jax.Array | np.ndarray) else np.asarray(x)
-    name = x.dtype.name
-    for long, short in (("bfloat", "bf"), ("float", "f"), ("uint", "u")):
-        name = name.replace(long, short)
-    name = name.replace("int", "i") if name.startswith("int") else name
-    return f"{name}[{','.join(map(str, x.shape))}]"
+    return jax.typeof(x).str_short(short_dtypes=True)
 
 
 def _sharding(x: Any) -> Any:
