@@ -44,7 +44,7 @@ class Callbacks:
     """
 
     def __init__(self, callbacks: Sequence[Callback], display: Callback | None = None):
-        _check_state_keys(callbacks)
+        _check_declarations(callbacks)
         self.all: tuple[Callback, ...] = tuple(
             sorted(callbacks, key=lambda c: isinstance(c, SnapshotStore))
         )
@@ -177,9 +177,9 @@ class Callbacks:
 _LEGACY = re.compile(r"\d+:")
 
 
-def _check_state_keys(callbacks: Sequence[Callback]) -> None:
-    """Raise unless every stateful callback has a `state_key` of its own
-    (and a `time_phase` the clock knows)."""
+def _check_declarations(callbacks: Sequence[Callback]) -> None:
+    """Raise unless what each callback declares holds: a `time_phase` the
+    clock knows, and, where it has state, a `state_key` of its own."""
     for i, callback in enumerate(callbacks):
         if callback.time_phase not in PHASES:
             raise ValueError(
