@@ -148,6 +148,7 @@ from cli_runs import (  # noqa: E402
     TOTAL,
     cli_trainer,
     finish,
+    said,
     state_arrays,
 )
 
@@ -194,6 +195,6 @@ def straight(tmp_path_factory) -> tuple[pathlib.Path, str]:
     """A run that is never stopped: its folder and its last stdout line."""
     cwd = tmp_path_factory.mktemp("straight")
     run = finish(cwd, *COMMON, *EVERY_5, "--run-dir", "RUN")
-    assert run.stderr.splitlines() == [NOTICE]
+    assert said(run.stderr) == [NOTICE]
     assert FINAL.match(run.lines[-1]), run.output()
     return cwd / "RUN", run.lines[-1]

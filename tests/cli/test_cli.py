@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import forkserver
+from cli_runs import said
 from helpers import read_event_scalars
 from phalanx import __version__ as px_version
 from phalanx.cli import main
@@ -163,7 +164,7 @@ def steps_per_epoch() -> int:
 @pytest.mark.slow
 def test_run_prints_table_and_test_accuracy(default_run, steps_per_epoch):
     result, run = default_run
-    assert result.stderr.splitlines() == [NOTICE]  # no warnings, no traceback
+    assert said(result.stderr) == [NOTICE]  # no warnings, no traceback
     lines = result.stdout.splitlines()
     assert "ShardingStrategy on 8 cpu device(s), batch 64, 3 epochs" in lines[0]
 
@@ -340,7 +341,7 @@ def test_readme_main_job(tmp_path, record_property):
     record_property("wall_s", round(wall, 1))  # in --junitxml reports
     record_property("cpu_s", round(cpu, 1))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stderr.splitlines() == [NOTICE]
+    assert said(result.stderr) == [NOTICE]
     lines = result.stdout.splitlines()
     assert "MLP 64-256-128-10 on digits" in lines[0]
     final = FINAL_LINE.match(lines[-1])
@@ -427,7 +428,7 @@ def test_eval_every_writes_eval_rows(tmp_path, steps_per_epoch):
 
     # --telemetry: the Timeline's table at the end, before the final line,
     # and its trace beside timeline.json.
-    assert result.stderr.splitlines() == [NOTICE]
+    assert said(result.stderr) == [NOTICE]
     lines = result.stdout.splitlines()
     (title,) = [i for i, line in enumerate(lines) if "where the time went" in line]
     assert FINAL_LINE.match(lines[-1]) and title < len(lines) - 1

@@ -14,7 +14,7 @@ import tomllib
 import mlflow
 import pytest
 
-from cli_runs import ENV
+from cli_runs import ENV, said
 from phalanx.cli._folder import RunFolder
 from phalanx.cli._main import EXIT_USER_CODE, main
 from test_cli import NOTICE, one_line, snapshot
@@ -86,7 +86,7 @@ def test_plain_install_runs_the_main_job(tmp_path, plain_env):
     result = run_cli(tmp_path, plain_env, *SMALL, "--run-dir", "RUN")
     assert result.returncode == 0, result.stderr
     # The default TensorBoard logger and plot are left out, in one line.
-    assert result.stderr.splitlines() == [NOTICE, PLAIN_NOTE]
+    assert said(result.stderr) == [NOTICE, PLAIN_NOTE]
     run = tmp_path / "RUN"
     assert sorted(os.listdir(run)) == [
         "checkpoints", "config.toml", "metrics.csv", "metrics.jsonl", "timeline.json"
@@ -222,7 +222,7 @@ def test_the_same_command_works_once_the_model_is_fixed(tmp_path, capsys, user_m
     assert main(argv) == 0
     err = capsys.readouterr().err
     # Loggers chosen and no plot: nothing left out, nothing to say.
-    assert err.splitlines() == [NOTICE]
+    assert said(err) == [NOTICE]
     assert sorted(os.listdir("R")) == [
         "checkpoints", "config.toml", "metrics.csv", "timeline.json"
     ]  # fmt: skip

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import forkserver
-from cli_runs import ENV, NOTICE, TIMEOUT, refused
+from cli_runs import ENV, NOTICE, TIMEOUT, refused, said
 from phalanx.cli._compile_cache import _EntryWarnings, _unusable, compile_cache_dir
 
 
@@ -40,7 +40,7 @@ def entries(folder: pathlib.Path) -> dict[str, int]:
 def test_a_second_run_reads_every_program_and_damage_is_said_once(tmp_path):
     cache = tmp_path / "cache"
     first = train(tmp_path, "A", "--compile-cache", str(cache))
-    assert first.stderr.splitlines() == [NOTICE]
+    assert said(first.stderr) == [NOTICE]
     start = first.stdout.splitlines()[1]
     assert start.endswith(
         "; 138 MFLOPs per step (17.3 MFLOPs per device) (no mfu: no peak FLOP/s "
@@ -50,17 +50,17 @@ def test_a_second_run_reads_every_program_and_damage_is_said_once(tmp_path):
     assert len(written) > 10  # the steps and the small programs around them
 
     second = train(tmp_path, "B", "--compile-cache", str(cache))
-    assert second.stderr.splitlines() == [NOTICE]
+    assert said(second.stderr) == [NOTICE]
     assert entries(cache) == written  # every program read, none written again
 
     for path in cache.iterdir():
         path.write_bytes(b"garbage")
     (cache / "not-an-entry").write_text("junk")
     damaged = train(tmp_path, "C", "--compile-cache", str(cache))
-    said, notice = damaged.stderr.splitlines()
+    warning, notice = said(damaged.stderr)
     assert notice == NOTICE
-    assert said.startswith(f"phalanx: the compile cache {cache}: damaged or ")
-    assert said.endswith(
+    assert warning.startswith(f"phalanx: the compile cache {cache}: damaged or ")
+    assert warning.endswith(
         "those programs are compiled afresh (delete the folder to clear it)"
     )
 
@@ -70,7 +70,7 @@ def test_a_file_where_the_folder_should_be_is_said_and_left_alone(tmp_path):
     blocked = tmp_path / "cache"
     blocked.write_text("mine")
     result = train(tmp_path, "A", "--compile-cache", str(blocked))
-    assert result.stderr.splitlines() == [
+    assert said(result.stderr) == [
         f"phalanx: the compile cache {blocked}: a file is where the folder should "
         "be; compiling without the cache (pass another folder, or "
         "--no-compile-cache)",

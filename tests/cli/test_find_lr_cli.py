@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import forkserver
-from cli_runs import ENV, NOTICE, TIMEOUT, refused
+from cli_runs import ENV, NOTICE, TIMEOUT, refused, said
 from phalanx._env import NUM_PROCESSES
 from phalanx.cli import main
 from phalanx.cli._folder import FIND_LR_FILES, RunFolder
@@ -56,7 +56,7 @@ def real_run(tmp_path_factory):
 @pytest.mark.slow
 def test_a_run_prints_what_it_found_and_writes_it(real_run):
     result, run = real_run
-    assert result.stderr.splitlines() == [NOTICE]  # no warning, no traceback
+    assert said(result.stderr) == [NOTICE]  # no warning, no traceback
     banner = result.stdout.splitlines()[0]
     assert banner.startswith("phalanx: MLP 64-64-10 on digits (1437 train")
     assert banner.endswith("batch 64, rates 1e-07 to 10 in 30 steps")

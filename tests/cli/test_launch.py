@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from cli_runs import said
 from helpers import is_gloo_note
 from phalanx.cli._launch import GlooNotes, free_port
 
@@ -332,7 +333,7 @@ def test_train_distributed_without_a_run(tmp_path):
 
     done = train("--epochs", "1", "--run-dir", "run")
     assert done.returncode == 0, done.stderr
-    assert done.stderr.splitlines() == [
+    assert said(done.stderr) == [
         "phalanx: --distributed, but no multi-process run was found "
         "(JAX_COORDINATOR_ADDRESS unset, no cluster detected); training in this "
         "process only"

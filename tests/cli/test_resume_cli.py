@@ -52,6 +52,7 @@ from cli_runs import (
     listed,
     logged_steps,
     refused,
+    said,
     same_arrays,
     state_arrays,
 )
@@ -161,7 +162,7 @@ def test_sigterm_saves_then_resume_is_exact(tmp_path, straight, reference, resto
         )
 
     resumed = finish(tmp_path, *args, "--resume")
-    assert resumed.stderr.splitlines() == [NOTICE]
+    assert said(resumed.stderr) == [NOTICE]
     assert resumed.lines[-1] == straight[1]
     # The straight run also saved every 5 steps, which changes no value.
     assert_same_run(tmp_path / "RUN", straight[0], restore)
