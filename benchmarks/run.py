@@ -18,6 +18,9 @@ count (`run_each_device_count`):
 - ``checks``: the same trainer with value checks on (A) and off (B), host data;
 - ``nan-guard``: the same trainer with the default ``nan_policy="raise"`` (A)
   and ``"off"`` (B), device data: what the non-finite gradient guard costs;
+- ``timeline``: the same trainer with a `px.callbacks.Timeline` (A, no
+  table) and without (B), host data: what the goodput breakdown costs (the
+  phase clock itself is always on: the slow-step alarm reads it);
 - ``guard-vs-optax``: the trainer (A) against the ``jit`` reference guarded
   as a hand-written loop would be, with ``optax.apply_if_finite`` (B,
   ``"jit-guarded"``), device data (no target);
@@ -104,6 +107,7 @@ CASES = (
     "steps-per-call",
     "checks",
     "nan-guard",
+    "timeline",
     "guard-vs-optax",
     *HOST_CASES,
     "memory",
@@ -120,11 +124,13 @@ TARGETS = {
     "accum-sharding": 0.95,
     "accum-pmap": 0.95,
     "checks": 0.98,
+    "timeline": 0.98,
     "host-vs-device": 0.95,
 }
 # Issue 17's, with --model tiny: the least ratio per case and device count.
 TINY_TARGETS = {("sharding", 1): 0.97, ("sharding", 8): 0.97}
 TINY_TARGETS |= {("steps-per-call", 1): 2.0, ("steps-per-call", 8): 1.0}
+TINY_TARGETS |= {("timeline", 1): 0.97, ("timeline", 8): 0.97}
 FIRST_STEP_TARGET = 1.2  # time to first step, A/B, at most
 MIN_STEPS = 10  # per timed run, when chosen from --run-seconds
 CALIBRATION_STEPS = 16  # one loader epoch: a fit call's fixed cost spread as in a run
@@ -548,6 +554,16 @@ def cell_cases(args: argparse.Namespace, n: int, batch: int) -> list[Case]:
         )
         labels = ("nan_policy raise", sharding, "device", "nan_policy off", off)
         cases.append(Case("nan-guard", n, batch, "device", *labels, "device"))
+    if "timeline" in args.cases:
+        timeline = PhalanxSide(
+            make_strategy("sharding", n),
+            batch,
+            repeats,
+            callbacks=[px.callbacks.Timeline(table=False)],
+            **policy,
+        )
+        labels = ("Timeline", timeline, "host", "no Timeline", sharding, "host")
+        cases.append(Case("timeline", n, batch, "host", *labels))
     if "guard-vs-optax" in args.cases:
         guarded = ReferenceSide("jit-guarded", n, batch, repeats)
         labels = ("ShardingStrategy", sharding, "device", "jit + apply_if_finite")

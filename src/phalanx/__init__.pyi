@@ -13,6 +13,7 @@ from . import (
 from ._engine._compiled import StepValues as StepValues
 from ._engine._lr_finder import LRFinderResult as LRFinderResult
 from ._precision import Precision as Precision
+from ._state._flops import StepFlops as StepFlops
 from ._state._history import History as History
 from ._state._progress import RunPlan as RunPlan, RunProgress as RunProgress
 from ._state._snapshot import Snapshot as Snapshot

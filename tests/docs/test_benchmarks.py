@@ -40,7 +40,7 @@ SUBPROCESS = {
 def test_tiny_benchmark_run(tmp_path):
     out = tmp_path / "results.json"
     # Data on the devices for the strategy pairs (the host feeds run in the
-    # checks, host-vs-device and jit-host-vs-device cases): half the time.
+    # checks, timeline, host-vs-device and jit-host-vs-device cases): half the time.
     command = [*RUN, "--tiny", "--data", "device", "--out", out]
     result = forkserver.run(command, **SUBPROCESS, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -51,6 +51,7 @@ def test_tiny_benchmark_run(tmp_path):
     expected |= {
         ("checks", "host"),
         ("nan-guard", "device"),
+        ("timeline", "host"),
         ("guard-vs-optax", "device"),
         ("host-vs-device", "both"),
         ("jit-host-vs-device", "both"),

@@ -92,7 +92,9 @@ def test_counting_adds_no_compile_to_a_fit():
             counts.append(len(requests) - before)
         assert counts[0] == counts[1] > 0
         before = len(requests)
-        assert trainer.flops_per_step().total == analytic(BATCH)
+        flops = trainer.flops_per_step()
+        assert isinstance(flops, px.StepFlops)  # the public type of the count
+        assert flops.total == analytic(BATCH)
         assert trainer.flops_per_step(batch(64)).total == analytic(64)
         assert trainer.summary().flops.total == analytic(BATCH)
         assert len(requests) == before

@@ -23,6 +23,7 @@ JUDGED = ("step", "data", "host", "callbacks", "gc", "other")
 WARMUP = 8  # windows measured before the alarm may fire
 FLOOR_S = 0.1  # a slow window is also at least this much over the median
 LIMIT = 5  # warnings per fit
+WINDOWS = 64  # the latest windows, whose median is the norm
 _NAMES = {"step": "step (the device, as the host waits for it)"}
 
 
@@ -41,8 +42,9 @@ class SlowSteps:
         self.factor = factor
         self.warned = 0
         self._windows: collections.deque[dict[str, float]] = collections.deque(
-            maxlen=64
+            maxlen=WINDOWS
         )
+        self._totals: collections.deque[float] = collections.deque(maxlen=WINDOWS)
         self._base = clock.totals()
         self._done = 0  # steps known finished at the window's start
         self._step = 0  # steps dispatched at the window's start
@@ -82,15 +84,20 @@ class SlowSteps:
         self.restart(done, step)
         if compiled:  # a warm-up window
             return
-        spent["total"] = sum(spent.values())
+        spent["total"] = total = sum(spent.values())
         windows = self._windows
         if len(windows) >= WARMUP and self.warned < LIMIT:
-            median = {p: statistics.median(w[p] for w in windows) for p in spent}
-            extra = (spent["total"] - median["total"]) * steps
-            if spent["total"] > self.factor * median["total"] and extra > FLOOR_S:
+            # Each phase's median only for a window found slow: a tiny
+            # model's loop reaches a sync point every few milliseconds.
+            typical = statistics.median(self._totals)
+            extra = (total - typical) * steps
+            if total > self.factor * typical and extra > FLOOR_S:
+                median = {p: statistics.median(w[p] for w in windows) for p in JUDGED}
+                median["total"] = typical
                 self._warn(first, step, steps, spent, median, longest)
                 return  # kept out of the median
         windows.append(spent)
+        self._totals.append(total)
 
     def _warn(
         self,
