@@ -62,6 +62,7 @@ OPTIONS = (
     "--no-plot",
     "--profile",
     "--telemetry",
+    "--slow-steps",
 )
 RUN_FILES = [
     "checkpoints",

@@ -13,6 +13,7 @@ import pytest
 
 import phalanx as px
 from cli_runs import cli_args, state_arrays
+from phalanx._engine._alarms import SlowSteps
 from phalanx.cli._args import PER_COMMAND, RESUMABLE, TrainArgs, UsageError
 from phalanx.cli._config import _WHAT, resolve_train
 from phalanx.cli._main import build_parser, main
@@ -198,6 +199,42 @@ def test_processes_must_share_the_batch_equally(monkeypatch):
         "--batch-size 64 is not divisible by the 3 processes, each of which takes "
         "an equal slice; use e.g. 63 or 66"
     )
+
+
+# --- --slow-steps -------------------------------------------------------------
+
+
+def test_slow_steps_takes_a_factor_or_off(capsys):
+    assert cli_args().slow_steps == 3.0  # the trainer's default
+    assert cli_args("--slow-steps", "2.5").slow_steps == 2.5
+    assert cli_args("--slow-steps", "off").slow_steps is None
+    for bad in ("1", "-3", "inf", "fast"):
+        with pytest.raises(SystemExit) as exit:
+            cli_args("--slow-steps", bad)
+        assert exit.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            "phalanx train: error: argument --slow-steps: must be a factor "
+            f"above 1 (e.g. 3) or off, got {bad!r} (see phalanx train --help)"
+        )
+
+
+def test_slow_steps_reaches_the_trainer_and_not_the_config(
+    tmp_path, monkeypatch, capsys
+):
+    factors = []
+    init = SlowSteps.__init__
+
+    def recording(self, clock, factor):
+        factors.append(factor)
+        init(self, clock, factor)
+
+    monkeypatch.setattr(SlowSteps, "__init__", recording)
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--epochs", "1", "--hidden", "16", "--batch-size", "256"]
+    argv += ["--no-plot", "--logger", "csv", "--slow-steps", "off", "--run-dir", "R"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert factors == [None]  # the one fit's alarm, off
+    assert "slow_steps" not in (tmp_path / "R" / "config.toml").read_text()
 
 
 # --- --help -------------------------------------------------------------------

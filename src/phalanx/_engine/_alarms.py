@@ -128,8 +128,9 @@ class SlowSteps:
             f"{_ms(spent['total'])} a step, {spent['total'] / median['total']:.1f}x "
             f"the median {_ms(median['total'])}{slowest}; the time grew in "
             f"{_NAMES.get(grown, grown)} (+{growth:.3g} s). Set "
-            f"DataParallelTrainer(slow_steps=...) to another factor "
-            f"(now {self.factor:g}) or None to silence this{more}"
+            f"DataParallelTrainer(slow_steps=...) (phalanx train: --slow-steps) "
+            f"to another factor (now {self.factor:g}), or None (off) to silence "
+            f"this{more}"
         )
 
 

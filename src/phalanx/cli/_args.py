@@ -33,6 +33,8 @@ PER_COMMAND = (
     # What this command prints and traces of where its time goes; nothing
     # of the run itself (its timeline.json is written either way).
     "telemetry",
+    # Whether it warns of slow steps, nothing of the run either.
+    "slow_steps",
 )
 # Options a resumed run may change: each leaves every update of the run as it
 # was (invariant 5 of docs/architecture.md: a resumed run continues exactly as
@@ -114,6 +116,8 @@ class TrainArgs:
     no_compile_cache: bool = False
     # --telemetry: the Timeline's table at the end, and RUN_DIR/trace.json.
     telemetry: bool = False
+    # --slow-steps FACTOR or off (None): the trainer's slow-step alarm.
+    slow_steps: float | None = 3.0
     # The learning-rate schedule's length in steps; None until the run
     # starts, when it becomes its epochs x steps per epoch (see
     # `with_schedule_steps`) and is written to config.toml.

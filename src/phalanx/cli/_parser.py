@@ -17,7 +17,7 @@ from ._options import (
     add_model_options,
     add_optimizer_options,
 )
-from ._values import at_least_two, positive_float, positive_int, steps
+from ._values import at_least_two, factor_or_off, positive_float, positive_int, steps
 
 
 class _Parser(argparse.ArgumentParser):
@@ -194,6 +194,16 @@ def build_parser(
         "table: compile, data, steps, evaluation, checkpoints, ...) and write "
         "RUN_DIR/trace.json, a trace of those phases for ui.perfetto.dev; "
         "RUN_DIR/timeline.json is written on every run",
+    )
+    add(
+        "--slow-steps",
+        type=factor_or_off,
+        default=3.0,
+        metavar="FACTOR",
+        help="warn (one line each, at most 5 a run) of a stretch of steps "
+        "slower than FACTOR x the median, naming where the time went "
+        "(data, the device, callbacks, ...); off: no warnings (e.g. on a "
+        "machine busy with other work, which slows steps down)",
     )
     add(
         "--profile",

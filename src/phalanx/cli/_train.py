@@ -212,6 +212,7 @@ def train_and_report(
         strategy=strategy,
         seed=args.seed,
         steps_per_call=args.steps_per_call,
+        slow_steps=args.slow_steps,
         precision=args.precision,
         callbacks=[
             # The start line says where there is no mfu (`flops_note`).

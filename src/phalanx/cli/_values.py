@@ -42,6 +42,21 @@ def positive_float(text: str) -> float:
     return value
 
 
+def factor_or_off(text: str) -> float | None:
+    """A factor above 1, or ``off`` (None)."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 1):
+        raise argparse.ArgumentTypeError(
+            f"must be a factor above 1 (e.g. 3) or off, got {text!r}"
+        )
+    return value
+
+
 def widths(text: str) -> tuple[int, ...]:
     try:
         widths = tuple(int(part) for part in text.split(",") if part.strip())
