@@ -12,7 +12,11 @@ unless ``--peak-flops`` is given.
 Usage:
     python benchmarks/mfu.py [--precision fp32,bf16] [--batch 8192]
         [--hidden 8192] [--layers 4] [--steps 50] [--epochs 3]
-        [--peak-flops F] [--out mfu.json]
+        [--peak-flops F] [--out mfu.json] [--tiny]
+
+``--tiny`` (the tests): an MLP 16-32x2-10 at batch 64, 2 epochs of 4 steps,
+a peak of 1e11 FLOP/s unless ``--peak-flops`` is given; it checks that the
+script runs.
 """
 
 import argparse
@@ -38,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--peak-flops", type=float, default=None)
     parser.add_argument("--out", type=pathlib.Path, default=None)
+    parser.add_argument("--tiny", action="store_true", help="a smoke run")
     args = parser.parse_args(argv)
+    if args.tiny:
+        args.batch, args.inputs, args.hidden, args.layers = 64, 16, 32, 2
+        args.steps, args.epochs = 4, 2
+        args.peak_flops = args.peak_flops or 1e11
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.batch, args.inputs)).astype(np.float32)

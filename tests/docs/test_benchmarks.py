@@ -107,6 +107,23 @@ def tiny_run(script: str, tmp_path: pathlib.Path) -> Any:
 
 
 @pytest.mark.slow
+def test_tiny_mfu_benchmark_run(tmp_path):
+    out = tmp_path / "mfu.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "mfu.py"), "--tiny"]
+    result = forkserver.run([*command, "--out", str(out)], **SUBPROCESS, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.read_text())
+    assert [row["precision"] for row in rows] == ["fp32", "bf16"]
+    # 2·64·(16·32 + 32·32 + 32·10) forward, twice that backward but the
+    # first layer's input gradient.
+    forward = 2 * 64 * (16 * 32 + 32 * 32 + 32 * 10)
+    for row in rows:
+        assert row["flops_per_step"] == 3 * forward - 2 * 64 * 16 * 32
+        assert row["steps_per_sec"] > 0
+        assert row["mfu"] == pytest.approx(row["tflops_per_sec"] * 1e12 / 1e11)
+
+
+@pytest.mark.slow
 def test_tiny_fsdp_benchmark_run(tmp_path):
     results = tiny_run("fsdp.py", tmp_path)
     rows = {(row["devices"], row["side"]): row for row in results["memory"]}
