@@ -16,6 +16,7 @@ state recorded after every step; the straight CLI run must equal it bitwise.
 """
 
 import io
+import json
 import os
 import pathlib
 import re
@@ -161,11 +162,22 @@ def test_sigterm_saves_then_resume_is_exact(tmp_path, straight, reference, resto
             [STEPS_PER_EPOCH],
         )
 
+    stopped_at = json.loads((tmp_path / "RUN" / "timeline.json").read_text())
+    assert (stopped_at["first_step"], stopped_at["last_step"]) == (0, step)
+
     resumed = finish(tmp_path, *args, "--resume")
     assert said(resumed.stderr) == [NOTICE]
     assert resumed.lines[-1] == straight[1]
     # The straight run also saved every 5 steps, which changes no value.
     assert_same_run(tmp_path / "RUN", straight[0], restore)
+    # timeline.json holds both parts of the run: the stop saved its step,
+    # so no step was computed twice.
+    timeline = json.loads((tmp_path / "RUN" / "timeline.json").read_text())
+    assert timeline["earlier"] == [
+        {k: v for k, v in stopped_at.items() if k not in ("earlier", "total")}
+    ]
+    assert (timeline["first_step"], timeline["last_step"]) == (step, TOTAL)
+    assert timeline["total"]["fits"] == 2 and timeline["total"]["steps_again"] == 0
 
 
 @pytest.mark.slow

@@ -93,6 +93,52 @@ class LowerRate(px.Callback):
             )
 
 
+def test_keep_earlier_keeps_the_fits_the_file_holds(tmp_path, caplog):
+    path = tmp_path / "timeline.json"
+    path.write_text("not json")  # a file that is no timeline: said, replaced
+
+    def fit(steps: int) -> dict:
+        timeline = px.callbacks.Timeline(path, table=False, keep_earlier=True)
+        trainer.callbacks = [timeline]
+        trainer.fit(batches(steps))
+        return json.loads(path.read_text())
+
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.sgd(1e-2), strategy=px.ShardingStrategy(1), progress=False
+    )
+    first = fit(3)
+    assert "holds no timeline" in caplog.text
+    assert first["earlier"] == []
+    assert (first["first_step"], first["last_step"]) == (0, 3)
+    assert first["total"]["fits"] == 1
+    second = fit(4)  # the same trainer goes on: steps 3 to 7
+    (kept,) = second["earlier"]
+    assert kept == {k: v for k, v in first.items() if k not in ("earlier", "total")}
+    assert (second["first_step"], second["last_step"]) == (3, 7)
+    run = second["total"]
+    assert run["fits"] == 2 and run["steps_again"] == 0
+    assert run["wall_s"] == pytest_approx(first["wall_s"] + second["wall_s"])
+    assert run["phases"]["step"] == pytest_approx(
+        first["phases"]["step"] + second["phases"]["step"]
+    )
+    assert run["goodput"] == pytest_approx(run["phases"]["step"] / run["wall_s"])
+    table = px.callbacks._timeline.timeline_table(second)
+    assert "with the 1 earlier fit(s) kept" in str(table.caption)
+
+
+def test_steps_computed_again_after_a_resume_are_counted():
+    def fit(first: int, last: int | None) -> dict:
+        return {"wall_s": 1.0, "phases": {"step": 0.5},
+                "first_step": first, "last_step": last}  # fmt: skip
+
+    # Stopped at 30, resumed from the checkpoint at 23; stopped at 40 with
+    # no end recorded, resumed at 40; then at 50 from 45.
+    fits = [fit(0, 30), fit(23, None), fit(40, 50), fit(45, 60)]
+    run = px.callbacks._timeline.total(fits[:-1], fits[-1])
+    assert run["steps_again"] == 7 + 5
+    assert run["fits"] == 4 and run["goodput"] == 0.5
+
+
 def test_a_second_compile_is_counted_and_named():
     data = batches(6)
     trainer = px.DataParallelTrainer(

@@ -6,6 +6,7 @@ whether or not a Timeline is there; it adds per-epoch ``time/<phase>`` and
 a trace on request. It waits for no device and changes nothing of the run.
 """
 
+import itertools
 import json
 import os
 import pathlib
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from typing_extensions import override
 
+from .._log import logger
 from .._state._clock import PHASE_MEANINGS, PHASES, PhaseClock
 from .._typing import validates_own_arguments
 from .._validate import boolean
@@ -60,6 +62,7 @@ class Timeline(Callback):
         *,
         trace: str | os.PathLike[str] | None = None,
         table: bool = True,
+        keep_earlier: bool = False,
     ):
         """
         Args:
@@ -67,11 +70,20 @@ class Timeline(Callback):
             trace: a trace-event JSON file of the phases written at the end
                 of each fit (None: none).
             table: print the table at the end of `fit`.
+            keep_earlier: where `path` already holds a timeline when a fit
+                starts (the same run before it was stopped and resumed, or
+                an earlier fit), keep it in the new file: its fits under
+                ``"earlier"`` and the sums over all of them under
+                ``"total"`` (`phalanx train --resume` does this).
         """
         self.path = None if path is None else check_file_path(path, "path")
         self.trace = None if trace is None else check_file_path(trace, "trace")
         self.table = boolean("table", table)
+        self.keep_earlier = boolean("keep_earlier", keep_earlier)
         self.epochs: list[dict[str, float]] = []
+        self.earlier: list[dict[str, Any]] = []
+        self._first_step = 0
+        self._end_step: int | None = None
         self._clock: PhaseClock | None = None
         self._last: dict[str, float] = {}
 
@@ -84,6 +96,10 @@ class Timeline(Callback):
         self._clock = clock = info.clock
         self.epochs = []
         self._last = {}
+        self._first_step, self._end_step = info.step, None
+        self.earlier = []
+        if self.keep_earlier and self.path is not None:
+            self.earlier = earlier_fits(self.path)
         if clock is not None:
             self._last = clock.totals()
             if self.trace is not None:
@@ -104,12 +120,13 @@ class Timeline(Callback):
 
     @override
     def on_fit_end(self, info: StepInfo) -> None:
-        del info
+        self._end_step = info.step
         self._finish()
 
     @override
     def on_exception(self, info: StepInfo, error: BaseException) -> None:
-        del info, error
+        del error
+        self._end_step = info.step
         self._finish()
 
     def record(self) -> dict[str, Any]:
@@ -119,9 +136,11 @@ class Timeline(Callback):
             return {}
         totals = clock.totals()
         wall = totals["wall"]
-        return {
+        this = {
             "wall_s": wall,
             "goodput": totals["step"] / wall if wall > 0 else 0.0,
+            "first_step": self._first_step,
+            "last_step": self._end_step,
             "phases": {phase: totals[phase] for phase in PHASES},
             "meanings": PHASE_MEANINGS,
             "compiles": [
@@ -136,6 +155,7 @@ class Timeline(Callback):
             ],
             "epochs": self.epochs,
         }
+        return {**this, "earlier": self.earlier, "total": total(self.earlier, this)}
 
     def _finish(self) -> None:
         clock = self._clock
@@ -150,14 +170,74 @@ class Timeline(Callback):
             Console(stderr=False).print(timeline_table(record))
 
 
+def earlier_fits(path: pathlib.Path) -> list[dict[str, Any]]:
+    """The fits a timeline file at `path` records, earliest first (none if
+    there is no file; a file that is not a timeline is said once and left
+    to be overwritten)."""
+    if not path.exists():
+        return []
+    try:
+        record = json.loads(path.read_text())
+        fits = [*record.get("earlier", []), record]
+        for fit in fits:
+            fit.pop("earlier", None)
+            fit.pop("total", None)
+            _check_fit(fit)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
+        logger.warning(
+            f"Timeline: {path} holds no timeline ({error!r}); it is replaced "
+            "by this fit's, keeping nothing earlier"
+        )
+        return []
+    return fits
+
+
+def _check_fit(fit: dict[str, Any]) -> None:
+    """Raises if `fit` is not one fit's record (`total` reads these)."""
+    if not isinstance(fit["wall_s"], int | float) or not all(
+        isinstance(fit["phases"].get(p, 0.0), int | float) for p in PHASES
+    ):
+        raise TypeError("a fit's wall_s and phases must be numbers")
+
+
+def total(earlier: list[dict[str, Any]], this: dict[str, Any]) -> dict[str, Any]:
+    """The sums over `earlier` fits and `this` one: their wall time, goodput
+    and phases, and the steps computed again after a resume (those a fit
+    reached past where the next one started: work lost with the stop)."""
+    fits = [*earlier, this]
+    wall = sum(fit["wall_s"] for fit in fits)
+    phases = {p: sum(fit["phases"].get(p, 0.0) for fit in fits) for p in PHASES}
+    again = 0
+    for before, after in itertools.pairwise(fits):
+        reached, start = before.get("last_step"), after.get("first_step")
+        if reached is not None and start is not None:
+            again += max(0, reached - start)
+    return {
+        "fits": len(fits),
+        "wall_s": wall,
+        "goodput": phases["step"] / wall if wall > 0 else 0.0,
+        "steps_again": again,
+        "phases": phases,
+    }
+
+
 def timeline_table(record: dict[str, Any]) -> Table:
     """The table `Timeline` prints: each phase's seconds and share of the
-    wall time, then the compiles."""
+    wall time, then the compiles; and, where it keeps earlier fits, their
+    sums."""
     wall = record["wall_s"]
     table = Table(
         title=f"where the time went: {wall:.2f} s, goodput {record['goodput']:.0%}",
         title_justify="left",
     )
+    run = record.get("total")
+    if run is not None and run["fits"] > 1:
+        table.caption = (
+            f"with the {run['fits'] - 1} earlier fit(s) kept: {run['wall_s']:.2f} s, "
+            f"goodput {run['goodput']:.0%}, {run['steps_again']} step(s) "
+            "computed again after a resume"
+        )
+        table.caption_justify = "left"
     table.add_column("phase")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")

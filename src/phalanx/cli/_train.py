@@ -224,6 +224,8 @@ def train_and_report(
                 run / "timeline.json",
                 trace=run / "trace.json" if args.telemetry else None,
                 table=args.telemetry,
+                # A resumed run's timeline.json holds its earlier parts too.
+                keep_earlier=args.resume,
             ),
             *make_loggers(args, outputs.loggers),
             *(make_plot(run / "history.png") if outputs.plot else []),
