@@ -96,11 +96,13 @@ def test_each_device_count_runs_in_its_own_process(tmp_path):
     assert "sharding" in result.stdout  # the merged table
 
 
-def tiny_run(script: str, tmp_path: pathlib.Path) -> Any:
-    """The results of ``benchmarks/SCRIPT --tiny`` on 2 devices."""
+def tiny_run(
+    script: str, tmp_path: pathlib.Path, options: tuple[str, ...] = ("--devices", "2")
+) -> Any:
+    """The results of ``benchmarks/SCRIPT --tiny`` (on 2 devices)."""
     out = tmp_path / "results.json"
     command = [sys.executable, str(ROOT / "benchmarks" / script), "--tiny"]
-    command += ["--devices", "2", "--out", str(out)]
+    command += [*options, "--out", str(out)]
     result = forkserver.run(command, **SUBPROCESS, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     return json.loads(out.read_text())
@@ -108,11 +110,7 @@ def tiny_run(script: str, tmp_path: pathlib.Path) -> Any:
 
 @pytest.mark.slow
 def test_tiny_mfu_benchmark_run(tmp_path):
-    out = tmp_path / "mfu.json"
-    command = [sys.executable, str(ROOT / "benchmarks" / "mfu.py"), "--tiny"]
-    result = forkserver.run([*command, "--out", str(out)], **SUBPROCESS, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    rows = json.loads(out.read_text())
+    rows = tiny_run("mfu.py", tmp_path, options=())
     assert [row["precision"] for row in rows] == ["fp32", "bf16"]
     # 2·64·(16·32 + 32·32 + 32·10) forward, twice that backward but the
     # first layer's input gradient.
