@@ -1,6 +1,7 @@
 """Issue 33, part 3: the slow-step alarm (a planted stall named, a steady
 run silent) and the recompile alarm (the changing leaf named)."""
 
+import os
 import time
 
 import optax
@@ -8,6 +9,7 @@ from typing_extensions import override
 
 import phalanx as px
 from helpers import make_data, make_model
+from phalanx._engine._alarms import busy_machine
 from test_timeline import LowerRate, batches
 
 
@@ -37,14 +39,31 @@ def trainer(**kwargs) -> px.DataParallelTrainer:
     )
 
 
-def test_a_stall_in_a_callback_is_named(capsys):
+def load(monkeypatch, average: float, cores: int = 2) -> None:
+    """The machine's load average and this process's cores, as read."""
+    monkeypatch.setattr(os, "getloadavg", lambda: (average, average, average))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+
+
+def test_a_stall_in_a_callback_is_named(capsys, monkeypatch):
+    load(monkeypatch, 0.5)  # a quiet machine: no word of other programs
     run = trainer(callbacks=[Stall(70)], sync_every=4)
     run.fit(batches(100), epochs=1)
     lines = slow_lines(capsys.readouterr().err)
     assert len(lines) == 1, lines
-    assert "grew in callbacks" in lines[0]
+    assert "grew in callbacks (+0.5" in lines[0] and "busy" not in lines[0]
     assert "step 70's" in lines[0]  # the slowest step, within its window
     assert "slow_steps=" in lines[0]  # how to tune it
+
+
+def test_a_busy_machine_is_said(monkeypatch):
+    load(monkeypatch, 5.25)
+    assert busy_machine() == (
+        ", while the machine was busy (load average 5.2 on 2 CPUs: other "
+        "programs may have taken the time)"
+    )
+    load(monkeypatch, 2.0)  # as many waiting as there are cores: not busy
+    assert busy_machine() == ""
 
 
 def test_a_steady_run_stays_silent(capsys):

@@ -11,6 +11,7 @@ against the median of the windows before it.
 """
 
 import collections
+import os
 import statistics
 from typing import Any
 
@@ -127,11 +128,28 @@ class SlowSteps:
             f"(over {steps} steps the device finished), "
             f"{_ms(spent['total'])} a step, {spent['total'] / median['total']:.1f}x "
             f"the median {_ms(median['total'])}{slowest}; the time grew in "
-            f"{_NAMES.get(grown, grown)} (+{growth:.3g} s). Set "
+            f"{_NAMES.get(grown, grown)} (+{growth:.3g} s){busy_machine()}. Set "
             f"DataParallelTrainer(slow_steps=...) (phalanx train: --slow-steps) "
             f"to another factor (now {self.factor:g}), or None (off) to silence "
             f"this{more}"
         )
+
+
+def busy_machine() -> str:
+    """Where the machine's run queue holds more than its cores (other
+    programs, or this one's own threads, waiting for a CPU), a note saying
+    so; else nothing."""
+    try:
+        load = os.getloadavg()[0]
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on this platform
+        return ""
+    if load <= cores:
+        return ""
+    return (
+        f", while the machine was busy (load average {load:.1f} on {cores} "
+        "CPUs: other programs may have taken the time)"
+    )
 
 
 def _ms(seconds: float) -> str:
