@@ -45,7 +45,6 @@ class SlowSteps:
         self._windows: collections.deque[dict[str, float]] = collections.deque(
             maxlen=WINDOWS
         )
-        self._totals: collections.deque[float] = collections.deque(maxlen=WINDOWS)
         self._base = clock.totals()
         self._done = 0  # steps known finished at the window's start
         self._step = 0  # steps dispatched at the window's start
@@ -90,7 +89,7 @@ class SlowSteps:
         if len(windows) >= WARMUP and self.warned < LIMIT:
             # Each phase's median only for a window found slow: a tiny
             # model's loop reaches a sync point every few milliseconds.
-            typical = statistics.median(self._totals)
+            typical = statistics.median(w["total"] for w in windows)
             extra = (total - typical) * steps
             if total > self.factor * typical and extra > FLOOR_S:
                 median = {p: statistics.median(w[p] for w in windows) for p in JUDGED}
@@ -98,7 +97,6 @@ class SlowSteps:
                 self._warn(first, step, steps, spent, median, longest)
                 return  # kept out of the median
         windows.append(spent)
-        self._totals.append(total)
 
     def _warn(
         self,
