@@ -1,5 +1,7 @@
 """`px.models.Stacked`: layers stored stacked, applied with `jax.lax.scan`."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -116,3 +118,46 @@ def test_bad_arguments_say_what_to_pass():
         px.models.Stacked(block, 0, key=jax.random.key(0))
     with pytest.raises(TypeError, match=r"remat='all' must be a bool or a jax"):
         px.models.Stacked(block, 2, key=jax.random.key(0), remat="all")  # type: ignore[arg-type]
+
+
+class KeywordKey(eqx.Module):
+    """A layer whose constructor takes its key by name only, as Equinox's."""
+
+    linear: eqx.nn.Linear
+
+    def __init__(self, *, key):
+        self.linear = eqx.nn.Linear(8, 8, key=key)
+
+    def __call__(self, x):
+        return self.linear(x)
+
+
+def test_make_layer_may_take_its_key_by_name_as_equinox_layers_do():
+    key = jax.random.key(0)
+    by_position = px.models.Stacked(lambda k: eqx.nn.Linear(8, 8, key=k), 2, key=key)
+    for make in (
+        functools.partial(eqx.nn.Linear, 8, 8),  # Equinox's keyword-only key
+        lambda *, key: eqx.nn.Linear(8, 8, key=key),
+        lambda key: eqx.nn.Linear(8, 8, key=key),
+    ):
+        stacked = px.models.Stacked(make, 2, key=key)
+        np.testing.assert_array_equal(stacked.layers.weight, by_position.layers.weight)
+    # A class: its __init__'s key by name.
+    assert px.models.Stacked(KeywordKey, 3, key=key).layers.linear.weight.shape == (
+        3,
+        8,
+        8,
+    )
+
+
+def test_a_make_layer_that_takes_no_key_is_refused_with_the_fix():
+    with pytest.raises(TypeError) as error:
+        px.models.Stacked(lambda: eqx.nn.Identity(), 2, key=jax.random.key(0))
+    assert str(error.value).endswith(
+        " takes no argument; it is called with a key: pass a function of one, "
+        "e.g. lambda key: eqx.nn.Linear(64, 64, key=key), or one taking key= as "
+        "Equinox's layers do, e.g. functools.partial(eqx.nn.Linear, 64, 64)"
+    )
+    assert str(error.value).startswith("make_layer=<function ")
+    with pytest.raises(TypeError, match=r"^make_layer=3 is not callable; pass a"):
+        px.models.Stacked(3, 2, key=jax.random.key(0))  # type: ignore[arg-type]

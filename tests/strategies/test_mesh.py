@@ -1,6 +1,7 @@
 """`px.MeshStrategy`: data × fsdp × tensor meshes with sharding rules, held
 to the update of one device on the whole batch (issue 31)."""
 
+import functools
 import logging
 
 import equinox as eqx
@@ -269,6 +270,21 @@ def test_a_model_built_in_its_shards():
     assert specs(taken.state.model) == specs(built)
     with pytest.raises(TypeError, match=r"is not a phalanx strategy"):
         px.sharded_model(Net, "fsdp", key=jax.random.key(0))  # type: ignore[arg-type]
+
+
+def test_sharded_model_takes_a_builder_of_key_by_name_as_equinox_models():
+    strategy = mesh(data=1, fsdp=8)
+    key = jax.random.key(0)
+    by_name = px.sharded_model(
+        functools.partial(eqx.nn.MLP, 16, 4, 64, 1), strategy, key=key
+    )
+    by_position = px.sharded_model(
+        lambda k: eqx.nn.MLP(16, 4, 64, 1, key=k), strategy, key=key
+    )
+    for a, b in zip(host_arrays(by_name), host_arrays(by_position), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError, match=r"^make_model=<function .* takes no argument"):
+        px.sharded_model(lambda: Net(key), strategy, key=key)
 
 
 def test_predict_save_model_and_a_skipped_step_on_a_mesh(tmp_path):

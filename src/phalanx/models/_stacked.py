@@ -16,6 +16,7 @@ import jax
 import jax.random as jr
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
+from .._keys import with_key
 from .._stacking import AbstractStacked
 from .._typing import validates_own_arguments
 from .._validate import is_int
@@ -63,7 +64,11 @@ class Stacked(AbstractStacked):
     ):
         """
         Args:
-            make_layer: builds one layer from a key.
+            make_layer: builds one layer from a key: called as
+                ``make_layer(key=...)`` where it has a parameter named
+                ``key`` (as Equinox's layers do, e.g.
+                ``functools.partial(eqx.nn.Linear, 64, 64)``), else as
+                ``make_layer(key)`` (e.g. ``lambda k: Block(k)``).
             n: the number of layers.
             key: split into one key per layer.
             remat: recompute each layer's activations in the backward pass
@@ -72,7 +77,8 @@ class Stacked(AbstractStacked):
 
         Raises:
             ValueError: `n` is not an int >= 1.
-            TypeError: `remat` is neither a bool nor a policy.
+            TypeError: `make_layer` is not callable or takes no argument,
+                or `remat` is neither a bool nor a policy.
         """
         if not is_int(n) or n < 1:
             raise ValueError(f"n={n!r} must be an int >= 1 (the number of layers)")
@@ -81,7 +87,13 @@ class Stacked(AbstractStacked):
                 f"remat={remat!r} must be a bool or a jax.checkpoint_policies "
                 "policy, e.g. remat=jax.checkpoint_policies.dots_saveable"
             )
-        self.layers = eqx.filter_vmap(make_layer)(jr.split(key, n))
+        if not callable(make_layer):
+            raise TypeError(
+                f"make_layer={make_layer!r} is not callable; pass a function "
+                "key -> layer, e.g. lambda key: eqx.nn.Linear(64, 64, key=key)"
+            )
+        build = with_key(make_layer, "make_layer")
+        self.layers = eqx.filter_vmap(build)(jr.split(key, n))
         self.n = n
         self.remat = remat
 

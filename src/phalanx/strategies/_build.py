@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
+from .._keys import with_key
 from .._state._train_state import TrainState
 from .._typing import validates_own_arguments
 from ._strategy import Strategy
@@ -45,12 +46,17 @@ def sharded_model(
 
     Args:
         make_model: builds the model from a key (traced: it must not read
-            the arrays' values on the host).
+            the arrays' values on the host): called as
+            ``make_model(key=...)`` where it has a parameter named ``key``
+            (as Equinox's models do, e.g.
+            ``functools.partial(eqx.nn.MLP, 784, 10, 256, 2)``), else as
+            ``make_model(key)`` (e.g. ``lambda k: Net(k)``).
         strategy: where the arrays go (its `state_shardings`).
         key: the key `make_model` gets.
 
     Raises:
-        TypeError: `make_model` is not callable, or `strategy` not a strategy.
+        TypeError: `make_model` is not callable or takes no argument, or
+            `strategy` is not a strategy.
     """
     if not callable(make_model):
         raise TypeError(
@@ -63,8 +69,10 @@ def sharded_model(
             "px.MeshStrategy(fsdp=8)"
         )
 
+    build = with_key(make_model, "make_model")
+
     def arrays(key: PRNGKeyArray) -> _Model:
-        return eqx.filter(make_model(key), eqx.is_array)
+        return eqx.filter(build(key), eqx.is_array)
 
     def skeleton(key: PRNGKeyArray) -> TrainState[_Model]:
         # The state's shape, to ask the strategy where the model's arrays go.
@@ -77,5 +85,5 @@ def sharded_model(
 
     shardings = strategy.state_shardings(jax.eval_shape(skeleton, key)).model
     made = jax.jit(arrays, out_shardings=shardings)(key)
-    shape = eqx.filter_eval_shape(make_model, key)
+    shape = eqx.filter_eval_shape(build, key)
     return eqx.combine(made, eqx.filter(shape, eqx.is_array, inverse=True))
