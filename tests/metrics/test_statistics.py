@@ -122,6 +122,77 @@ def test_mistakes_are_named_before_anything_runs(metric, error):
     assert trainer.progress.step == 0
 
 
+def read(statistic: px.metrics.Statistic, weight: np.ndarray):
+    return statistic.read(np.asarray(statistic.total(jnp.asarray(weight))))
+
+
+@pytest.mark.parametrize(
+    "metric",
+    [
+        px.metrics.f1,
+        px.metrics.precision,
+        px.metrics.recall,
+        px.metrics.confusion_matrix,
+        px.metrics.auc,
+    ],
+)
+def test_num_classes_is_counted_on_per_class_outputs(metric):
+    outputs = jnp.asarray(RNG.normal(size=(40, 10)), jnp.float32)
+    targets = jnp.asarray(RNG.integers(0, 10, 40), jnp.int32)
+    weight = np.ones(40, np.float32)
+    # auc took 2 classes by default and refused these 10 classes' scores.
+    counted = read(metric(outputs, targets), weight)
+    np.testing.assert_array_equal(
+        counted, read(metric(outputs, targets, num_classes=10), weight)
+    )
+    # One score per example: a binary task.
+    score, label = outputs[:, 0], (targets > 4).astype(jnp.int32)
+    np.testing.assert_array_equal(
+        read(metric(score, label), weight),
+        read(metric(score, label, num_classes=2), weight),
+    )
+
+
+def test_f1_without_num_classes_in_the_metrics_hook_trains():
+    class F1(px.DataParallelTrainer):
+        def metrics(self, outputs, targets):
+            return {"f1": px.metrics.f1(outputs, targets)}  # 3 classes, counted
+
+    class Told(px.DataParallelTrainer):
+        def metrics(self, outputs, targets):
+            return {"f1": px.metrics.f1(outputs, targets, num_classes=3)}
+
+    got = F1(make_model(), optax.sgd(0.1), progress=False).evaluate(batches(2))
+    want = Told(make_model(), optax.sgd(0.1), progress=False).evaluate(batches(2))
+    assert got["f1"] == want["f1"]
+
+
+@pytest.mark.parametrize(
+    ("outputs", "advice"),
+    [
+        (
+            np.zeros((16, 1), np.float32),
+            "px.metrics.f1: outputs of shape (16, 1) hold one score per example, "
+            "in an axis of 1: no classes to count for num_classes=None; pass "
+            "outputs[:, 0] (shape (batch,): a binary task), or a score per "
+            "class, of shape (batch, num_classes)",
+        ),
+        (
+            np.zeros((16, 4, 3), np.float32),
+            "px.metrics.f1: outputs of shape (16, 4, 3) have no class axis to "
+            "count the classes on (num_classes=None reads the last axis of "
+            "scores of shape (batch, classes)); pass scores of shape (batch, "
+            "classes), or (batch,) for a binary task, and num_classes=N to say "
+            "there are N",
+        ),
+    ],
+)
+def test_outputs_with_no_classes_to_count_ask_for_num_classes(outputs, advice):
+    with pytest.raises(ValueError) as error:
+        px.metrics.f1(jnp.asarray(outputs), jnp.zeros(16, jnp.int32))
+    assert str(error.value) == advice
+
+
 class Confused(px.DataParallelTrainer):
     def metrics(self, outputs, targets):
         return {

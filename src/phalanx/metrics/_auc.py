@@ -63,7 +63,7 @@ def auc(
     outputs: Float[Array, " batch *classes"],
     targets: Int[Array, " batch"] | Float[Array, "batch classes"],
     *,
-    num_classes: int = 2,
+    num_classes: int | None = None,
     num_thresholds: int = 200,
     from_logits: bool = True,
 ) -> Statistic:
@@ -89,17 +89,18 @@ def auc(
         outputs: the model's scores per class (logits or probabilities), or
             one score per example for a binary task.
         targets: class labels, or one-hot targets.
-        num_classes: the number of classes.
+        num_classes: the number of classes; None: counted on the outputs
+            (their last axis, or 2 for one score per example).
         num_thresholds: the number of score bins.
         from_logits: whether `outputs` are logits rather than probabilities.
 
     Example:
         ```python
         def metrics(self, outputs, targets):
-            return {"auc": px.metrics.auc(outputs, targets, num_classes=10)}
+            return {"auc": px.metrics.auc(outputs, targets)}  # 10 classes
         ```
     """
-    check_classes(outputs, num_classes, "auc")
+    num_classes = check_classes(outputs, num_classes, "auc")
     if not isinstance(num_thresholds, int) or num_thresholds < 2:
         raise MetricArgumentError(
             f"px.metrics.auc: num_thresholds={num_thresholds!r}; pass an int >= 2 "

@@ -1,7 +1,7 @@
 """The confusion matrix, and precision, recall and F1 read from it."""
 
 import typing
-from typing import Literal, Required, TypeAlias
+from typing import Literal, TypeAlias
 
 import equinox as eqx
 import jax
@@ -88,13 +88,13 @@ def _confusion(
     outputs: Array,
     targets: Array,
     *,
-    num_classes: int,
+    num_classes: int | None = None,
     average: str = "macro",
     zero_division: float = 0.0,
     from_logits: bool = True,
 ) -> Confusion:
     metric = "confusion_matrix" if report == "matrix" else report
-    check_classes(outputs, num_classes, metric)
+    num_classes = check_classes(outputs, num_classes, metric)
     if average not in _AVERAGES:
         raise MetricArgumentError(
             f"px.metrics.{metric}: average={average!r}; pass one of "
@@ -121,7 +121,7 @@ def confusion_matrix(
     outputs: Float[Array, " batch *classes"],
     targets: Int[Array, " batch"] | Float[Array, "batch classes"],
     *,
-    num_classes: int,
+    num_classes: int | None = None,
     from_logits: bool = True,
 ) -> Statistic:
     """The confusion matrix of a classifier: rows the true class, columns
@@ -133,7 +133,8 @@ def confusion_matrix(
         outputs: the model's scores per class (logits or probabilities), or
             one score per example for a binary task.
         targets: class labels, or one-hot targets.
-        num_classes: the number of classes.
+        num_classes: the number of classes; None: counted on the outputs
+            (their last axis, or 2 for one score per example).
         from_logits: whether one score per example is a logit (positive
             above 0) rather than a probability (above 0.5).
     """
@@ -147,7 +148,7 @@ def f1(
     outputs: Float[Array, " batch *classes"],
     targets: Int[Array, " batch"] | Float[Array, "batch classes"],
     *,
-    num_classes: int,
+    num_classes: int | None = None,
     average: Average = "macro",
     zero_division: float = 0.0,
     from_logits: bool = True,
@@ -161,7 +162,8 @@ def f1(
             one score per example for a binary task; the most likely class
             is the prediction.
         targets: class labels, or one-hot targets.
-        num_classes: the number of classes.
+        num_classes: the number of classes; None: counted on the outputs
+            (their last axis, or 2 for one score per example).
         average: ``"macro"``: the mean over classes, leaving out those that
             occur in neither the targets nor the predictions; ``"micro"``:
             of every example's counts together (for one label per example,
@@ -175,7 +177,8 @@ def f1(
     Example:
         ```python
         def metrics(self, outputs, targets):
-            return {"f1": px.metrics.f1(outputs, targets, num_classes=10)}
+            # 10 classes, as the outputs' last axis says (num_classes=10)
+            return {"f1": px.metrics.f1(outputs, targets)}
         ```
     """
     return _confusion(
@@ -192,7 +195,7 @@ def f1(
 class ScoreOptions(TypedDict, total=False):
     """The keywords of `precision` and `recall`: `f1`'s."""
 
-    num_classes: Required[int]
+    num_classes: int | None
     average: Average
     zero_division: float
     from_logits: bool

@@ -11,29 +11,53 @@ class MetricArgumentError(ValueError):
     hook that called it is at fault, not the batch."""
 
 
-def check_classes(outputs: Array, num_classes: int, metric: str) -> None:
-    """At trace time: `outputs` must be scores of `num_classes` classes (or,
-    for two, one score per example)."""
+def check_classes(outputs: Array, num_classes: int | None, metric: str) -> int:
+    """At trace time: the number of classes of `outputs`, scores of
+    `num_classes` classes (or, for two, one score per example); where
+    `num_classes` is None, counted on the outputs (their class axis, or 2
+    for one score per example)."""
+    shape = tuple(outputs.shape)
+    if num_classes is None:
+        if outputs.ndim == 1:
+            return 2
+        if outputs.ndim == 2 and shape[-1] >= 2:
+            return int(shape[-1])
+        if outputs.ndim == 2:
+            raise MetricArgumentError(
+                f"px.metrics.{metric}: outputs of shape {shape} hold one score "
+                "per example, in an axis of 1: no classes to count for "
+                "num_classes=None; pass outputs[:, 0] (shape (batch,): a binary "
+                "task), or a score per class, of shape (batch, num_classes)"
+            )
+        raise MetricArgumentError(
+            f"px.metrics.{metric}: outputs of shape {shape} have no class axis "
+            "to count the classes on (num_classes=None reads the last axis of "
+            "scores of shape (batch, classes)); pass scores of shape (batch, "
+            "classes), or (batch,) for a binary task, and num_classes=N to say "
+            "there are N"
+        )
     if not isinstance(num_classes, int) or num_classes < 2:
         raise MetricArgumentError(
             f"px.metrics.{metric}: num_classes={num_classes!r}; pass the number "
-            "of classes, an int >= 2 (2 for a binary task)"
+            "of classes, an int >= 2 (2 for a binary task), or None to count "
+            "them on the outputs"
         )
     if outputs.ndim == 1:
         if num_classes != 2:
             raise MetricArgumentError(
-                f"px.metrics.{metric}: outputs of shape {tuple(outputs.shape)} "
+                f"px.metrics.{metric}: outputs of shape {shape} "
                 f"(one score per example) with num_classes={num_classes}; one "
                 "score is a binary task: pass num_classes=2, or outputs of shape "
                 f"(batch, {num_classes})"
             )
-    elif outputs.ndim != 2 or outputs.shape[-1] != num_classes:
+    elif outputs.ndim != 2 or shape[-1] != num_classes:
         raise MetricArgumentError(
-            f"px.metrics.{metric}: outputs of shape {tuple(outputs.shape)}, but "
+            f"px.metrics.{metric}: outputs of shape {shape}, but "
             f"num_classes={num_classes}; pass scores of shape (batch, "
             f"{num_classes}) (or (batch,) for a binary task), or the number of "
-            "classes the outputs have"
+            "classes the outputs have (or None: counted on them)"
         )
+    return num_classes
 
 
 def true_labels(targets: Array) -> Int[Array, " batch"]:
