@@ -2,7 +2,9 @@
 to the update of one device on the whole batch (issue 31)."""
 
 import functools
+import inspect
 import logging
+import textwrap
 
 import equinox as eqx
 import jax
@@ -213,6 +215,31 @@ def test_bad_meshes_and_rules_say_what_to_fix():
     for rules, message in cases:
         with pytest.raises(ValueError, match=message):
             trainer(mesh(data=1, tensor=8, rules=rules))
+
+
+def test_the_docstring_example_lays_out_a_stacked_model():
+    # MeshStrategy's example, as its API page shows it, on Net (whose
+    # `blocks` is a Stacked stack of `up` and `down` Linear layers).
+    doc = inspect.getdoc(px.MeshStrategy) or ""
+    code = doc.split("```python\n")[1].split("```")[0]
+    namespace: dict = {"px": px}
+    exec(textwrap.dedent(code), namespace)
+    laid_out = trainer(namespace["strategy"]).state.model.blocks.layers
+    assert laid_out.up.weight.sharding.spec == P(None, "tensor", "fsdp")
+    assert laid_out.down.weight.sharding.spec == P(None, "fsdp", "tensor")
+
+
+def test_a_rule_matching_nothing_names_the_models_nearest_paths():
+    # Written for blocks unrolled in a list; Net's are Stacked.
+    rules = [(r"blocks\.0\.up\.weight", ("tensor", None))]
+    with pytest.raises(ValueError) as error:
+        trainer(mesh(data=4, tensor=2, rules=rules))
+    assert str(error.value) == (
+        r"rules: ('blocks\\.0\\.up\\.weight', ('tensor', None)) matches no "
+        "parameter of the model (by re.fullmatch of its path); its nearest paths "
+        "are 'blocks.layers.up.weight', 'blocks.layers.down.weight', "
+        "'out.weight': fix the pattern, or remove the rule"
+    )
 
 
 def test_a_large_leaf_left_whole_is_named_once(caplog):

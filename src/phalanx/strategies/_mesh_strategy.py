@@ -73,11 +73,15 @@ class MeshStrategy(DeviceMeshStrategy):
     Example:
         ```python
         strategy = px.MeshStrategy(data=2, fsdp=4)  # hybrid sharding on 8
+        # Megatron-style MLP blocks `up` then `down`, in a field `blocks`
+        # that is a px.models.Stacked: each array's layer axis comes first,
+        # whole (unrolled in a list, the paths are blocks.0.up.weight, ...,
+        # of shape (out, in): one entry fewer).
         strategy = px.MeshStrategy(
             data=2, fsdp=2, tensor=2,
             rules=[
-                (r"blocks\\..*\\.up\\.weight", ("tensor", "fsdp")),
-                (r"blocks\\..*\\.down\\.weight", ("fsdp", "tensor")),
+                (r"blocks\\.layers\\.up\\.weight", (None, "tensor", "fsdp")),
+                (r"blocks\\.layers\\.down\\.weight", (None, "fsdp", "tensor")),
             ],
         )
         ```

@@ -10,6 +10,7 @@ gives the leaf's `PartitionSpec`. This module checks the rules as written
 """
 
 import dataclasses
+import difflib
 import math
 import re
 from collections.abc import Sequence
@@ -110,11 +111,13 @@ def _entry_axes(entry: object) -> tuple[str, ...] | None:
 @dataclasses.dataclass
 class RuleBook:
     """The rules applied to one model: which rule each leaf took, so that a
-    rule taken by none can be reported."""
+    rule taken by none can be reported with the paths it might have meant."""
 
     rules: tuple[CheckedRule, ...]
     sizes: dict[str, int]
     used: set[int] = dataclasses.field(default_factory=set)
+    # The paths the rules were matched against, in the model's order.
+    paths: list[str] = dataclasses.field(default_factory=list)
 
     def spec(self, path: str, shape: tuple[int, ...]) -> P | None:
         """The layout of the leaf at `path`, of `shape`, by the first rule
@@ -124,6 +127,7 @@ class RuleBook:
             ValueError: the rule has an entry per dimension other than the
                 leaf's, or splits a dimension its axes' sizes do not divide.
         """
+        self.paths.append(path)
         for index, rule in enumerate(self.rules):
             if not rule.regex.fullmatch(path):
                 continue
@@ -148,11 +152,22 @@ class RuleBook:
         return None
 
     def check_all_used(self) -> None:
-        """Raises ValueError naming a rule that matched no leaf."""
+        """Raises ValueError naming a rule that matched no leaf, and the
+        model's paths nearest to its pattern."""
         for index, rule in enumerate(self.rules):
             if index not in self.used:
                 raise ValueError(
-                    f"rules: {rule!r} matches no parameter of the model; paths "
-                    "look like 'blocks.layers.0.weight' (re.fullmatch): fix the "
-                    "pattern, or remove the rule"
+                    f"rules: {rule!r} matches no parameter of the model (by "
+                    f"re.fullmatch of its path); {self._nearest(rule.pattern)}: "
+                    "fix the pattern, or remove the rule"
                 )
+
+    def _nearest(self, pattern: str) -> str:
+        """The model's paths closest to `pattern` read as text, e.g. "its
+        nearest paths are 'blocks.layers.up.weight', ..."."""
+        if not self.paths:
+            return "the model has no floating array for a rule to split"
+        # r"blocks\.0\.up" read as the path it spells: blocks.0.up.
+        text = re.sub(r"\\(.)", r"\1", pattern)
+        near = difflib.get_close_matches(text, self.paths, n=3, cutoff=0.0)
+        return f"its nearest paths are {', '.join(map(repr, near))}"
