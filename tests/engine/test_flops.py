@@ -5,6 +5,7 @@ never a compile added to a fit; `Throughput`'s ``tflops_per_sec`` and
 ``mfu`` from them; the device peak table; the summary's line."""
 
 import logging
+import re
 
 import jax
 import numpy as np
@@ -139,6 +140,43 @@ def test_throughput_logs_tflops_and_mfu_against_a_given_peak(caplog):
 def test_a_bad_peak_is_refused_by_name(peak):
     with pytest.raises(ValueError, match="peak_flops"):
         px.callbacks.Throughput(peak_flops=peak)
+
+
+def test_a_peak_in_tflops_is_refused_with_the_unit():
+    with pytest.raises(ValueError) as error:
+        px.callbacks.Throughput(peak_flops=989)  # TFLOP/s meant
+    assert str(error.value) == (
+        "peak_flops=989 is under 1e9: it is one device's peak in FLOP/s, not "
+        "TFLOP/s; pass it in FLOP/s, e.g. 989e12 for an H100's dense bf16 "
+        "(989 TFLOP/s), or None"
+    )
+    assert px.callbacks.Throughput(peak_flops=1e9).peak_flops == 1e9
+
+
+class Counted(px.DataParallelTrainer):
+    """Says its step does 1 PFLOP: any peak of a GFLOP/s is far too low."""
+
+    def flops_per_step(self, batch=None):
+        return px.StepFlops(total=1e15, devices=8, size=BATCH)
+
+
+def test_an_mfu_over_one_is_warned_of_once(caplog):
+    throughput = px.callbacks.Throughput(log_every=1, peak_flops=1e9)
+    trainer = Counted(mlp(), optax.sgd(1e-2), callbacks=[throughput], progress=False)
+    x, y = batch(512)
+    with caplog.at_level(logging.WARNING, logger="phalanx"):
+        for _ in range(2):
+            trainer.fit(px.data.ArrayLoader((x, y), BATCH), epochs=1)
+    assert min(trainer.history["mfu"]) > 1
+    said = [r.getMessage() for r in caplog.records if "is over 1" in r.getMessage()]
+    assert len(said) == 1, said
+    assert re.fullmatch(
+        r"Throughput: mfu [\d.e+]+ is over 1: [\d.e+]+ FLOP/s on 8 device\(s\), "
+        r"more than peak_flops 1e\+09 FLOP/s per device allows; the peak is too "
+        r"low: pass one device's peak in FLOP/s, e\.g\. "
+        r"Throughput\(peak_flops=989e12\) \(said once\)",
+        said[0],
+    ), said[0]
 
 
 def test_the_peak_table():

@@ -25,6 +25,8 @@ from ._peak_flops import peak_flops as table_peak
 # Where `Throughput` says that it has no peak for the device (a program that
 # says so itself, as ``phalanx train`` does, quiets this logger).
 NOTE = logger.getChild("throughput")
+# The least `peak_flops` taken: 1 GFLOP/s (a peak given in TFLOP/s is below).
+MIN_PEAK = 1e9
 
 
 class RateMeter:
@@ -108,13 +110,15 @@ class Throughput(Callback):
     Args:
         log_every: steps between log points (each one a device sync).
         peak_flops: one device's peak FLOP/s, for ``mfu`` (e.g. ``989e12``
-            for an H100's dense bf16); None: from the device table.
+            for an H100's dense bf16, not ``989``: values under 1e9 are
+            refused); None: from the device table. An ``mfu`` over 1 (a peak
+            too low) is warned of once.
         quiet: no log line saying there is no ``mfu`` where the peak is
             unknown (where the caller says it itself).
 
     Raises:
         ValueError: `log_every` is not a positive int, or `peak_flops` not
-            a positive number.
+            a number of at least 1e9 (FLOP/s).
 
     Example:
         ```python
@@ -139,12 +143,19 @@ class Throughput(Callback):
         if peak_flops is not None:
             fix = "pass one device's FLOP/s, e.g. peak_flops=989e12, or None"
             self.peak_flops = finite_at_least("peak_flops", peak_flops, 0.0, hint=fix)
-            if self.peak_flops == 0:
-                raise ValueError(f"{peak_flops=} is not positive; {fix}")
+            if self.peak_flops < MIN_PEAK:
+                # 989 for an H100's 989 TFLOP/s would make every mfu 1e12 times
+                # too large: no accelerator peaks below a GFLOP/s.
+                raise ValueError(
+                    f"peak_flops={peak_flops!r} is under 1e9: it is one device's "
+                    "peak in FLOP/s, not TFLOP/s; pass it in FLOP/s, e.g. 989e12 "
+                    "for an H100's dense bf16 (989 TFLOP/s), or None"
+                )
         self._window = RateMeter()
         self._epoch = RateMeter()
         self._peak: float | None = None  # this fit's, per device
         self._said = quiet  # that there is no mfu
+        self._warned = False  # of an mfu over 1
 
     @override
     def added_metrics(self) -> tuple[str, ...]:
@@ -220,4 +231,14 @@ class Throughput(Callback):
         achieved = flops.total * steps
         metrics["tflops_per_sec"] = achieved / 1e12
         if self._peak is not None:
-            metrics["mfu"] = achieved / (self._peak * flops.devices)
+            mfu = metrics["mfu"] = achieved / (self._peak * flops.devices)
+            if mfu > 1 and not self._warned:
+                self._warned = True
+                source = "peak_flops" if self.peak_flops is not None else "the peak"
+                logger.warning(
+                    f"Throughput: mfu {mfu:.3g} is over 1: {achieved:.3g} FLOP/s on "
+                    f"{flops.devices} device(s), more than {source} "
+                    f"{self._peak:.3g} FLOP/s per device allows; the peak is too "
+                    "low: pass one device's peak in FLOP/s, e.g. "
+                    "Throughput(peak_flops=989e12) (said once)"
+                )
