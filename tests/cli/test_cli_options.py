@@ -237,6 +237,39 @@ def test_slow_steps_reaches_the_trainer_and_not_the_config(
     assert "slow_steps" not in (tmp_path / "R" / "config.toml").read_text()
 
 
+# --- --mesh with a tensor axis ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sizes", "instead"),
+    [
+        ("tensor=2", "data=-1,fsdp=2"),
+        ("data=2,fsdp=2,tensor=2", "data=2,fsdp=4"),
+        ("tensor=-1", "data=1,fsdp=-1"),
+    ],
+)
+def test_a_tensor_axis_is_refused_as_no_rule_can_be_given(
+    tmp_path, capsys, monkeypatch, sizes, instead
+):
+    # A config file holds the same options as the flags: no rules either.
+    (tmp_path / "c.toml").write_text(f'strategy = "mesh"\nmesh = "{sizes}"\n')
+    monkeypatch.chdir(tmp_path)
+    for argv in (["--strategy", "mesh", "--mesh", sizes], ["--config", "c.toml"]):
+        assert main(["train", *argv, "--run-dir", "R"]) == 2
+        out, err = capsys.readouterr()
+        written = cli_args("--mesh", sizes).mesh
+        assert err == (
+            f"phalanx train: error: --mesh {written}: the tensor axis splits the "
+            "parameters only where sharding rules say, and phalanx train takes "
+            "none (no option or config key), so tensor="
+            f"{sizes.split('tensor=')[1]} would hold and compute the same on each "
+            f"of its devices; split the state over fsdp instead, e.g. --mesh "
+            f"{instead}, or train in Python with px.MeshStrategy(tensor=..., "
+            "rules=[...])\n"
+        )
+        assert out == "" and not (tmp_path / "R").exists()
+
+
 # --- --help -------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from ._args import FindLRArgs, TrainArgs, UsageError
 from ._config import resolve_find_lr, resolve_train
 from ._parser import build_parser
+from ._values import mesh_sizes
 
 
 # Exit codes besides 0 (done), 1 (a bug in phalanx: a traceback), 2 (a bad
@@ -78,6 +79,8 @@ def check_arguments(args: TrainArgs) -> None:
             f"--mesh {args.mesh} sizes the axes of --strategy mesh, not of "
             f"--strategy {args.strategy}; add --strategy mesh, or drop --mesh"
         )
+    if args.mesh is not None:
+        check_tensor_axis(args.mesh)
     if args.model_arg and not args.user_model:
         raise UsageError(
             f"--model-arg is for --model MODULE:FACTORY, not the built-in "
@@ -89,6 +92,26 @@ def check_arguments(args: TrainArgs) -> None:
             f"--hidden sets the widths of --model mlp, not of --model {args.model}"
             + ("; pass widths with --model-arg" if args.user_model else "")
         )
+
+
+def check_tensor_axis(mesh: str) -> None:
+    """Refuse a --mesh with a tensor axis: it splits only what sharding
+    rules say, and no option or config key of ``phalanx train`` gives rules,
+    so its devices would each hold and compute the same."""
+    sizes = mesh_sizes(mesh)
+    tensor, fsdp = sizes["tensor"], sizes["fsdp"]
+    if tensor == 1:
+        return
+    fsdp = fsdp * tensor if tensor > 0 and fsdp > 0 else -1
+    data = sizes["data"] if fsdp > 0 else max(sizes["data"], 1)
+    raise UsageError(
+        f"--mesh {mesh}: the tensor axis splits the parameters only where "
+        "sharding rules say, and phalanx train takes none (no option or config "
+        f"key), so tensor={tensor} would hold and compute the same on each of "
+        f"its devices; split the state over fsdp instead, e.g. --mesh "
+        f"data={data},fsdp={fsdp}, or train in Python with "
+        "px.MeshStrategy(tensor=..., rules=[...])"
+    )
 
 
 def run_train(args: TrainArgs) -> int:

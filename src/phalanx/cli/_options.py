@@ -69,8 +69,9 @@ def add_device_options(add: Add) -> None:
         type=mesh,
         default=None,
         metavar="AXIS=SIZE,...",
-        help="with --strategy mesh: the sizes of its data, fsdp and tensor "
-        "axes, e.g. data=2,fsdp=4 (data -1 unless given: what the others leave)",
+        help="with --strategy mesh: the sizes of its data and fsdp axes, e.g. "
+        "data=2,fsdp=4 (data -1 unless given: what the others leave); tensor "
+        "needs sharding rules, which only the Python API takes",
     )
     add(
         "--shard",
