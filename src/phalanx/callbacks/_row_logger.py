@@ -67,7 +67,6 @@ class RowLogger(Output, Generic[_Row]):
         self._rows: int | None = None
         self._last_step: int | None = None
         self._file: IO[str] | None = None
-        self._said: set[str] = set()
         self._load_extra_state(None)
 
     @override
@@ -126,7 +125,7 @@ class RowLogger(Output, Generic[_Row]):
 
     def _write(self, row: dict[str, Any]) -> None:
         if not self._writes_arrays:
-            row = numbers_only(row, self._said, type(self).__name__)
+            row = numbers_only(row)
         self._open()
         assert self._file is not None and self._rows is not None
         self._append(self._file, row)

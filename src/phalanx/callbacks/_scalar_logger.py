@@ -31,7 +31,6 @@ class ScalarLogger(Output, abc.ABC):
     def __init__(self, log_every: object):
         """Check `log_every`: steps between two logs of a step's metrics."""
         self.log_every = positive_int("log_every", log_every, example="log_every=10")
-        self._said: set[str] = set()  # the arrays left out, said once
 
     @override
     def on_step_end(self, info: StepInfo) -> None:
@@ -54,7 +53,7 @@ class ScalarLogger(Output, abc.ABC):
         without one, ``eval_<name>`` as ``eval/<name>`` and the others as
         ``epoch/<name>``."""
         scalars = {}
-        metrics = numbers_only(metrics, self._said, type(self).__name__)
+        metrics = numbers_only(metrics)
         for name, value in metrics.items():
             if not is_real(value):
                 continue
