@@ -4,11 +4,13 @@ run silent) and the recompile alarm (the changing leaf named)."""
 import os
 import time
 
+import numpy as np
 import optax
 from typing_extensions import override
 
 import phalanx as px
 from helpers import make_data, make_model
+from phalanx._checks._batch import batch_leaf_names
 from phalanx._engine._alarms import busy_machine
 from test_timeline import LowerRate, batches
 
@@ -90,6 +92,47 @@ def test_a_third_compile_names_the_leaf(capsys):
     assert len(lines) == 1, err
     assert "state.opt_state.hyperparams['b1']: float32[] -> ~float32[]" in lines[0]
     assert "jnp.full_like" in lines[0]
+
+
+class Growing:
+    """Dict batches that double in size each epoch: a new shape each pass."""
+
+    def __init__(self):
+        self.size = 4
+
+    def __iter__(self):
+        self.size *= 2
+        x, y = make_data(2 * self.size)
+        return iter(
+            [{"x": x[i : i + self.size], "y": y[i : i + self.size]} for i in (0, 1)]
+        )
+
+
+def test_a_third_compile_names_batch_leaves_by_their_path(capsys):
+    trainer(sync_every=1).fit(Growing(), epochs=3)  # batches of 8, 16, 32
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "compiled a third time" in line]
+    assert len(lines) == 1, err
+    assert (
+        "the train step compiled a third time in this fit: batch['x']: "
+        "float32[16,5] -> float32[32,5]; batch['y']: int32[16] -> int32[32]; "
+        "the batch's example weights: float32[16] -> float32[32]. Each new "
+        "shape"
+    ) in lines[0]
+
+
+def test_batch_leaves_are_named_by_their_place_in_the_users_batch():
+    x, y = np.zeros((4, 2)), np.zeros(4)
+    # An autoencoder's (x, x): each place named once.
+    assert batch_leaf_names((x, x), x, x) == ["batch[0]", "batch[1]"]
+    nested = {"x": {"image": x, "mask": y}, "y": y}
+    assert batch_leaf_names(nested, nested["x"], y) == [
+        "batch['x']['image']",
+        "batch['x']['mask']",
+        "batch['y']",
+    ]
+    # Parts computed by a split_batch: their place in (x, y).
+    assert batch_leaf_names((x, y), [x * 2, x], y + 1) == ["x[0]", "batch[0]", "y"]
 
 
 def test_bad_settings_are_named():

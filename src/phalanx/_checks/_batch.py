@@ -42,6 +42,23 @@ def _path_names(treedef: Any) -> list[str]:
     return ["batch" + jax.tree_util.keystr(path) for path, _ in paths]
 
 
+def batch_leaf_names(batch: Any, inputs: Any, targets: Any) -> list[str]:
+    """The name of each leaf of ``(inputs, targets)``, as split from the
+    user's `batch`: its path there (``batch['x']``, ``batch[0]``) where it is
+    one of the batch's own leaves, else its place in the split (``x[0]``,
+    ``y``: a `split_batch` that computes its parts)."""
+    paths: dict[int, list[str]] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
+        paths.setdefault(id(leaf), []).append("batch" + jax.tree_util.keystr(path))
+    names = []
+    for part, tree in (("x", inputs), ("y", targets)):
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            # The same array twice (an autoencoder's (x, x)): each place once.
+            found = paths.get(id(leaf))
+            names.append(found.pop(0) if found else part + jax.tree_util.keystr(path))
+    return names
+
+
 def flatten_batch(batch: Any, where: str) -> tuple[list[Leaf], Any]:
     """The leaves of a batch as NumPy arrays (`jax.Array` leaves, already on
     devices, are kept as they are), and its structure.

@@ -383,13 +383,23 @@ class FitLoop:
         clock): name those compiles by `kind` and the batch's types, and
         tell the recompile alarm what the call's arguments were (their
         types and shardings: readable after donation, no device value)."""
-        leaves, rest = args[0], args[1:]
+        leaves, sums, weight, total = args[0], args[1:-3], args[-2], args[-1]
         names = leaf_names(self.compiler.layout.treedef)
         batch = jax.tree.leaves(args[-3])
         spec = " ".join(_short(x) for x in batch)
         self.clock.name_compiles(since, f"{kind}, batch {spec}")
         named = [*zip(names, leaves, strict=True)]
-        named += [(f"argument {i + 1}", x) for i, x in enumerate(jax.tree.leaves(rest))]
+        named += [
+            (f"the epoch's {f}", x)
+            for f, x in zip(EpochSums._fields, sums, strict=True)
+        ]
+        # By their paths in the user's batch: batch['x'], batch[1], ...
+        batch_names = self.preparer.batch_names
+        if batch_names is None or len(batch_names) != len(batch):
+            batch_names = [f"the batch's leaf {i}" for i in range(len(batch))]
+        named += [*zip(batch_names, batch, strict=True)]
+        named += [("the batch's example weights", weight)]
+        named += [("the batch's total weight", total)]
         self.recompiles.compiled(
             kind, [(name, _typed(x), _sharding(x)) for name, x in named]
         )

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from .._checks._batch import label_shape_hint
+from .._checks._batch import batch_leaf_names, label_shape_hint
 from .._checks._hooks import HookError, check_split
 from .._state._flops import StepFlops
 from ._compiled import StepCompiler, Steps
@@ -42,6 +42,8 @@ class Preparer:
         pipeline: checks, pads and places the split batches.
         compiler: builds the steps for the first batch's spec.
         steps: the steps, once the first batch has been seen (None before).
+        batch_names: the first batch's leaves (of ``(inputs, targets)``)
+            named by their paths in the user's batch (None before any).
         size: the global step size of the latest training pass (its first
             batch's; None before any).
     """
@@ -54,11 +56,16 @@ class Preparer:
         self.compiler = compiler
         self.steps: Steps | None = None
         self.size: int | None = None
+        # The first batch's leaves by their paths in the user's batch, for
+        # messages about the step's arguments (None before any batch).
+        self.batch_names: list[str] | None = None
         self._flops = FlopCounter(compiler)
 
     def split(self, batch: Any) -> tuple[Any, Any, Any]:
         """``(inputs, targets, sample_weight)`` of a user's batch."""
         inputs, targets = check_split(self.hooks.split_batch(batch))
+        if self.batch_names is None:
+            self.batch_names = batch_leaf_names(batch, inputs, targets)
         return inputs, targets, self.hooks.sample_weight(batch)
 
     def prepare(
