@@ -25,6 +25,7 @@ from phalanx.callbacks import (
     ProgressBar,
     Throughput,
 )
+from phalanx.callbacks._epoch_table import EpochTable
 
 
 BATCH = 16
@@ -250,6 +251,67 @@ def test_epoch_table_heading_follows_the_metrics():
         ["epoch", "loss", "accuracy", "ex/s", "time"],
     ]
     assert "1.000e-04" in lines[3]
+
+
+class Scored(px.DataParallelTrainer):
+    """Accuracy, F1 and AUC: with lr, 7 columns of metrics a set."""
+
+    @override
+    def metrics(self, outputs, targets):
+        return {
+            **super().metrics(outputs, targets),
+            "f1": px.metrics.f1(outputs, targets),
+            "auc": px.metrics.auc(outputs, targets),
+        }
+
+
+@pytest.mark.parametrize("names", [("val", "test"), ("val", "test", "holdout")])
+def test_several_eval_sets_fit_100_columns_a_row_each(names):
+    con = console(terminal=False)  # 120 wide: the table keeps within 100
+    trainer = Scored(
+        make_model(),
+        optax.adam(1e-2),
+        callbacks=[LearningRateMonitor(1e-2), ProgressBar(console=con)],
+    )
+    sets = {name: batches(1, seed=i + 1) for i, name in enumerate(names)}
+    trainer.fit(batches(2), epochs=2, eval_data=sets)
+    lines = [line for line in output(con).splitlines() if "step" not in line]
+    assert max(map(len, lines)) <= 100, lines
+    assert lines[0] == (
+        "  epoch        loss    accuracy         auc          f1          lr"
+        "        ex/s     time"
+    )
+    metrics = ("loss", "accuracy", "auc", "f1")
+    for epoch, history in enumerate(trainer.history):
+        rows = lines[1 + epoch * (1 + len(names)) :][: 1 + len(names)]
+        assert rows[0].split()[0] == f"{epoch + 1}/2"
+        for name, row in zip(names, rows[1:], strict=True):
+            want = [f"{history[f'eval_{name}_{m}']:.4f}" for m in metrics]
+            assert row.split() == [name, *want]
+
+
+def test_metrics_past_100_columns_are_named_under_the_heading():
+    values = {"loss": 0.5, **{f"metric_{i}": 0.25 for i in range(9)}}
+    values |= {"eval_loss": 0.5, "eval_metric_0": 0.25, "ex/s": 100.0, "time": 1.0}
+    table = EpochTable.of(values)
+    assert table.heading() == (
+        "  epoch        loss    metric_0    metric_1    metric_2    metric_3"
+        "    metric_4        ex/s     time"
+    )
+    assert table.note() == (
+        "(not shown, for width: metric_5, metric_6, metric_7, metric_8; in "
+        "trainer.history and the loggers)"
+    )
+    assert table.rows("1/3", values) == [
+        "    1/3      0.5000      0.2500      0.2500      0.2500      0.2500"
+        "      0.2500         100    1.00s",
+        "   eval      0.5000      0.2500",
+    ]
+    # One set and a few metrics in a row: the table as it always was.
+    few = {"loss": 0.5, "ex/s": 100.0, "eval_loss": 0.5, "time": 1.0}
+    assert EpochTable.of(few).heading() == (
+        "  epoch        loss        ex/s   eval loss     time"
+    )
 
 
 def test_progress_argument_is_checked():

@@ -26,15 +26,11 @@ from typing_extensions import override
 from .._typing import scalar_metrics, validates_own_arguments
 from .._validate import boolean, positive_int
 from ._base import StepInfo
+from ._epoch_table import EpochTable, column_heading, number
 from ._output import Output
 from ._throughput import RateMeter
 
 
-# The per-epoch table's headings where they are not the metric's own name.
-_HEADINGS = {"eval_loss": "eval loss", "eval_accuracy": "eval acc"}
-# Not columns of their own: Throughput's rates are the "ex/s" column (its
-# FLOPs per second and utilisation are in the history and the loggers').
-_HIDDEN = ("examples_per_sec", "steps_per_sec", "tflops_per_sec", "mfu", "ex/s", "time")
 # Seconds between two reads of the step's metrics by the live bar: each read
 # waits for the device, so the bar refreshes at most this often (the step
 # count still moves at every log point).
@@ -56,7 +52,12 @@ class ProgressBar(Output):
     After each epoch it prints a row of every metric the epoch has: the loss,
     each of the model's metrics (a subclass's own included), values other
     callbacks add (e.g. ``lr``), examples per second, every ``eval_`` metric
-    and the epoch's time, evaluation included. Examples per second are
+    and the epoch's time, evaluation included. The table keeps within 100
+    characters: where that row would not (several evaluation sets, many
+    metrics), each evaluation set has a row of its own under the epoch's,
+    in the training metrics' columns, and metrics that still do not fit are
+    named once under the heading (the history and loggers have them).
+    Examples per second are
     measured here, or taken from a `Throughput` placed before it (its
     ``steps_per_sec`` is not shown). The heading is printed again when the
     metrics change (e.g. an epoch that also evaluates). With
@@ -86,6 +87,11 @@ class ProgressBar(Output):
         trainer.fit(train, epochs=3, eval_data=test)
         #   epoch      loss  accuracy       ex/s  eval loss  eval acc     time
         #     1/3    0.6931    0.5012     41,230     0.6012    0.7100     1.2s
+        trainer.fit(train, epochs=3, eval_data={"val": val, "test": test})
+        #   epoch      loss  accuracy       ex/s     time
+        #     1/3    0.6931    0.5012     41,230     1.2s
+        #     val    0.6012    0.7100
+        #    test    0.6100    0.7000
         ```
     """
 
@@ -116,7 +122,7 @@ class ProgressBar(Output):
         self._first_epoch = 0
         self._total: int | None = None
         self._max_epochs: int | None = None
-        self._columns: tuple[str, ...] | None = None
+        self._table: EpochTable | None = None
         self._read_at = -math.inf  # when the live bar last read the metrics
 
     @override
@@ -128,7 +134,7 @@ class ProgressBar(Output):
         self._first_epoch = info.start_epoch
         self._total = info.total_steps
         self._max_epochs = info.max_epochs
-        self._columns = None
+        self._table = None
         self._fit.restart()
         if info.trainer.ema is not None:
             out.print(
@@ -215,13 +221,15 @@ class ProgressBar(Output):
         seconds = self._epoch.seconds()
         values["ex/s"] = values.get("examples_per_sec", info.examples / seconds)
         values["time"] = seconds
-        columns = _columns(values)
-        if columns != self._columns:
-            self._columns = columns
-            heading = "  ".join(f"{_heading(c):>{_width(c)}}" for c in columns)
-            self._print(Text(heading, style="bold"))
-        cells = [self._cell(info.epoch, values, column) for column in columns]
-        self._print(Text("  ".join(cells)))
+        table = EpochTable.of(values)
+        if table != self._table:
+            self._table = table
+            self._print(Text(table.heading(), style="bold"))
+            note = table.note()
+            if note is not None:
+                self._print(Text(note))
+        for line in table.rows(self._epoch_number(info.epoch), values):
+            self._print(Text(line))
         if self._progress is not None:
             self._progress.update(self._task, completed=info.step - self._run_start)
 
@@ -237,7 +245,7 @@ class ProgressBar(Output):
             return
         total = "" if self._total is None else f"/{self._total}"
         cells = "  ".join(
-            f"{_heading(name)} {_number(value)}"
+            f"{column_heading(name)} {number(value)}"
             for name, value in scalar_metrics(info.metrics).items()
         )
         step = info.step - self._run_start
@@ -266,49 +274,3 @@ class ProgressBar(Output):
 
     def _epoch_name(self, epoch: int) -> str:
         return f"epoch {self._epoch_number(epoch)}"
-
-    def _cell(self, epoch: int, values: dict[str, float], column: str) -> str:
-        if column == "epoch":
-            text = self._epoch_number(epoch)
-        elif column == "ex/s":
-            text = f"{values[column]:,.0f}"
-        elif column == "time":
-            seconds = values[column]
-            text = f"{seconds:.2f}s" if seconds < 10 else f"{seconds:,.0f}s"
-        else:
-            text = _number(values[column])
-        return f"{text:>{_width(column)}}"
-
-
-def _columns(values: dict[str, float]) -> tuple[str, ...]:
-    """The epoch table's columns for an epoch's metrics: the epoch, the
-    loss, the other training metrics (in the order they came), examples
-    per second, the evaluation's loss and metrics, and the time."""
-    # (Timeline's time/<phase> and goodput are its table's, not columns.)
-    shown = [
-        name
-        for name in values
-        if name not in _HIDDEN and name != "goodput" and not name.startswith("time/")
-    ]
-    train = [name for name in shown if not name.startswith("eval_")]
-    evals = [name for name in shown if name.startswith("eval_")]
-    first = [name for name in ("loss", "eval_loss") if name in shown]
-    train.sort(key=lambda name: name not in first)
-    evals.sort(key=lambda name: name not in first)
-    return ("epoch", *train, "ex/s", *evals, "time")
-
-
-def _heading(column: str) -> str:
-    return _HEADINGS.get(column, column.replace("eval_", "eval ", 1))
-
-
-def _width(column: str) -> int:
-    # Room for "-1.234e-05" (a value `_number` writes in scientific notation).
-    return max(len(_heading(column)), 7 if column in ("epoch", "time") else 10)
-
-
-def _number(value: float) -> str:
-    """Four decimals, or three significant digits where those would hide it."""
-    if value == 0 or 1e-3 <= abs(value) < 1e5 or not math.isfinite(value):
-        return f"{value:.4f}"
-    return f"{value:.3e}"
