@@ -106,6 +106,11 @@ def test_binary_metrics_and_a_statistic_of_ones_own():
             "num_classes=3",
         ),
         (
+            lambda o, t: px.metrics.f1(o[:, :1], t),
+            r"^metrics\(\): px.metrics.f1: outputs of shape \(16, 1\) hold one "
+            r"score per example, in an axis of 1: no classes to count",
+        ),
+        (
             lambda o, t: px.metrics.auc(o, t, num_classes=3, num_thresholds=1),
             r"auc: num_thresholds=1; pass an int >= 2",
         ),
