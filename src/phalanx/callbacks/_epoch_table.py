@@ -12,7 +12,7 @@ It formats text only: the progress bar prints it.
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 
 WIDTH = 100  # characters a line of the table may take
@@ -119,6 +119,24 @@ class EpochTable:
             text = "" if key is None or key not in values else _cell(key, values[key])
             cells.append(f"{text:>{_width(column)}}")
         return _GAP.join(cells).rstrip()
+
+
+def evaluation_lines(
+    head: str, values: Mapping[str, float], train: Sequence[str]
+) -> list[str]:
+    """The lines of an evaluation between steps: after `head` (the epoch and
+    step), every metric in one line while it fits `WIDTH`, else a line per
+    set (`train`: the training metrics' names, to tell sets from metrics)."""
+    one = "  ".join(f"{column_heading(k)} {number(v)}" for k, v in values.items())
+    if len(f"{head}  {one}") <= WIDTH:
+        return [f"{head}  {one}"]
+    sets = _by_set(list(values), list(train))
+    first = max(len(label) for label, _ in sets)
+    return [
+        f"{head}  {label:<{first}}  "
+        + "  ".join(f"{metric} {number(values[key])}" for metric, key in keys.items())
+        for label, keys in sets
+    ]
 
 
 def _loss_first(names: list[str]) -> list[str]:

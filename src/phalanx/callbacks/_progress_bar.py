@@ -26,7 +26,7 @@ from typing_extensions import override
 from .._typing import scalar_metrics, validates_own_arguments
 from .._validate import boolean, positive_int
 from ._base import StepInfo
-from ._epoch_table import EpochTable, column_heading, number
+from ._epoch_table import EpochTable, evaluation_lines
 from ._output import Output
 from ._throughput import RateMeter
 
@@ -62,7 +62,8 @@ class ProgressBar(Output):
     ``steps_per_sec`` is not shown). The heading is printed again when the
     metrics change (e.g. an epoch that also evaluates). With
     ``fit(eval_every=N)`` it prints a line of each evaluation's metrics
-    after every N-th step.
+    after every N-th step (a line per set where one would pass 100
+    characters).
 
     A `DataParallelTrainer` shows one of these by default (with
     ``plain_steps=False``: outside a terminal, one row per epoch, as Keras'
@@ -244,14 +245,11 @@ class ProgressBar(Output):
         if info.eval_every is None:  # at epoch ends: in the epoch's row
             return
         total = "" if self._total is None else f"/{self._total}"
-        cells = "  ".join(
-            f"{column_heading(name)} {number(value)}"
-            for name, value in scalar_metrics(info.metrics).items()
-        )
         step = info.step - self._run_start
-        self._print(
-            Text(f"{self._epoch_name(info.epoch)}  step {step}{total}  {cells}")
-        )
+        head = f"{self._epoch_name(info.epoch)}  step {step}{total}"
+        train = [n for n in info.trainer.history.names if not n.startswith("eval_")]
+        for line in evaluation_lines(head, scalar_metrics(info.metrics), train):
+            self._print(Text(line))
 
     @override
     def _close(self, error: BaseException | None = None) -> None:
