@@ -5,6 +5,7 @@ checkpoints and resume do with a metric that is an array."""
 import json
 import logging
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -128,8 +129,13 @@ def test_mistakes_are_named_before_anything_runs(metric, error):
     assert trainer.progress.step == 0
 
 
+@eqx.filter_jit  # one program, not op by op: ~3x faster here
+def total(statistic: px.metrics.Statistic, weight: jax.Array) -> jax.Array:
+    return statistic.total(weight)
+
+
 def read(statistic: px.metrics.Statistic, weight: np.ndarray):
-    return statistic.read(np.asarray(statistic.total(jnp.asarray(weight))))
+    return statistic.read(np.asarray(total(statistic, jnp.asarray(weight))))
 
 
 @pytest.mark.parametrize(
