@@ -344,6 +344,11 @@ def build_steps(
 
         def apply(loss_scale: DynamicScale | None) -> list[jax.Array]:
             updates, opt_state = parts.optimizer.update(grads, state.opt_state, params)
+            # The rate multiplier (`TrainState.lr_scale`): exact at 1.0, so a
+            # run that never changes it updates as the optimizer alone would.
+            updates = jax.tree.map(
+                lambda u: u * state.lr_scale.astype(u.dtype), updates
+            )
             new = dataclasses.replace(
                 state,
                 step=state.step + 1,

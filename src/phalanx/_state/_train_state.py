@@ -40,6 +40,12 @@ class TrainState(eqx.Module, Generic[_Model]):
             average of the model's parameters (its floating-point arrays;
             its other leaves None), laid out as the parameters are; else
             None. `averaged_model` is the model with them.
+        lr_scale: the multiplier of the optimizer's final update (float32,
+            1.0 unless changed): for optax's optimizers, whose last
+            transform is the learning rate, it multiplies the rate, a
+            schedule's included. `ReduceLROnPlateau` lowers it and
+            `DataParallelTrainer.find_lr` sweeps it; being state, it is
+            checkpointed and resumed with the rest.
     """
 
     step: Int[Array, ""]
@@ -49,6 +55,11 @@ class TrainState(eqx.Module, Generic[_Model]):
     model_state: eqx.nn.State | None = None
     loss_scale: "DynamicScale | None" = None
     ema: _Model | None = None
+    # A fresh array for each state (a default array would be shared, and the
+    # state's buffers are donated).
+    lr_scale: Float[Array, ""] = eqx.field(
+        default_factory=lambda: jnp.ones((), jnp.float32)
+    )
 
     @property
     def averaged_model(self) -> _Model:
