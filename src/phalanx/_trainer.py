@@ -324,14 +324,18 @@ class DataParallelTrainer(Generic[_Model]):
         self._loss_name: LossName | None = None if callable(loss) else loss
         self._loss_fn: LossFn = loss if callable(loss) else _losses.LOSSES[loss]
         state = TrainState(
-            jnp.asarray(0, jnp.int32),
-            model,
-            self.optimizer.init(eqx.filter(model, eqx.is_inexact_array)),
-            jr.key(seed),
-            model_state,
-            DynamicScale.initial() if self.precision.loss_scale == "dynamic" else None,
+            step=jnp.asarray(0, jnp.int32),
+            model=model,
+            opt_state=self.optimizer.init(eqx.filter(model, eqx.is_inexact_array)),
+            key=jr.key(seed),
+            model_state=model_state,
+            loss_scale=(
+                DynamicScale.initial()
+                if self.precision.loss_scale == "dynamic"
+                else None
+            ),
             # A copy: the state's leaves are donated, each buffer once.
-            None
+            ema=None
             if ema is None
             else jax.tree.map(jnp.copy, eqx.filter(model, eqx.is_inexact_array)),
         )

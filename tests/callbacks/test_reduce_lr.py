@@ -118,16 +118,44 @@ def test_a_reduction_scales_the_rate_used_and_a_resume_goes_on_exactly(tmp_path,
         np.testing.assert_array_equal(a, b)
 
 
+def test_learning_rate_monitor_logs_the_rate_used():
+    # The schedule given to it, or the optimizer's rate read, times the
+    # multiplier: after each reduction, the rate the plateau logs.
+    fitted = trainer(
+        [
+            Scripted(),
+            plateau(),
+            px.callbacks.LearningRateMonitor(SCHEDULE, name="given"),
+            px.callbacks.LearningRateMonitor(name="read"),
+        ],
+        "schedule",
+    )
+    fitted.fit([BATCH], epochs=11)
+    assert fitted.history["given"] == pytest.approx(fitted.history["lr"], rel=1e-6)
+    assert fitted.history["read"] == pytest.approx(fitted.history["lr"], rel=1e-6)
+    expected = [base_rate("schedule", e + 1) * s for e, s in enumerate(SCALES)]
+    assert fitted.history["read"] == pytest.approx(expected, rel=1e-6)
+
+
 def test_a_transform_after_the_rate_is_said_once_and_the_multiplier_logged(capsys):
     # Clipping after the rate: the update is not proportional to it. The
     # callback still scales the final update, and logs the multiplier.
     tx = optax.chain(optax.sgd(0.1), optax.clip(1.0))
+    monitor = px.callbacks.LearningRateMonitor(name="monitored")
     fitted = px.DataParallelTrainer(
-        make_model(), tx, callbacks=[Scripted(), plateau(min_lr=0.3)], progress=False
+        make_model(),
+        tx,
+        callbacks=[Scripted(), plateau(min_lr=0.3), monitor],
+        progress=False,
     )
     fitted.fit([BATCH], epochs=11)
+    assert fitted.history["monitored"] == fitted.history["lr"]
     err = capsys.readouterr().err
-    assert err.count("phalanx:") == 1, err
+    assert err.count("phalanx:") == 2, err  # once for each callback
+    assert (
+        "LearningRateMonitor: phalanx cannot read the optimizer's learning rate: "
+        "its update ends with clip, " in err
+    )
     assert (
         "ReduceLROnPlateau: phalanx cannot read the optimizer's learning rate: "
         "its update ends with clip, not with its learning rate" in err
