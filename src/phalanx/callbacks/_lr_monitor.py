@@ -35,10 +35,13 @@ class LearningRateMonitor(Callback):
     optimizer's own rate is read from it and its state, as
     `ReduceLROnPlateau` reads it (optax's optimizers, injected or scheduled
     rates, several groups: the first group's); where phalanx cannot read it,
-    it says so once when the fit starts and logs the multiplier instead. It
-    is written into the step's metrics every `log_every` steps (this reads
-    the state, a device sync, as any logger would at that step) and into
-    each epoch's metrics, so it lands in `trainer.history`.
+    it says so once (when the first fit starts) and logs the multiplier
+    instead. It is written into the step's metrics every `log_every` steps
+    (this reads the state, a device sync, as any logger would at that step)
+    and into each epoch's metrics, so it lands in `trainer.history`. (Read
+    from the optimizer, a step inside a compiled call of
+    ``steps_per_call > 1`` gets the rate after the call, the state the hooks
+    see; a `schedule` gives each step's own.)
 
     Place it **before** any logger in ``callbacks=``: callbacks see the values
     that earlier callbacks added, not those of later ones.
@@ -92,6 +95,7 @@ class LearningRateMonitor(Callback):
             raise ValueError(f"name={name!r} must be a non-empty str, e.g. 'lr'")
         self.schedule = schedule
         self.name = name
+        self._said = False  # that the rate cannot be read: once is enough
 
     @override
     def added_metrics(self) -> tuple[str, ...]:
@@ -131,7 +135,8 @@ class LearningRateMonitor(Callback):
         if self.schedule is None:
             state = info.trainer.state
             base = next_rate(info.trainer.optimizer, state.opt_state)
-            if base.value is None:
+            if base.value is None and not self._said:
+                self._said = True
                 logger.warning(
                     f"LearningRateMonitor: phalanx cannot read the optimizer's "
                     f"learning rate: {base.why}; {self.name!r} logs the "

@@ -54,9 +54,9 @@ class ReduceLROnPlateau(AbstractWatch):
     Where phalanx cannot read the rate (a transform after it, such as
     ``optax.chain(optax.adam(1e-3), optax.clip(1.0))``, whose update is not
     proportional to the rate, or an optimizer of one's own), it says so
-    once when the fit starts, still multiplies the final update, and logs
-    the multiplier (1.0 until the first reduction) as `name` instead, which
-    `min_lr` then bounds.
+    once (when the first fit starts), still multiplies the final update,
+    and logs the multiplier (1.0 until the first reduction) as `name`
+    instead, which `min_lr` then bounds.
 
     Place it **after** any callback that adds the monitored metric, and
     before the loggers that should write `name`.
@@ -119,6 +119,7 @@ class ReduceLROnPlateau(AbstractWatch):
         self.cooldown = int_at_least("cooldown", cooldown, 0, example="2")
         self.cooldown_left = 0
         self.reductions = 0
+        self._said = False  # that the rate cannot be read: once is enough
 
     @override
     def added_metrics(self) -> tuple[str, ...]:
@@ -129,7 +130,8 @@ class ReduceLROnPlateau(AbstractWatch):
     def on_fit_start(self, info: StepInfo) -> None:
         # Before the first step: say once where the rate cannot be read.
         base = next_rate(info.trainer.optimizer, info.trainer.state.opt_state)
-        if base.value is None:
+        if base.value is None and not self._said:
+            self._said = True
             bound = f", and min_lr={self.min_lr:g} bounds it" if self.min_lr else ""
             logger.warning(
                 f"ReduceLROnPlateau: phalanx cannot read the optimizer's "
