@@ -101,6 +101,13 @@ class _Halve(optax.GradientTransformation):
         )
 
 
+class _Callable:
+    """An update function that is an object, not a function."""
+
+    def __call__(self, updates, state, params=None):
+        return updates, state
+
+
 @pytest.mark.parametrize(
     ("tx", "why"),
     [
@@ -127,6 +134,10 @@ class _Halve(optax.GradientTransformation):
             "its update ends with MultiSteps.update, ",
         ),
         (_Halve(), "its update ends with _Halve."),
+        (
+            optax.GradientTransformation(lambda p: optax.EmptyState(), _Callable()),
+            "its update ends with _Callable, not with its learning rate",
+        ),
         (optax.scale(2.0), "its update ends by multiplying by 2, not by minus a "),
     ],
     ids=[
@@ -136,6 +147,7 @@ class _Halve(optax.GradientTransformation):
         "adafactor",
         "multisteps",
         "own",
+        "object",
         "ascent",
     ],
 )

@@ -3,7 +3,10 @@ optimizer, an injected rate and a schedule alike (the rates it tries are
 absolute, set through the run's rate multiplier), which leaves the trainer
 as it found it, to the bit."""
 
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -101,11 +104,17 @@ def test_the_rates_are_absolute_whatever_the_optimizer_own():
     # SGD moves by -rate x gradient: from the same state, sweeps of the same
     # rates take the same steps whatever rate (or schedule) the optimizer
     # was built with, to float32's rounding of the multiplier.
+    # The trainer's own multiplier (a plateau's 0.25 here) changes nothing
+    # either, and is put back.
     x, y = make_data(32)
     runs = {}
     for kind, make in SGDS.items():
         trainer = px.DataParallelTrainer(make_model(), make(), progress=False)
+        if kind == "injected":
+            quarter = jnp.asarray(0.25, jnp.float32)
+            trainer.state = dataclasses.replace(trainer.state, lr_scale=quarter)
         runs[kind] = trainer.find_lr([(x, y)], start=1e-3, end=1.0, steps=6).losses
+        assert float(trainer.state.lr_scale) == (0.25 if kind == "injected" else 1)
     for kind, losses in runs.items():
         np.testing.assert_allclose(losses, runs["plain"], rtol=1e-5, err_msg=kind)
 

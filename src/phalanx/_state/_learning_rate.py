@@ -114,7 +114,7 @@ def _tail(update: Callable, state: Any) -> _Tail:
     ends by."""
     code = _code_of(update)
     try:
-        cells = _closure(update)
+        cells = {} if code is None else _closure(update)
         if code is _EXTRA_ARGS:
             return _tail(cells["tx"].update, state)
         if code is _IDENTITY:
