@@ -48,7 +48,7 @@ from ._engine._forward import takes_key
 from ._engine._groups import grouped
 from ._engine._layout import state_layout
 from ._engine._loop import FitLoop, LoopSettings
-from ._engine._lr_finder import LRFinderResult, sweep
+from ._engine._lr_finder import LRFinderResult, base_rate, sweep
 from ._engine._pipeline import BatchPipeline
 from ._engine._predict import predict_rows
 from ._engine._prepare import HostHooks, Preparer
@@ -59,7 +59,6 @@ from ._preemption import Preempted, preemption
 from ._state._clock import PhaseClock
 from ._state._flops import StepFlops
 from ._state._history import History
-from ._state._hyperparams import hyperparam_value
 from ._state._progress import RunPlan, RunProgress
 from ._state._run import Run, RunSlot
 from ._state._snapshot import Snapshot
@@ -325,14 +324,18 @@ class DataParallelTrainer(Generic[_Model]):
         self._loss_name: LossName | None = None if callable(loss) else loss
         self._loss_fn: LossFn = loss if callable(loss) else _losses.LOSSES[loss]
         state = TrainState(
-            jnp.asarray(0, jnp.int32),
-            model,
-            self.optimizer.init(eqx.filter(model, eqx.is_inexact_array)),
-            jr.key(seed),
-            model_state,
-            DynamicScale.initial() if self.precision.loss_scale == "dynamic" else None,
+            step=jnp.asarray(0, jnp.int32),
+            model=model,
+            opt_state=self.optimizer.init(eqx.filter(model, eqx.is_inexact_array)),
+            key=jr.key(seed),
+            model_state=model_state,
+            loss_scale=(
+                DynamicScale.initial()
+                if self.precision.loss_scale == "dynamic"
+                else None
+            ),
             # A copy: the state's leaves are donated, each buffer once.
-            None
+            ema=None
             if ema is None
             else jax.tree.map(jnp.copy, eqx.filter(model, eqx.is_inexact_array)),
         )
@@ -937,7 +940,6 @@ class DataParallelTrainer(Generic[_Model]):
         start: float = 1e-7,
         end: float = 10.0,
         steps: int = 100,
-        hyperparam: str = "learning_rate",
     ) -> LRFinderResult:
         """The learning-rate range test (Lightning's ``Tuner.lr_find``):
         from the current state, one training step per rate, the rates rising
@@ -947,13 +949,21 @@ class DataParallelTrainer(Generic[_Model]):
         it was, to the bit: the steps were computed, not applied; callbacks
         are not called and the history is left alone.
 
-        The optimizer must keep the rate in its state, where each step sets
-        it: build it with `optax.inject_hyperparams`.
+        It works on any optimizer whose learning rate phalanx can read: one
+        of optax's (``optax.adam(1e-3)``), one built with
+        `optax.inject_hyperparams` (a constant or a schedule), one in an
+        `optax.chain` after clipping, or several (``param_groups``). Each
+        step's rate is set through the run's rate multiplier
+        (`TrainState.lr_scale`): the rate wanted over the optimizer's own for
+        that update, so the rates are absolute whatever the optimizer's own
+        is. With several groups they keep their ratio, and the rates swept
+        are those of the first group in the mapping. A step whose own rate
+        is 0 (a warmup from 0) is taken as training would, not as one of
+        the sweep's (no multiplier gives it a rate).
 
         Example:
             ```python
-            tx = optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
-            trainer = px.DataParallelTrainer(model, tx)
+            trainer = px.DataParallelTrainer(model, optax.adam(1e-3))
             found = trainer.find_lr(px.data.ArrayLoader((x, y), 128))
             found.suggestion, found.plot("lr.png")
             ```
@@ -964,11 +974,12 @@ class DataParallelTrainer(Generic[_Model]):
             start: the first rate (> 0).
             end: the last rate (> start).
             steps: steps (rates) at most; at least 2.
-            hyperparam: the injected hyperparameter that is the rate.
 
         Raises:
-            TypeError: the optimizer keeps no `hyperparam` in its state.
-            ValueError: a bad argument, or `data` has no batch.
+            TypeError: phalanx cannot read the optimizer's learning rate
+                (e.g. a transform follows it; the message says which).
+            ValueError: a bad argument, `data` has no batch, or the
+                optimizer's rate stays 0 for `steps` steps.
         """
         if not (
             is_real(start) and is_real(end) and 0 < float(start) < float(end) < math.inf
@@ -979,8 +990,7 @@ class DataParallelTrainer(Generic[_Model]):
             )
         steps = int_at_least("steps", steps, 2, example="100")
         saved = self.state
-        owner = f"find_lr(hyperparam={hyperparam!r})"
-        hyperparam_value(saved.opt_state, hyperparam, owner)  # before any step
+        base_rate(self.optimizer, saved)  # readable: checked before any step
 
         def step(batch: Any) -> tuple[float, TrainState[_Model]]:
             values = self.compute_step(batch)
@@ -994,7 +1004,7 @@ class DataParallelTrainer(Generic[_Model]):
                 saved,
                 data,
                 np.geomspace(float(start), float(end), steps),  # even in log
-                hyperparam=hyperparam,
+                optimizer=self.optimizer,
                 set_state=set_state,
                 step=step,
             )

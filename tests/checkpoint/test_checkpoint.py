@@ -276,10 +276,11 @@ def test_corrupt_checkpoint_is_refused(tmp_path):
     assert int(trainer.state.step) == 0
 
 
-@pytest.mark.parametrize("older", [1, 2])
+@pytest.mark.parametrize("older", [1, 2, 3])
 def test_older_checkpoint_format_is_refused(tmp_path, older):
     run(tmp_path, epochs=1, every=7)
-    # Format 1 (phalanx 0.1.0) had no "format" entry; 2 kept the sums apart.
+    # Format 1 (phalanx 0.1.0) had no "format" entry; 2 kept the sums apart;
+    # 3 had no rate multiplier in the state.
     host = tmp_path / "7" / "host" / "metadata"
     content = json.loads(host.read_text())
     if older == 1:
@@ -288,7 +289,7 @@ def test_older_checkpoint_format_is_refused(tmp_path, older):
         content["format"] = older
     host.write_text(json.dumps(content))
     trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
-    with pytest.raises(ValueError, match=rf"checkpoint format {older}; .* format 3"):
+    with pytest.raises(ValueError, match=rf"checkpoint format {older}; .* format 4"):
         trainer.fit([make_data(16)], resume=tmp_path / "7")
     assert int(trainer.state.step) == 0
 

@@ -2,7 +2,13 @@
 (Lightning's ``Tuner.lr_find``, after Smith, "Cyclical Learning Rates"):
 train from the current state with a learning rate rising geometrically
 from `start` to `end`, one step per rate, and record the loss; the state
-the trainer had is put back afterwards, to the bit."""
+the trainer had is put back afterwards, to the bit.
+
+Each rate is set through phalanx's rate multiplier (`TrainState.lr_scale`):
+the rate wanted divided by the optimizer's own rate for that update (read
+from the optimizer and its state, a schedule's included), so the sweep
+takes the same absolute rates on any optimizer whose rate phalanx can read.
+"""
 
 import dataclasses
 import math
@@ -10,10 +16,11 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import equinox as eqx
+import jax.numpy as jnp
 import numpy as np
+import optax
 
-from .._state._hyperparams import with_hyperparam
+from .._state._learning_rate import next_rate
 from .._state._train_state import TrainState
 
 
@@ -70,40 +77,78 @@ class LRFinderResult:
         figure.savefig(os.fspath(path))
 
 
+def base_rate(optimizer: optax.GradientTransformation, state: TrainState) -> float:
+    """The optimizer's own rate for the next update from `state`.
+
+    Raises:
+        TypeError: phalanx cannot read it (the message says why).
+    """
+    base = next_rate(optimizer, state.opt_state)
+    if base.value is None:
+        raise TypeError(
+            f"find_lr sets absolute rates through the optimizer's rate, but "
+            f"phalanx cannot read the optimizer's learning rate: {base.why}; "
+            "sweep an optimizer that ends with its rate, e.g. optax.adam(1e-3) "
+            "or optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))"
+        )
+    return base.value
+
+
 def sweep(
     state: TrainState,
     data: Iterable[Any],
     lrs: np.ndarray,
     *,
-    hyperparam: str,
+    optimizer: optax.GradientTransformation,
     set_state: Callable[[TrainState], None],
     step: Callable[[Any], tuple[float, TrainState]],
 ) -> LRFinderResult:
     """One step per rate of `lrs` from `state`, on `data`'s batches (read
     again from the start when they run out), until the loss diverges.
 
+    A step whose own rate is 0 (a warmup from 0) is taken as training would
+    take it (no multiplier gives it a rate) and is not one of the sweep's:
+    its loss is not recorded and the next step takes the same rate.
+
     Args:
         state: where the sweep starts.
         data: the batches.
         lrs: the rates.
-        hyperparam: the injected hyperparameter the rate is.
+        optimizer: the optax transformation the steps apply.
         set_state: makes a state the trainer's.
         step: from the trainer's state, a batch's loss and the state the
             update leads to (without applying it).
+
+    Raises:
+        TypeError: phalanx cannot read the optimizer's rate.
+        ValueError: the optimizer's rate stays 0 for `len(lrs)` steps in a
+            row: there is nothing to sweep.
     """
     batches = _endless(data)
     taken: list[float] = []
     losses: list[float] = []
     smoothed: list[float] = []
-    average, best = 0.0, math.inf
-    for i, lr in enumerate(lrs):
-        opt_state = with_hyperparam(
-            state.opt_state, hyperparam, lambda _, lr=float(lr): lr
-        )
-        set_state(eqx.tree_at(lambda s: s.opt_state, state, opt_state))
+    average, best, idle = 0.0, math.inf, 0
+    for lr in lrs:
+        base = base_rate(optimizer, state)
+        while base == 0.0:  # no multiplier gives this update a rate
+            idle += 1
+            if idle >= len(lrs):
+                raise ValueError(
+                    f"find_lr: the optimizer's learning rate is 0 for {idle} "
+                    "steps in a row (a schedule's warmup from 0?), so no "
+                    "multiplier gives them a rate; start the schedule above "
+                    "0, or sweep with a constant rate, e.g. optax.adam(1e-3)"
+                )
+            set_state(state)
+            state = step(next(batches))[1]
+            base = base_rate(optimizer, state)
+        idle = 0
+        scale = jnp.asarray(float(lr) / base, jnp.float32)
+        set_state(dataclasses.replace(state, lr_scale=scale))
         loss, state = step(next(batches))
         average = SMOOTHING * average + (1 - SMOOTHING) * loss
-        value = average / (1 - SMOOTHING ** (i + 1))
+        value = average / (1 - SMOOTHING ** (len(taken) + 1))
         taken.append(float(lr))
         losses.append(loss)
         smoothed.append(value)

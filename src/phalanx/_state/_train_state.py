@@ -33,6 +33,12 @@ class TrainState(eqx.Module, Generic[_Model]):
         model: the Equinox model, parameters included.
         opt_state: the optax optimizer state.
         key: the PRNG key the next step draws from.
+        lr_scale: the multiplier of the optimizer's final update (float32,
+            1.0 unless changed): for optax's optimizers, whose last
+            transform is the learning rate, it multiplies the rate, a
+            schedule's included. `ReduceLROnPlateau` lowers it and
+            `DataParallelTrainer.find_lr` sweeps it; being state, it is
+            checkpointed and resumed with the rest.
         model_state: `eqx.nn.State` for stateful layers (BatchNorm), else None.
         loss_scale: the dynamic loss scale of a float16 run
             (``Precision(loss_scale="dynamic")``), else None.
@@ -46,6 +52,12 @@ class TrainState(eqx.Module, Generic[_Model]):
     model: _Model
     opt_state: optax.OptState
     key: PRNGKeyArray
+    # Before the fields a run may lack, so that a checkpoint of a run that
+    # had one of them differs from this one's state there, by name. A fresh
+    # array for each state (the state's buffers are donated).
+    lr_scale: Float[Array, ""] = eqx.field(
+        default_factory=lambda: jnp.ones((), jnp.float32)
+    )
     model_state: eqx.nn.State | None = None
     loss_scale: "DynamicScale | None" = None
     ema: _Model | None = None

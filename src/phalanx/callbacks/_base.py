@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 import equinox as eqx
 import jax
+import optax
 
 from .._precision import Precision
 from .._state._clock import PhaseClock, TimePhase
@@ -36,6 +37,9 @@ class TrainerLike(Protocol[_Model]):
     ema: float | None
     # The dtypes a step computes in.
     precision: Precision
+    # The optax transformation the step applies (read, with the state, for
+    # the learning rate it uses).
+    optimizer: optax.GradientTransformation
 
     @property
     def state(self) -> TrainState[_Model]:

@@ -1,9 +1,12 @@
-"""`px.callbacks.LearningRateMonitor`: the optimizer's learning rate added
-to the metrics, so loggers and `trainer.history` see it.
+"""`px.callbacks.LearningRateMonitor`: the learning rate the optimizer
+uses added to the metrics, so loggers and `trainer.history` see it.
 
-It evaluates the optax schedule on the host at the trainer's step; it
-declares the metric it adds (`added_metrics`), so a monitor of it after this
-callback is checked before the fit, and changes nothing else of the run.
+The rate is the optimizer's (the schedule it was given, evaluated on the host
+at the trainer's step, or read from the optimizer and its state) times the
+rate multiplier of the run's state (`TrainState.lr_scale`, which
+`ReduceLROnPlateau` lowers). It declares the metric it adds
+(`added_metrics`), so a monitor of it after this callback is checked before
+the fit, and changes nothing else of the run.
 """
 
 import math
@@ -14,27 +17,39 @@ import jax
 import numpy as np
 from typing_extensions import override
 
+from .._log import logger
+from .._state._learning_rate import multiplier, next_rate, used_rate
 from .._typing import validates_own_arguments
 from .._validate import is_int, positive_int
-from ._base import Callback, StepInfo
+from ._base import Callback, StepInfo, TrainerLike
 
 
 class LearningRateMonitor(Callback):
     """Adds the learning rate to the metrics, as a float named `name`.
 
-    The value after `n` updates is ``schedule(n)``: the rate the next update
-    uses (optax counts updates from 0), with `n` the trainer's real step, so it
-    follows the schedule across several `fit` calls. It is written into the
-    step's metrics every `log_every` steps (this reads them, a device sync, as
-    any logger would at that step) and into each epoch's metrics, so it lands
-    in `trainer.history`.
+    The value after `n` updates is the rate the next update uses:
+    ``schedule(n)`` (optax counts updates from 0), with `n` the trainer's
+    real step, so it follows the schedule across several `fit` calls, times
+    the run's rate multiplier (`TrainState.lr_scale`: 1.0 unless
+    `ReduceLROnPlateau` or the user lowered it). Without a `schedule`, the
+    optimizer's own rate is read from it and its state, as
+    `ReduceLROnPlateau` reads it (optax's optimizers, injected or scheduled
+    rates, several groups: the first group's); where phalanx cannot read it,
+    it says so once (when the first fit starts) and logs the multiplier
+    instead. It is written into the step's metrics every `log_every` steps
+    (this reads the state, a device sync, as any logger would at that step)
+    and into each epoch's metrics, so it lands in `trainer.history`. (Read
+    from the optimizer, a step inside a compiled call of
+    ``steps_per_call > 1`` gets the rate after the call, the state the hooks
+    see; a `schedule` gives each step's own.)
 
     Place it **before** any logger in ``callbacks=``: callbacks see the values
     that earlier callbacks added, not those of later ones.
 
     Args:
         schedule: the optax schedule given to the optimizer (a function
-            step -> rate), or a constant rate.
+            step -> rate), or a constant rate; None: the optimizer's rate,
+            read from it.
         log_every: steps between log points.
         name: the metric's name.
 
@@ -48,7 +63,7 @@ class LearningRateMonitor(Callback):
         trainer = px.DataParallelTrainer(
             model,
             optax.adam(schedule),
-            callbacks=[LearningRateMonitor(schedule, log_every=50), logger],
+            callbacks=[LearningRateMonitor(log_every=50), logger],
         )
         trainer.fit(data, epochs=3)
         trainer.history["lr"]  # the rate at the end of each epoch
@@ -58,22 +73,29 @@ class LearningRateMonitor(Callback):
     @validates_own_arguments
     def __init__(
         self,
-        schedule: float | Callable[[int], Any],
+        schedule: float | Callable[[int], Any] | None = None,
         *,
         log_every: int = 10,
         name: str = "lr",
     ) -> None:
-        if not (is_int(schedule) or isinstance(schedule, float) or callable(schedule)):
+        if not (
+            schedule is None
+            or is_int(schedule)
+            or isinstance(schedule, float)
+            or callable(schedule)
+        ):
             raise TypeError(
                 f"schedule={schedule!r} is neither a number nor callable; pass the "
                 "optax schedule given to the optimizer (e.g. "
-                "optax.cosine_decay_schedule(1e-3, 1000)) or a constant rate"
+                "optax.cosine_decay_schedule(1e-3, 1000)), a constant rate, or "
+                "None to read the optimizer's"
             )
         self.log_every = positive_int("log_every", log_every, example="log_every=10")
         if not isinstance(name, str) or not name:
             raise ValueError(f"name={name!r} must be a non-empty str, e.g. 'lr'")
         self.schedule = schedule
         self.name = name
+        self._said = False  # that the rate cannot be read: once is enough
 
     @override
     def added_metrics(self) -> tuple[str, ...]:
@@ -81,11 +103,13 @@ class LearningRateMonitor(Callback):
         return (self.name,)
 
     def rate(self, step: int) -> float:
-        """The learning rate after `step` updates, as a float.
+        """The schedule's learning rate after `step` updates, as a float
+        (before the run's multiplier).
 
         Raises:
             TypeError: the schedule does not return one number.
         """
+        assert self.schedule is not None, "a monitor without one reads the state"
         if not callable(self.schedule):
             return float(self.schedule)
         # Explicit fetch: optax schedules compute with jnp, on the default device.
@@ -97,8 +121,29 @@ class LearningRateMonitor(Callback):
             )
         return float(value)
 
+    def used(self, trainer: TrainerLike, step: int) -> float:
+        """The rate the update after `step` updates uses (where the
+        optimizer's cannot be read, the multiplier)."""
+        state = trainer.state
+        if self.schedule is None:
+            used = used_rate(trainer.optimizer, state)
+            return multiplier(state.lr_scale) if used is None else used
+        return self.rate(step) * multiplier(state.lr_scale)
+
     @override
     def on_fit_start(self, info: StepInfo) -> None:
+        if self.schedule is None:
+            state = info.trainer.state
+            base = next_rate(info.trainer.optimizer, state.opt_state)
+            if base.value is None and not self._said:
+                self._said = True
+                logger.warning(
+                    f"LearningRateMonitor: phalanx cannot read the optimizer's "
+                    f"learning rate: {base.why}; {self.name!r} logs the "
+                    "multiplier of its final update instead (pass the schedule "
+                    "given to the optimizer to log the rate)"
+                )
+            return
         # Fail before the first update rather than at the first log point.
         rate = self.rate(info.step)
         if not math.isfinite(rate):
@@ -123,4 +168,4 @@ class LearningRateMonitor(Callback):
                 f"metric {self.name!r} already in {sorted(metrics)}; pick another "
                 "name"
             )
-        metrics[self.name] = self.rate(info.step)
+        metrics[self.name] = self.used(info.trainer, info.step)

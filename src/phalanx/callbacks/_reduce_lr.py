@@ -2,22 +2,26 @@
 monitored metric stops improving (Keras' callback of the name, PyTorch's
 scheduler).
 
-The rate lives in the optimizer state of an optimizer built with
-`optax.inject_hyperparams`, so it is checkpointed with the rest of the state
-and a resumed run goes on at the rate it had; the callback keeps only its
-counters. It decides from the global values every process sees alike, so it
-runs on every process.
+It multiplies the rate multiplier phalanx keeps in the run's state
+(`TrainState.lr_scale`, applied to the optimizer's final update), so it
+works on any optimizer, a schedule included (the reduction multiplies the
+schedule); being state, the multiplier is checkpointed and a resumed run
+goes on at the rate it had; the callback keeps only its counters. It
+decides from the global values every process sees alike, so it runs on
+every process.
 """
 
 from typing import Any, Literal
 
 import equinox as eqx
+import jax.numpy as jnp
 from typing_extensions import override
 
-from .._state._hyperparams import hyperparam_value, with_hyperparam
+from .._log import logger
+from .._state._learning_rate import multiplier, next_rate, used_rate
 from .._typing import validates_own_arguments
 from .._validate import finite_at_least, int_at_least, positive_int
-from ._base import StepInfo
+from ._base import StepInfo, TrainerLike
 from ._watch import AbstractWatch
 
 
@@ -34,11 +38,25 @@ class ReduceLROnPlateau(AbstractWatch):
     values are not counted. Each epoch's metrics get the rate the next
     update uses, as `name`.
 
-    The optimizer must be built with `optax.inject_hyperparams`, so that the
-    rate is a value of its state the callback can change between steps:
-    ``optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)``. Every
-    injected `hyperparam` of the state is scaled (a constant: a schedule
-    given there is recomputed each step, over what this sets).
+    It works on any optimizer: it multiplies phalanx's rate multiplier
+    (`TrainState.lr_scale`), which scales the optimizer's final update. For
+    optax's optimizers (``optax.adam(1e-3)``, one built with
+    `optax.inject_hyperparams`, one in an `optax.chain` after clipping) the
+    last transform is the rate, so this scales the rate exactly; a schedule
+    is multiplied as a whole (it goes on decaying from the lower rate). The
+    logged rate is the one used: the optimizer's rate (read from it and its
+    state) times the multiplier. `min_lr` bounds the rate at each
+    reduction (a schedule may take it lower afterwards). With several
+    optimizers (``param_groups``) every group's rate is multiplied, so they
+    keep their ratio; the logged rate and `min_lr` are those of the first
+    group in the mapping (one frozen with ``optax.set_to_zero()`` skipped).
+
+    Where phalanx cannot read the rate (a transform after it, such as
+    ``optax.chain(optax.adam(1e-3), optax.clip(1.0))``, whose update is not
+    proportional to the rate, or an optimizer of one's own), it says so
+    once (when the first fit starts), still multiplies the final update,
+    and logs the multiplier (1.0 until the first reduction) as `name`
+    instead, which `min_lr` then bounds.
 
     Place it **after** any callback that adds the monitored metric, and
     before the loggers that should write `name`.
@@ -52,7 +70,6 @@ class ReduceLROnPlateau(AbstractWatch):
         cooldown: values not counted after a reduction.
         mode: ``"min"`` if lower is better, ``"max"`` if higher is.
         min_delta: the least change that counts as an improvement.
-        hyperparam: the injected hyperparameter to scale.
         name: the metric the rate is logged as.
 
     Raises:
@@ -60,9 +77,11 @@ class ReduceLROnPlateau(AbstractWatch):
 
     Example:
         ```python
-        tx = optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
+        schedule = optax.cosine_decay_schedule(1e-3, decay_steps=10_000)
         plateau = ReduceLROnPlateau("eval_loss", factor=0.5, patience=3)
-        trainer = px.DataParallelTrainer(model, tx, callbacks=[plateau])
+        trainer = px.DataParallelTrainer(
+            model, optax.adam(schedule), callbacks=[plateau]
+        )
         trainer.fit(train, epochs=50, eval_data=test)
         trainer.history["lr"]  # the rate after each epoch
         ```
@@ -79,18 +98,11 @@ class ReduceLROnPlateau(AbstractWatch):
         cooldown: int = 0,
         mode: Literal["min", "max"] = "min",
         min_delta: float = 0.0,
-        hyperparam: str = "learning_rate",
         name: str = "lr",
     ) -> None:
         super().__init__(monitor, mode, min_delta)
-        for argument, value, example in (
-            ("hyperparam", hyperparam, "'learning_rate'"),
-            ("name", name, "'lr'"),
-        ):
-            if not isinstance(value, str) or not value:
-                raise TypeError(
-                    f"{argument}={value!r} must be a non-empty str, e.g. {example}"
-                )
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"name={name!r} must be a non-empty str, e.g. 'lr'")
         if not (
             isinstance(factor, (int, float))
             and not isinstance(factor, bool)
@@ -100,13 +112,14 @@ class ReduceLROnPlateau(AbstractWatch):
                 f"factor={factor!r} must be a number in (0, 1), what the rate is "
                 "multiplied by; e.g. factor=0.1"
             )
-        self.hyperparam, self.name = hyperparam, name
+        self.name = name
         self.factor = float(factor)
         self.patience = positive_int("patience", patience, example="10")
         self.min_lr = finite_at_least("min_lr", min_lr, 0.0, example="1e-6")
         self.cooldown = int_at_least("cooldown", cooldown, 0, example="2")
         self.cooldown_left = 0
         self.reductions = 0
+        self._said = False  # that the rate cannot be read: once is enough
 
     @override
     def added_metrics(self) -> tuple[str, ...]:
@@ -115,17 +128,24 @@ class ReduceLROnPlateau(AbstractWatch):
 
     @override
     def on_fit_start(self, info: StepInfo) -> None:
-        # Before the first step: an optimizer without the rate in its state.
-        self.rate(info.trainer.state.opt_state)
+        # Before the first step: say once where the rate cannot be read.
+        base = next_rate(info.trainer.optimizer, info.trainer.state.opt_state)
+        if base.value is None and not self._said:
+            self._said = True
+            bound = f", and min_lr={self.min_lr:g} bounds it" if self.min_lr else ""
+            logger.warning(
+                f"ReduceLROnPlateau: phalanx cannot read the optimizer's "
+                f"learning rate: {base.why}; it multiplies the optimizer's "
+                f"final update, and {self.name!r} logs that multiplier instead "
+                f"of the rate{bound}"
+            )
 
-    def rate(self, opt_state: Any) -> float:
-        """The rate the next update uses (the first injected one's).
-
-        Raises:
-            TypeError: no `optax.inject_hyperparams` state holds `hyperparam`.
-        """
-        owner = f"ReduceLROnPlateau(hyperparam={self.hyperparam!r})"
-        return hyperparam_value(opt_state, self.hyperparam, owner)
+    def rate(self, trainer: TrainerLike) -> float:
+        """The rate the next update uses: the optimizer's times phalanx's
+        multiplier; where the optimizer's cannot be read, the multiplier."""
+        state = trainer.state
+        used = used_rate(trainer.optimizer, state)
+        return multiplier(state.lr_scale) if used is None else used
 
     @override
     def on_epoch_end(self, info: StepInfo) -> None:
@@ -135,7 +155,7 @@ class ReduceLROnPlateau(AbstractWatch):
                 f"ReduceLROnPlateau(name={self.name!r}) would overwrite the metric "
                 f"{self.name!r} already in {sorted(info.metrics)}; pick another name"
             )
-        info.metrics[self.name] = self.rate(info.trainer.state.opt_state)
+        info.metrics[self.name] = self.rate(info.trainer)
 
     @override
     def _judge(self, info: StepInfo, value: float) -> None:
@@ -153,20 +173,24 @@ class ReduceLROnPlateau(AbstractWatch):
             return
         self.wait = 0
         state = info.trainer.state
-        if self.rate(state.opt_state) <= self.min_lr:
+        scale = multiplier(state.lr_scale)
+        base = next_rate(info.trainer.optimizer, state.opt_state).value
+        rate = scale if base is None else base * scale
+        if rate <= self.min_lr:
+            return
+        # The floor as a multiplier (where the rate is unknown, the
+        # multiplier itself is what min_lr bounds).
+        floor = self.min_lr if base is None else self.min_lr / base
+        reduced = jnp.asarray(max(scale * self.factor, floor), jnp.float32)
+        if not float(reduced) < scale:  # at the floor already, in float32
             return
         self.cooldown_left = self.cooldown
         self.reductions += 1
-        reduced = with_hyperparam(
-            state.opt_state,
-            self.hyperparam,
-            lambda rate: max(rate * self.factor, self.min_lr),
-        )
-        info.trainer.state = eqx.tree_at(lambda s: s.opt_state, state, reduced)
+        info.trainer.state = eqx.tree_at(lambda s: s.lr_scale, state, reduced)
 
     def state_dict(self) -> dict[str, Any]:
         """The best value, the count since it, the cooldown left and the
-        reductions made (the rate itself is in the optimizer state)."""
+        reductions made (the multiplier itself is in the run's state)."""
         return {
             **super().state_dict(),
             "cooldown_left": self.cooldown_left,

@@ -30,10 +30,11 @@ from ._packing import Layout, pack, packed_sizes, unpack
 
 
 # Version 2: arrays packed into one array per dtype (_packing.py); 3: a
-# part-done epoch's sums as two vectors (sums, flags) and the sums' names.
+# part-done epoch's sums as two vectors (sums, flags) and the sums' names;
+# 4: the state's rate multiplier (`TrainState.lr_scale`) among its arrays.
 # (Arrays split over devices are saved beside the packed ones, as "leaf_<i>",
 # and listed in "split"; a checkpoint without any reads as before.)
-FORMAT = 3
+FORMAT = 4
 
 
 def _is_key(leaf: Any) -> bool:

@@ -1,7 +1,7 @@
 """The range test behind ``phalanx find-lr``, once every argument is valid:
 the model, data and strategy ``phalanx train`` builds from the same options,
-its optimizer built with the rate in its state (where `find_lr` sets it),
-one sweep, and what it found: a short table, the ``phalanx train`` command
+its optimizer (whose rate `find_lr` scales to each rate it tries), one
+sweep, and what it found: a short table, the ``phalanx train`` command
 that uses the rate, and ``lr_find.json`` and ``lr_find.png`` in the run
 folder. Nothing is trained and no checkpoint written: the steps are
 computed, not kept."""
@@ -49,7 +49,7 @@ def find_lr_and_report(
     strategy = make_strategy(run, devices)
     trainer = DataParallelTrainer(
         model,
-        make_optimizer(run, args.start, injected=True),
+        make_optimizer(run, args.start),
         strategy=strategy,
         seed=run.seed,
         precision=run.precision,

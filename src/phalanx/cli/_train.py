@@ -51,23 +51,15 @@ def make_schedule(args: "TrainArgs", total_steps: int) -> optax.Schedule:
 
 
 def make_optimizer(
-    args: "TrainArgs",
-    learning_rate: optax.ScalarOrSchedule,
-    *,
-    injected: bool = False,
+    args: "TrainArgs", learning_rate: optax.ScalarOrSchedule
 ) -> optax.GradientTransformation:
     """The optimizer --optimizer names, at `learning_rate`, after
-    --clip-norm's clipping. With `injected`, built with
-    `optax.inject_hyperparams`: the rate lives in the optimizer's state,
-    where `find_lr` sets it between steps (a run's optimizer keeps the plain
-    state its checkpoints hold)."""
+    --clip-norm's clipping."""
     build = {
         "adam": optax.adam,
         "adamw": optax.adamw,
         "sgd": ft.partial(optax.sgd, momentum=0.9),
     }[args.optimizer]
-    if injected:
-        build = optax.inject_hyperparams(build)
     optimizer = build(learning_rate=learning_rate)
     if args.clip_norm is not None:
         optimizer = optax.chain(optax.clip_by_global_norm(args.clip_norm), optimizer)
