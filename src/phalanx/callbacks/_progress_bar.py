@@ -58,8 +58,9 @@ class ProgressBar(Output):
     in the training metrics' columns, and metrics that still do not fit are
     named once under the heading (the history and loggers have them).
     Examples per second are measured here, or taken from a `Throughput`
-    placed before it (its ``steps_per_sec`` is not shown). The heading is printed again when the
-    metrics change (e.g. an epoch that also evaluates). With
+    placed before it (its ``steps_per_sec`` is not shown). The heading is
+    printed again when the metrics change (e.g. an epoch that also
+    evaluates). With
     ``fit(eval_every=N)`` it prints a line of each evaluation's metrics
     after every N-th step (a line per set where one would pass 100
     characters).
