@@ -18,6 +18,7 @@ from typing_extensions import override
 
 import phalanx as px
 from helpers import CLASSES, IN, make_data, make_model, params_of
+from phalanx._checks._calls import call_mistake
 
 
 class RecordSteps(px.Callback):
@@ -317,6 +318,98 @@ def test_token_ids_failing_for_another_reason_get_no_cast_advice():
     assert "does not fit the model and loss: " in first, message
     assert "cast" not in message and "astype" not in message, message
     assert hint.startswith("the model fails on x"), message
+
+
+# --- a hook's call that does not fit the signature of what it calls ----------
+
+
+class NClasses(px.DataParallelTrainer):
+    @override
+    def metrics(self, outputs, targets):
+        f1 = px.metrics.f1(outputs, targets, nclasses=CLASSES)  # pyright: ignore[reportCallIssue]
+        return {"f1": f1}
+
+
+class F1WithoutTargets(px.DataParallelTrainer):
+    @override
+    def metrics(self, outputs, targets):
+        return {"f1": px.metrics.f1(outputs)}  # pyright: ignore[reportCallIssue]
+
+
+class Axes(px.DataParallelTrainer):
+    @override
+    def metrics(self, outputs, targets):
+        labels = jnp.argmax(outputs, axes=-1)  # pyright: ignore[reportCallIssue]
+        return {"hit": (labels == targets).astype(jnp.float32)}
+
+
+class NoTargets(px.DataParallelTrainer):
+    @override
+    def metrics(self, outputs):  # pyright: ignore[reportIncompatibleMethodOverride]
+        return {}
+
+
+F1 = (
+    "px.metrics.f1 takes (outputs, targets, *, num_classes=None, "
+    "average='macro', zero_division=0.0, from_logits=True): fix the call in "
+    "metrics() (the batch is not at fault)"
+)
+CALLS = {
+    "an unexpected keyword of px.metrics.f1": (
+        NClasses,
+        "the metrics hook called px.metrics.f1 with an argument it does not "
+        "take: f1() got an unexpected keyword argument 'nclasses' (did you mean "
+        f"num_classes?); {F1}",
+    ),
+    "px.metrics.f1 without targets": (
+        F1WithoutTargets,
+        "the metrics hook called px.metrics.f1 without an argument it "
+        "requires: f1() missing 1 required positional argument: 'targets'; "
+        f"{F1}",
+    ),
+    "an unexpected keyword of a jax function": (
+        Axes,
+        "the metrics hook called argmax() with an argument it does not take: "
+        "argmax() got an unexpected keyword argument 'axes': fix the call in "
+        "metrics() (the batch is not at fault)",
+    ),
+    "a hook without targets": (
+        NoTargets,
+        "the metrics hook cannot be called as metrics(outputs, targets): "
+        "NoTargets.metrics() takes 2 positional arguments but 3 were given; "
+        "give it that signature (as a method: def metrics(self, outputs, "
+        "targets))",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CALLS))
+def test_a_call_mistake_in_the_metrics_hook_is_the_hooks(case):
+    """Not the batch's: no first-batch hint to fix the targets."""
+    cls, expected = CALLS[case]
+    x, y = make_data(16)
+    trainer = cls(make_model(), optax.adam(1e-2), progress=False)
+    with pytest.raises(TypeError) as info:
+        trainer.fit([(x, y)])
+    assert str(info.value) == expected
+
+
+def test_a_look_alike_message_from_inside_a_function_is_not_a_call_mistake():
+    """A TypeError that reads like Python's but is raised inside the callee
+    (its own check of its arguments) is left as it was."""
+
+    def picky(outputs, targets):
+        raise TypeError("picky() got an unexpected keyword argument 'mode'")
+
+    try:
+        picky(None, None)
+    except TypeError as error:
+        assert call_mistake(error, "metrics") is None
+    with pytest.raises(TypeError) as info:  # a subclass (jaxtyping's check)
+        raise type("TypeCheckError", (TypeError,), {})(
+            "f1() missing 1 required positional argument: 'targets'"
+        )
+    assert call_mistake(info.value, "metrics") is None
 
 
 # --- a CPU-only host, where JAX sees one device --------------------------------

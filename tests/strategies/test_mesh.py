@@ -217,6 +217,36 @@ def test_bad_meshes_and_rules_say_what_to_fix():
             trainer(mesh(data=1, tensor=8, rules=rules))
 
 
+def test_a_rule_for_one_layer_of_a_stacked_array_gets_the_rule_with_its_axis():
+    # Written for one layer's weight (out, in); Net's blocks are Stacked, so
+    # the array is (layers, out, in).
+    rules = [(r"blocks\.layers\.up\.weight", ("tensor", None))]
+    with pytest.raises(ValueError) as error:
+        trainer(mesh(data=4, tensor=2, rules=rules))
+    assert str(error.value) == (
+        r"rules: ('blocks\\.layers\\.up\\.weight', ('tensor', None)) matches "
+        "'blocks.layers.up.weight' of shape [2, 64, 32], but has 2 entries for "
+        "its 3 dimensions; it is an array of a px.models.Stacked, whose first "
+        "axis holds its 2 layers: give that axis an entry too (None: whole, each "
+        r"layer gathered on its turn), e.g. ('blocks\\.layers\\.up\\.weight', "
+        "(None, 'tensor', None))"
+    )
+    # The rule it names is the one that works.
+    fixed = [(r"blocks\.layers\.up\.weight", (None, "tensor", None))]
+    laid_out = trainer(mesh(data=4, tensor=2, rules=fixed)).state.model.blocks
+    assert laid_out.layers.up.weight.sharding.spec == P(None, "tensor", None)
+    # One entry too many: the layer axis is named, with no rule to copy.
+    rules = [(r"blocks\.layers\.up\.bias", (None, None, "tensor"))]
+    with pytest.raises(ValueError) as error:
+        trainer(mesh(data=4, tensor=2, rules=rules))
+    assert str(error.value).endswith(
+        "but has 3 entries for its 2 dimensions; it is an array of a "
+        "px.models.Stacked, whose first axis holds its 2 layers and takes an "
+        "entry too (None: whole); give one per dimension, or a pattern that "
+        "does not match it"
+    )
+
+
 def test_the_docstring_example_lays_out_a_stacked_model():
     # MeshStrategy's example, as its API page shows it, on Net (whose
     # `blocks` is a Stacked stack of `up` and `down` Linear layers).

@@ -4,7 +4,9 @@ The first batch is traced through the model and loss before anything
 compiles. When that fails, the model is traced alone on the same inputs to
 tell a model that cannot take the inputs (their shape, their dtype, a state
 argument given or missing, a model written for whole batches) from a loss
-that cannot take the model's outputs and the targets.
+that cannot take the model's outputs and the targets. (A hook's call
+whose arguments do not fit what it calls is the hook's mistake, told before
+this: see `_checks._calls`.)
 """
 
 import inspect
@@ -59,7 +61,8 @@ def first_batch_hint(
         return f"{ran}, but the batches hold no targets y: yield (x, y) batches"
     return (
         f"{ran}, but the loss or metrics fail on them with targets y "
-        f"{_describe(targets)}: fix the targets (their shape or dtype) or the loss"
+        f"{_describe(targets)}: fix the targets (their shape or dtype), or the "
+        "loss or metrics for them"
     )
 
 

@@ -9,9 +9,8 @@ of Σ weight · loss / total, so the division happens once, on the loss's
 cotangent, instead of on every gradient leaf after the reduction.
 """
 
-import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -23,6 +22,7 @@ from jax.lax import with_sharding_constraint
 from jaxtyping import PyTree
 
 from .._checks._batch import ZERO_WEIGHT
+from .._checks._calls import call_mistake
 from .._checks._hooks import (
     HookTypeError,
     HookValueError,
@@ -108,8 +108,9 @@ def weighted_sums(
     statistic. The metrics are the loss's own values, then those of the
     `metrics` hook (`evaluating`: of `eval_metrics`, where the trainer has
     its own)."""
-    with _metric_arguments("loss"):
-        losses, values = loss_values(parts.loss(model, outputs, targets))
+    losses, values = loss_values(
+        _call_hook("loss", parts.loss, model, outputs, targets)
+    )
     sums: dict[str, Any] = {"weight": jnp.sum(weight)}
     if isinstance(losses, Mapping):  # one per group
         own = check_group_losses(losses, parts.groups)
@@ -123,8 +124,7 @@ def weighted_sums(
     hook, metrics_of = "metrics", parts.metrics
     if evaluating and parts.eval_metrics is not None:
         hook, metrics_of = "eval_metrics", parts.eval_metrics
-    with _metric_arguments(hook):
-        metrics = metrics_of(outputs, targets)
+    metrics = _call_hook(hook, metrics_of, outputs, targets)
     check_metrics(metrics, hook)
     for source, named in (("loss", values), (f"{hook}()", metrics)):
         for name, value in named.items():
@@ -138,14 +138,22 @@ def weighted_sums(
     return sums
 
 
-@contextlib.contextmanager
-def _metric_arguments(hook: str) -> Iterator[None]:
-    """A `px.metrics` function's complaint about its arguments, as the
-    mistake of the `hook` that called it (not of the batch)."""
+def _call_hook(hook: str, function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args)`, the trainer's `hook`, with its mistakes told as
+    the hook's (not the batch's): a `px.metrics` function's complaint about
+    its arguments, and a call (of the hook, or made by it) whose arguments
+    do not fit the callee's signature."""
     try:
-        yield
+        return function(*args)
     except MetricArgumentError as error:
         raise HookValueError(f"{hook}(): {error}") from error
+    except TypeError as error:
+        # The traceback starts at this frame, so the hook's own signature is
+        # told from the calls it makes.
+        mistake = call_mistake(error, hook)
+        if mistake is None:
+            raise
+        raise mistake from error
 
 
 def _check_name(name: str, source: str, sums: dict[str, Any]) -> None:

@@ -215,7 +215,7 @@ class MeshStrategy(DeviceMeshStrategy):
     ) -> P:
         if not _floating(leaf):
             return P()
-        spec = book.spec(path, tuple(leaf.shape))
+        spec = book.spec(path, tuple(leaf.shape), stacked)
         if spec is not None:
             return spec
         return self._by_size(tuple(leaf.shape), keep_first=stacked)

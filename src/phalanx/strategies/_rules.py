@@ -97,6 +97,29 @@ def check_rules(rules: object, axes: Sequence[str]) -> tuple[CheckedRule, ...]:
     return tuple(checked)
 
 
+def _entries_fix(rule: CheckedRule, shape: tuple[int, ...], stacked: bool) -> str:
+    """How to give `rule` an entry per dimension of a leaf of `shape`: for
+    an array of a `Stacked` (`stacked`), with its layer axis counted."""
+    if not stacked:
+        return (
+            "give one per dimension (None: whole), or a pattern that does not match it"
+        )
+    layers = (
+        "it is an array of a px.models.Stacked, whose first axis holds its "
+        f"{shape[0]} layers"
+    )
+    if len(rule.spec) == len(shape) - 1:  # written for one layer
+        fixed = CheckedRule(rule.pattern, (None, *rule.spec), rule.regex)
+        return (
+            f"{layers}: give that axis an entry too (None: whole, each layer "
+            f"gathered on its turn), e.g. {fixed!r}"
+        )
+    return (
+        f"{layers} and takes an entry too (None: whole); give one per "
+        "dimension, or a pattern that does not match it"
+    )
+
+
 def _entry_axes(entry: object) -> tuple[str, ...] | None:
     """The axes one entry names, or None if it is not an entry."""
     if entry is None:
@@ -119,9 +142,13 @@ class RuleBook:
     # The paths the rules were matched against, in the model's order.
     paths: list[str] = dataclasses.field(default_factory=list)
 
-    def spec(self, path: str, shape: tuple[int, ...]) -> P | None:
+    def spec(
+        self, path: str, shape: tuple[int, ...], stacked: bool = False
+    ) -> P | None:
         """The layout of the leaf at `path`, of `shape`, by the first rule
-        matching it; None if none does.
+        matching it; None if none does. `stacked`: the leaf is an array of a
+        `px.models.Stacked`, its first axis the layers' (which a rule
+        written for one layer leaves out).
 
         Raises:
             ValueError: the rule has an entry per dimension other than the
@@ -136,8 +163,7 @@ class RuleBook:
                 raise ValueError(
                     f"rules: {rule!r} matches {path!r} of shape {list(shape)}, "
                     f"but has {len(rule.spec)} entries for its {len(shape)} "
-                    "dimensions; give one per dimension (None: whole), or a "
-                    "pattern that does not match it"
+                    f"dimensions; {_entries_fix(rule, shape, stacked)}"
                 )
             for entry, length in zip(rule.spec, shape, strict=True):
                 parts = math.prod(self.sizes[a] for a in _entry_axes(entry) or ())
