@@ -89,5 +89,5 @@ def _shown(name: str, value: Any, other: Any) -> str:
 
 
 def _names(pairs: list[list[str]]) -> list[str]:
-    """The groups of `pairs` ([path, group], ...), in order of appearance."""
-    return list(dict.fromkeys(group for _, group in pairs))
+    """The groups of `pairs` ([path, group], ...), sorted."""
+    return sorted({group for _, group in pairs})
