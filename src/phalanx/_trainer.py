@@ -116,8 +116,10 @@ class DataParallelTrainer(Generic[_Model]):
     - `loss(model, outputs, targets) -> Float[Array, "batch"]`: one value per
       example; default from ``loss=``. Add regularisers here.
     - `metrics(outputs, targets) -> dict[str, Float[Array, "batch"]]`:
-      per-example values averaged with the same weights as the loss; default
-      accuracy for cross-entropy.
+      per-example values averaged with the same weights as the loss, or
+      `px.metrics` statistics; default those ``metrics=`` names (accuracy
+      for cross-entropy without it). Built-in metrics and functions of
+      ``(outputs, targets)`` need no subclass: pass ``metrics=``.
     - `gradients(grads, state) -> grads`: the reduced, averaged gradients
       before the optimizer; default unchanged.
     - `inference_model(model) -> callable`: how `evaluate` and `predict` call
