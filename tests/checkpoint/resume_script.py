@@ -2,14 +2,14 @@
 in a process of their own.
 
 ``logged``: a fit with two shuffled evaluation sets (evaluated at each
-epoch's end), EMA, F1 and AUC by name, two steps per compiled call, a
-JSON and a CSV logger and a checkpoint every 5 steps. ``ragged``: a list of
-batches of 16, 16, 16 and 4 examples, checkpointed at step 3 (the resumed
-run starts on the short batch). The test trains each straight and stopped
-in its own process; ``python resume_script.py FOLDER`` then resumes each
-from FOLDER/<name>/checkpoints (``FOLDER/ragged/checkpoints/3`` for
-``ragged``) and writes its state (``state.npz``) and history
-(``history.json``) beside them.
+epoch's end), EMA, F1 and AUC by name, two steps per compiled call,
+`Throughput`, a JSON and a CSV logger and a checkpoint every 5 steps.
+``ragged``: a list of batches of 16, 16, 16 and 4 examples, checkpointed at
+step 3 (the resumed run starts on the short batch). The test trains each
+straight and stopped in its own process; ``python resume_script.py
+FOLDER`` then resumes each from FOLDER/<name>/checkpoints
+(``FOLDER/ragged/checkpoints/3`` for ``ragged``) and writes its state
+(``state.npz``) and history (``history.json``) beside them.
 """
 
 import json
@@ -48,8 +48,10 @@ def logged(folder: pathlib.Path, *callbacks: px.Callback, resume=None):
     trainer = _trainer(
         [
             *callbacks,
-            px.callbacks.JSONLogger(folder / "metrics.jsonl"),
-            px.callbacks.CSVLogger(folder / "metrics.csv"),
+            # Its FLOP/s (and the rates, measured) are logged after a resume too.
+            px.callbacks.Throughput(log_every=3, quiet=True),
+            px.callbacks.JSONLogger(folder / "metrics.jsonl", log_every=3),
+            px.callbacks.CSVLogger(folder / "metrics.csv", log_every=3),
             px.callbacks.Checkpoint(folder / "checkpoints", every_n_steps=5),
         ],
         ema=0.9,
