@@ -65,7 +65,8 @@ def test_a_mapping_of_functions_statistics_and_names():
     mapped.fit(DATA, epochs=1)
     results = mapped.evaluate(TEST)
     assert sorted(results) == ["acc", "loss", "recall", "top2"]
-    (x, y), scores = TEST[0], np.asarray(mapped.predict(TEST[0][0]))
+    x, y = TEST[0]
+    scores = np.asarray(mapped.predict(x))
     best = np.argsort(scores, axis=-1)[:, -2:]
     assert results["top2"] == pytest.approx(np.mean(np.any(best == y[:, None], -1)))
     accuracy = np.mean(scores.argmax(-1) == y)
