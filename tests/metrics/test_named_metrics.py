@@ -75,6 +75,19 @@ def test_a_mapping_of_functions_statistics_and_names():
     assert results["recall"] == pytest.approx(accuracy)
 
 
+def test_one_hot_targets_score_as_their_labels():
+    # categorical_cross_entropy's one-hot rows: the labels their arg-max.
+    one_hot = [(x, np.eye(3, dtype=np.float32)[y]) for x, y in DATA]
+    names = ("accuracy", "f1", "confusion_matrix")
+    categorical = trainer(loss="categorical_cross_entropy", metrics=names)
+    categorical.fit(one_hot, epochs=1)
+    labels = trainer(metrics=names)
+    labels.fit(DATA, epochs=1)
+    got, want = categorical.history[-1], labels.history[-1]
+    assert (got["accuracy"], got["f1"]) == (want["accuracy"], want["f1"])
+    np.testing.assert_array_equal(got["confusion_matrix"], want["confusion_matrix"])
+
+
 def test_no_metrics_logs_the_loss_alone():
     bare = trainer(metrics=())
     bare.fit(DATA, epochs=1)
