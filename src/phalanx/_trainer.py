@@ -60,6 +60,7 @@ from ._preemption import Preempted, preemption
 from ._state._clock import PhaseClock
 from ._state._flops import StepFlops
 from ._state._history import History
+from ._state._learning_rate import next_rate
 from ._state._progress import RunPlan, RunProgress
 from ._state._run import Run, RunSlot
 from ._state._snapshot import Snapshot
@@ -358,13 +359,6 @@ class DataParallelTrainer(Generic[_Model]):
             self._loss_name,
             default=_losses.default_metric_names(self._loss_name),
         )
-        # The settings that shape every update: a resume must have these.
-        self._settings = run_settings(
-            ema=self.ema,
-            precision=self.precision.describe(),
-            loss=self._loss_name,
-            groups=None if groups is None else group_labels(groups),
-        )
         state = TrainState(
             step=jnp.asarray(0, jnp.int32),
             model=model,
@@ -380,6 +374,14 @@ class DataParallelTrainer(Generic[_Model]):
             ema=None
             if ema is None
             else jax.tree.map(jnp.copy, eqx.filter(model, eqx.is_inexact_array)),
+        )
+        # The settings that shape every update: a resume must have these.
+        self._settings = run_settings(
+            ema=self.ema,
+            precision=self.precision.describe(),
+            loss=self._loss_name,
+            groups=None if groups is None else group_labels(groups),
+            learning_rate=next_rate(self.optimizer, state.opt_state).value,
         )
         self._layout = state_layout(self.strategy, state)
         shardings = self._layout.shardings
@@ -651,7 +653,8 @@ class DataParallelTrainer(Generic[_Model]):
         Raises:
             ValueError: the snapshot's state is of another model or optimizer,
                 or of a run whose updates this trainer would make otherwise
-                (another ``ema``, ``precision``, ``loss`` or ``param_groups``).
+                (another ``ema``, ``precision``, ``loss``, ``param_groups`` or
+                learning rate of the optimizer's first update).
         """
         check_same_settings(self._settings, snapshot.settings, "snapshot")
         leaves = self._checked_leaves(snapshot.state)
@@ -734,9 +737,11 @@ class DataParallelTrainer(Generic[_Model]):
                 run, so the run continues as if never stopped, to the bit in
                 everything it logs; one line says so (``phalanx: resumed from
                 step N (epoch E) of PATH``, E counted from 1 as the progress
-                bar counts). A trainer whose ``ema``, ``precision``, ``loss``
-                or ``param_groups`` differ from the run's would make other
-                updates: it is refused, naming the setting.
+                bar counts). A trainer whose ``ema``, ``precision``,
+                ``loss``, ``param_groups`` or optimizer's learning rate (at
+                its first update, where phalanx can read it) differ from the
+                run's would make other updates: it is refused, naming the
+                setting.
 
         Returns:
             The final `TrainState`.

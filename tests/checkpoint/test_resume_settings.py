@@ -1,8 +1,9 @@
 """The settings that shape every update are part of a run: a resume (from a
-checkpoint or a snapshot) with another ``ema``, ``precision``, ``loss`` or
-``param_groups`` is refused in one line naming the setting, before anything
-is restored; settings that change no update (the strategy, steps per call)
-may change; a checkpoint written before settings were kept resumes."""
+checkpoint or a snapshot) with another ``ema``, ``precision``, ``loss``,
+``param_groups`` or learning rate is refused in one line naming the
+setting, before anything is restored; settings that change no update (the
+strategy, steps per call) may change; a checkpoint written before settings
+were kept resumes."""
 
 import json
 import shutil
@@ -85,6 +86,19 @@ def test_a_resume_that_changes_updates_is_refused(saved, options, what, fix):
         changed.fit(BATCHES, epochs=2, resume=saved["ema"] / "2")
     assert str(refused.value) == refusal(saved["ema"], what, fix)
     assert changed.progress.step == 0  # nothing was restored
+
+
+def test_another_learning_rate_is_refused(saved):
+    slower = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-3), ema=0.9, progress=False
+    )
+    with pytest.raises(ValueError) as refused:
+        slower.fit(BATCHES, epochs=2, resume=saved["ema"] / "2")
+    assert str(refused.value) == refusal(
+        saved["ema"],
+        "an optimizer whose first update's learning rate is 0.001",
+        "an optimizer whose first update's learning rate is 0.01",
+    )
 
 
 def test_changed_parameter_groups_are_refused(saved):

@@ -41,8 +41,8 @@ class Snapshot:
             evaluation sums its examples as the run would have, to the bit.
         settings: the trainer's settings that shape every update (the
             averaged weights' decay, the precision, the loss, the parameter
-            groups), as plain data: a resume with other ones would be
-            another run, and is refused.
+            groups, the optimizer's first learning rate), as plain data: a
+            resume with other ones would be another run, and is refused.
         callbacks: each stateful callback's `state_dict`, by its `state_key`
             (``"ClassName"``, or ``"ClassName:state_name"``).
         strategy: the strategy's class name (metadata).

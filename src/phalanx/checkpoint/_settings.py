@@ -5,7 +5,8 @@ A checkpoint's arrays say which model and optimizer a run has (their paths,
 shapes and dtypes: `_leaf_spec.py`), not how the updates are made: the
 moving average's decay (``ema=``), the precision the step computes in, the
 built-in loss, which parameters each optimizer of a mapping trains
-(``param_groups``). Changed on resume, each would leave the arrays fitting
+(``param_groups``), the optimizer's learning rate (at its first update,
+where phalanx can read it). Changed on resume, each would leave the arrays fitting
 and make every update from there on another run's, silently. The trainer
 records them (`run_settings`), a `Snapshot` carries them, a checkpoint
 keeps them in its JSON half, and a resume compares (`check_same_settings`)
@@ -26,6 +27,7 @@ def run_settings(
     precision: str,
     loss: str | None,
     groups: Sequence[tuple[str, str]] | None,
+    learning_rate: float | None,
 ) -> dict[str, Any]:
     """A trainer's settings that shape its updates, as plain (JSON) data.
 
@@ -36,12 +38,17 @@ def run_settings(
             identity a checkpoint cannot tell).
         groups: each parameter's path and the group that trains it, where
             the optimizer is a mapping of groups; None for one optimizer.
+        learning_rate: the rate of the optimizer's first update (before the
+            run's multiplier), where phalanx can read it (None: it cannot):
+            ``optax.adam(1e-3)`` resumed as ``optax.adam(1e-4)`` would be
+            another run.
     """
     return {
         "ema": ema,
         "precision": precision,
         "loss": loss,
         "param_groups": None if groups is None else [list(pair) for pair in groups],
+        "learning_rate": learning_rate,
     }
 
 
@@ -61,7 +68,8 @@ def check_same_settings(
         if name not in saved:  # not recorded when `where` was written
             continue
         old = saved[name]
-        if value == old or (name == "loss" and (value is None or old is None)):
+        unknown = name in _UNKNOWN_AS_NONE and (value is None or old is None)
+        if value == old or unknown:
             continue
         theirs, ours = _shown(name, old, value), _shown(name, value, old)
         raise ValueError(
@@ -72,9 +80,16 @@ def check_same_settings(
         )
 
 
+# Settings recorded as None where the trainer cannot tell them (a loss
+# function, an optimizer whose rate phalanx cannot read): not compared then.
+_UNKNOWN_AS_NONE = ("loss", "learning_rate")
+
+
 def _shown(name: str, value: Any, other: Any) -> str:
     """A setting's `value` as the trainer's argument says it; parameter
     groups by what first differs from `other`."""
+    if name == "learning_rate":
+        return f"an optimizer whose first update's learning rate is {value:g}"
     if name != "param_groups":
         return f"{name}={value!r}"
     if value is None:
