@@ -1,10 +1,9 @@
-"""Built-in per-example losses and metrics, by the names ``loss=`` takes.
+"""Built-in per-example losses, by the names ``loss=`` takes, and the
+metrics each reports by default.
 
 Every loss returns one value per example; the trainer weights and sums them
 and divides once by the global weight, so no reduction is a mean of means.
 """
-
-from typing import Any
 
 import jax.numpy as jnp
 import optax
@@ -20,13 +19,6 @@ def cross_entropy(
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
 
 
-def accuracy(
-    logits: Float[Array, "batch classes"], labels: Int[Array, " batch"]
-) -> PerExample:
-    """1 where the arg-max class is the label, else 0."""
-    return (jnp.argmax(logits, axis=-1) == labels).astype(logits.dtype)
-
-
 def categorical_cross_entropy(
     logits: Float[Array, "batch classes"], targets: Shaped[Array, "batch ..."]
 ) -> PerExample:
@@ -40,14 +32,6 @@ def categorical_cross_entropy(
             "np.eye(classes)[y]), or pass integer labels with loss='cross_entropy'"
         )
     return optax.softmax_cross_entropy(logits, targets.astype(logits.dtype))
-
-
-def categorical_accuracy(
-    logits: Float[Array, "batch classes"], targets: Shaped[Array, "batch classes"]
-) -> PerExample:
-    """1 where the arg-max class is the targets' arg-max, else 0."""
-    hit = jnp.argmax(logits, axis=-1) == jnp.argmax(targets, axis=-1)
-    return hit.astype(logits.dtype)
 
 
 def mse(
@@ -78,21 +62,11 @@ LOSSES: dict[LossName, LossFn] = {
 }
 
 
-def default_metrics(
-    loss: LossName | None, outputs: Any, targets: Any
-) -> dict[str, PerExample]:
-    """The metrics a built-in loss reports beside itself (named as
-    `default_metric_names` says): accuracy for the cross-entropies, none for
-    the others (and for a loss function)."""
-    if loss == "cross_entropy":
-        return {"accuracy": accuracy(outputs, targets)}
-    if loss == "categorical_cross_entropy":
-        return {"accuracy": categorical_accuracy(outputs, targets)}
-    return {}
-
-
 def default_metric_names(loss: LossName | None) -> tuple[str, ...]:
-    """The names of `default_metrics`, known before any batch is seen."""
+    """The metrics a built-in loss reports beside itself, by their names in
+    `px.metrics`' built-in ones: accuracy for the cross-entropies (the arg-max
+    class against the label, or against the targets' arg-max), none for the
+    others (and for a loss function)."""
     return (
         ("accuracy",) if loss in ("cross_entropy", "categorical_cross_entropy") else ()
     )

@@ -45,7 +45,7 @@ from ._engine._compiled import StepCompiler, StepValues
 from ._engine._evaluate import evaluate, evaluate_sets
 from ._engine._feed import default_depth
 from ._engine._forward import takes_key
-from ._engine._groups import grouped
+from ._engine._groups import group_labels, grouped
 from ._engine._layout import state_layout
 from ._engine._loop import FitLoop, LoopSettings
 from ._engine._lr_finder import LRFinderResult, base_rate, sweep
@@ -54,11 +54,13 @@ from ._engine._predict import predict_rows
 from ._engine._prepare import HostHooks, Preparer
 from ._engine._step import StepParts
 from ._engine._summary import ModelSummary, StepMemory, summarize
+from ._metric_names import MetricName
 from ._precision import Precision, PrecisionName, cast_floating, precision_of
 from ._preemption import Preempted, preemption
 from ._state._clock import PhaseClock
 from ._state._flops import StepFlops
 from ._state._history import History
+from ._state._learning_rate import next_rate
 from ._state._progress import RunPlan, RunProgress
 from ._state._run import Run, RunSlot
 from ._state._snapshot import Snapshot
@@ -79,7 +81,9 @@ from .callbacks import ProgressBar
 from .callbacks._base import Callback, StepInfo
 from .callbacks._dispatch import Callbacks
 from .callbacks._monitors import check_monitors
-from .checkpoint._resume import find_snapshot, resume_data
+from .checkpoint._resume import eval_positions, find_snapshot, resume_data
+from .checkpoint._settings import check_same_settings, run_settings
+from .metrics._named import MetricFn, metric_functions
 from .metrics._statistic import LossResult, Metrics
 from .strategies import ShardingStrategy, Strategy
 from .strategies._placement import put_state
@@ -113,8 +117,10 @@ class DataParallelTrainer(Generic[_Model]):
     - `loss(model, outputs, targets) -> Float[Array, "batch"]`: one value per
       example; default from ``loss=``. Add regularisers here.
     - `metrics(outputs, targets) -> dict[str, Float[Array, "batch"]]`:
-      per-example values averaged with the same weights as the loss; default
-      accuracy for cross-entropy.
+      per-example values averaged with the same weights as the loss, or
+      `px.metrics` statistics; default those ``metrics=`` names (accuracy
+      for cross-entropy without it). Built-in metrics and functions of
+      ``(outputs, targets)`` need no subclass: pass ``metrics=``.
     - `gradients(grads, state) -> grads`: the reduced, averaged gradients
       before the optimizer; default unchanged.
     - `inference_model(model) -> callable`: how `evaluate` and `predict` call
@@ -141,6 +147,9 @@ class DataParallelTrainer(Generic[_Model]):
         *,
         strategy: Strategy | None = None,
         loss: LossName | LossFn = "cross_entropy",
+        metrics: Sequence[MetricName]
+        | Mapping[str, MetricFn | MetricName]
+        | None = None,
         callbacks: Sequence[Callback] = (),
         seed: int = 0,
         model_state: eqx.nn.State | None = None,
@@ -175,6 +184,19 @@ class DataParallelTrainer(Generic[_Model]):
                 labels, a probability per class, as Keras'
                 ``categorical_crossentropy``; reports accuracy by arg-max),
                 ``"mse"``, or ``fn(outputs, targets) -> per-example losses``.
+            metrics: what a step logs beside the loss, in training and in
+                evaluations (Keras' ``compile(metrics=)``): names of
+                built-in metrics, ``("accuracy", "f1", "precision",
+                "recall", "auc", "confusion_matrix")`` (``phalanx train
+                --metric``'s), for a classifier (per-class scores; the
+                classes are counted on them; F1, precision and recall
+                macro-averaged); or a mapping of names to ``fn(outputs,
+                targets)`` returning per-example values (averaged like the
+                loss) or a `px.metrics` statistic (or to a built-in name).
+                ``()``: the loss alone. None (the default): accuracy for the
+                cross-entropies, nothing for the others. Checked here; a
+                subclass that overrides the `metrics` hook says its metrics
+                there, and is refused this argument.
             callbacks: host-side `Callback`s, called in order.
             seed: seeds the PRNG key of the run (dropout, ...).
             model_state: the `eqx.nn.State` of stateful layers, from
@@ -273,6 +295,14 @@ class DataParallelTrainer(Generic[_Model]):
             gc=gc,
             slow_steps=slow_steps,
         )
+        overridden = type(self).metrics is not DataParallelTrainer.metrics
+        if metrics is not None and overridden:
+            raise TypeError(
+                f"metrics={metrics!r} and {type(self).__name__}.metrics, its own "
+                "metrics hook, both say what a step logs; pass one: drop "
+                "metrics=, or return those from the hook (px.metrics.f1(outputs, "
+                "targets), ...)"
+            )
         self.show_progress = progress
         self.gc: GCMode = gc
         """The garbage-collection policy of `fit` (see the argument)."""
@@ -323,6 +353,12 @@ class DataParallelTrainer(Generic[_Model]):
         Each `fit` starts with it False."""
         self._loss_name: LossName | None = None if callable(loss) else loss
         self._loss_fn: LossFn = loss if callable(loss) else _losses.LOSSES[loss]
+        # What the default `metrics` hook computes, by name.
+        self._metrics = metric_functions(
+            metrics,
+            self._loss_name,
+            default=_losses.default_metric_names(self._loss_name),
+        )
         state = TrainState(
             step=jnp.asarray(0, jnp.int32),
             model=model,
@@ -338,6 +374,14 @@ class DataParallelTrainer(Generic[_Model]):
             ema=None
             if ema is None
             else jax.tree.map(jnp.copy, eqx.filter(model, eqx.is_inexact_array)),
+        )
+        # The settings that shape every update: a resume must have these.
+        self._settings = run_settings(
+            ema=self.ema,
+            precision=self.precision.describe(),
+            loss=self._loss_name,
+            groups=None if groups is None else group_labels(groups),
+            learning_rate=next_rate(self.optimizer, state.opt_state).value,
         )
         self._layout = state_layout(self.strategy, state)
         shardings = self._layout.shardings
@@ -453,10 +497,12 @@ class DataParallelTrainer(Generic[_Model]):
         return self._loss_fn(outputs, targets)
 
     def metrics(self, outputs: PyTree, targets: PyTree) -> Metrics:
-        """Metrics by name (default: accuracy for the cross-entropies):
-        per-example values, averaged like the loss, or dataset-level
-        metrics from `px.metrics` (F1, AUC, a confusion matrix...), summed
-        over every example exactly under every strategy:
+        """Metrics by name (default: those of the ``metrics=`` argument, or
+        accuracy for the cross-entropies): per-example values, averaged like
+        the loss, or dataset-level metrics from `px.metrics` (F1, AUC, a
+        confusion matrix...), summed over every example exactly under every
+        strategy. Override it for metrics that ``metrics=`` cannot say (then
+        without that argument):
 
         ```python
         def metrics(self, outputs, targets):
@@ -466,7 +512,7 @@ class DataParallelTrainer(Generic[_Model]):
             }
         ```
         """
-        return _losses.default_metrics(self._loss_name, outputs, targets)
+        return {name: fn(outputs, targets) for name, fn in self._metrics.items()}
 
     def eval_metrics(self, outputs: PyTree, targets: PyTree) -> Metrics:
         """Metrics of evaluations (`evaluate`, and those inside `fit`), as
@@ -588,6 +634,8 @@ class DataParallelTrainer(Generic[_Model]):
             progress=run.progress,
             history=self.history.state_dict(),
             data=None if fit is None else fit.data_state(),
+            eval_data={} if fit is None else eval_positions(fit.eval_sets),
+            settings=self._settings,
             callbacks=self._callbacks.state_dicts(),
             strategy=type(self.strategy).__name__,
             devices=self.strategy.num_devices,
@@ -603,8 +651,12 @@ class DataParallelTrainer(Generic[_Model]):
         back; here, call ``loader.load_state_dict(snapshot.data)``.)
 
         Raises:
-            ValueError: the snapshot's state is of another model or optimizer.
+            ValueError: the snapshot's state is of another model or optimizer,
+                or of a run whose updates this trainer would make otherwise
+                (another ``ema``, ``precision``, ``loss``, ``param_groups`` or
+                learning rate of the optimizer's first update).
         """
+        check_same_settings(self._settings, snapshot.settings, "snapshot")
         leaves = self._checked_leaves(snapshot.state)
         progress = snapshot.progress
         if progress.sums is not None:  # a fit donates them: keep the snapshot's
@@ -679,9 +731,17 @@ class DataParallelTrainer(Generic[_Model]):
                 none yet, the fit starts fresh and says so; an unreadable one
                 is skipped with a warning), or the path of a checkpoint folder
                 (or of one step in it). The state, step, epoch, history, data
-                order and callbacks' state are restored, and `epochs`/`steps`
-                count from the start of the checkpointed run, so the run
-                continues as if never stopped.
+                order (of `data` and of each `eval_data` set, where they are
+                `Resumable` loaders) and callbacks' state are restored, and
+                `epochs`/`steps` count from the start of the checkpointed
+                run, so the run continues as if never stopped, to the bit in
+                everything it logs; one line says so (``phalanx: resumed from
+                step N (epoch E) of PATH``, E counted from 1 as the progress
+                bar counts). A trainer whose ``ema``, ``precision``,
+                ``loss``, ``param_groups`` or optimizer's learning rate (at
+                its first update, where phalanx can read it) differ from the
+                run's would make other updates: it is refused, naming the
+                setting.
 
         Returns:
             The final `TrainState`.
@@ -722,7 +782,7 @@ class DataParallelTrainer(Generic[_Model]):
             snapshot = find_snapshot(resume, self.snapshot(), self._callbacks.stores)
             if snapshot is not None:
                 self.restore(snapshot)
-                resume_data(snapshot, data)
+                resume_data(snapshot, data, sets or ())
         self._restored = False  # this fit continues it; the next starts afresh
         # The run's start is the checkpoint's; how far it goes is this call's.
         run = self._slot.run
@@ -1053,7 +1113,7 @@ class DataParallelTrainer(Generic[_Model]):
         if steps is not None:
             return steps.sums.metric_names
         if type(self).metrics is DataParallelTrainer.metrics:
-            return ("loss", *_losses.default_metric_names(self._loss_name))
+            return ("loss", *self._metrics)
         return None
 
     def _eval_metric_names(self) -> tuple[str, ...] | None:

@@ -231,14 +231,18 @@ def test_resume_latest_skips_an_unreadable_newest_checkpoint(
     capsys.readouterr()
     run(tmp_path, resume="latest", epochs=2)  # from 10, to 14 again
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith(
+    assert len(err) == 2 and err[0].startswith(
         f"phalanx: resume='latest': skipped checkpoint {tmp_path}/14, which "
         "cannot be read (JSONDecodeError: "
     ), err
     assert err[0].endswith(f"resuming from {tmp_path}/10")
+    # 7 steps an epoch: step 10 is in the second.
+    assert err[1] == f"phalanx: resumed from step 10 (epoch 2) of {tmp_path}/10"
     # Step 14 was saved anew: the rest of the run resumes from it, exactly.
     resumed, _ = run(tmp_path, resume="latest")
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err.splitlines() == [
+        f"phalanx: resumed from step 14 (epoch 3) of {tmp_path}/14"
+    ]
     assert max_abs_diff(resumed.model, straight[0].model) == 0
 
 

@@ -185,8 +185,12 @@ def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path, straight, restore):
     resumed = Phalanx(tmp_path, *ARGS, "--resume")
     assert resumed.wait() == 0, resumed.output()
     lines = resumed.stderr.splitlines()
-    assert len(lines) == 2 and NOTICE in lines, resumed.output()
-    (warning,) = [line for line in lines if line != NOTICE]
+    assert len(lines) == 3 and NOTICE in lines, resumed.output()
+    warning, resumed_from = [line for line in lines if line != NOTICE]
+    assert (
+        resumed_from
+        == f"phalanx: resumed from step 65 (epoch 3) of {folder.absolute()}/65"
+    )
     assert warning.startswith(
         f"phalanx: resume='latest': skipped checkpoint {folder.absolute()}/{TOTAL}, "
         "which cannot be read ("

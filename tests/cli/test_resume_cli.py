@@ -120,11 +120,18 @@ def test_sigkill_then_resume_is_exact(tmp_path, straight, reference, restore, po
         range(first, TOTAL + 1, LOG_EVERY)
     )
     assert all(m.group(0).endswith(f"/{TOTAL}  ") for m in shown if m)
-    # stderr: the notice, and at most orbax's note on a temporary folder the
-    # kill left behind (it reuses the name and removes it).
-    for line in resumed.stderr.splitlines()[1:]:
+    # stderr: the notice, the line saying what was resumed, and at most
+    # orbax's note on a temporary folder the kill left behind (it reuses the
+    # name and removes it).
+    notice, resumed_from, *rest = resumed.stderr.splitlines()
+    assert notice == NOTICE
+    epoch = latest // STEPS_PER_EPOCH + 1  # the one it goes on in, from 1
+    assert resumed_from == (
+        f"phalanx: resumed from step {latest} (epoch {epoch}) of "
+        f"{folder.absolute()}/{latest}"
+    )
+    for line in rest:
         assert STALE_TMP.fullmatch(line), resumed.output()
-    assert resumed.stderr.splitlines()[0] == NOTICE
 
 
 # --- SIGTERM: save at the step boundary, exit 143, resume ---------------------
@@ -166,7 +173,10 @@ def test_sigterm_saves_then_resume_is_exact(tmp_path, straight, reference, resto
     assert (stopped_at["first_step"], stopped_at["last_step"]) == (0, step)
 
     resumed = finish(tmp_path, *args, "--resume")
-    assert said(resumed.stderr) == [NOTICE]
+    assert said(resumed.stderr) == [
+        NOTICE,
+        f"phalanx: resumed from step {step} (epoch 2) of {folder.absolute()}/{step}",
+    ]
     assert resumed.lines[-1] == straight[1]
     # The straight run also saved every 5 steps, which changes no value.
     assert_same_run(tmp_path / "RUN", straight[0], restore)

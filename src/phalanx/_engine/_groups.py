@@ -39,6 +39,15 @@ class Groups(NamedTuple):
     optimizer: optax.GradientTransformation
 
 
+def group_labels(groups: Groups) -> list[tuple[str, str]]:
+    """Each parameter's path (``model.head.weight``) and the group that
+    trains it, in the model's order."""
+    return [
+        (f"model{jax.tree_util.keystr(path)}", groups.names[index])
+        for path, index in jax.tree_util.tree_leaves_with_path(groups.index)
+    ]
+
+
 def loss_names(names: tuple[str, ...]) -> tuple[str, ...]:
     """The metrics each group's own loss is logged as."""
     return tuple(f"{name}_loss" for name in names)

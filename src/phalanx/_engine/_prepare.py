@@ -77,8 +77,12 @@ class Preparer:
         if self.steps is None:
             self.steps = self.build(parts, where)
         placed = self.pipeline.prepare(parts, where, first, train=train)
-        if train and first is None:  # once a pass
-            self.size = placed.size
+        if train and self.size != (size := placed.size if first is None else first):
+            # A pass's first batch fixes its step size; a pass resumed in its
+            # middle keeps the size it had (`first`), which a new process
+            # learns here (else its FLOPs, and Throughput's, would be
+            # unknown until the next pass).
+            self.size = size
         return placed
 
     def build(self, parts: tuple[Any, Any, Any], where: str) -> Steps:

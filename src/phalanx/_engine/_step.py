@@ -38,6 +38,7 @@ from .._state._sums import EpochSums, sum_order
 from .._state._train_state import DynamicScale, TrainState
 from .._typing import NanPolicy
 from ..metrics._labels import MetricArgumentError
+from ..metrics._named import RESERVED_NAMES
 from ..metrics._statistic import LossResult, Metrics, Statistic, Summed
 from ..strategies import PerDeviceStrategy, Strategy
 from ._forward import example_keys, forward, infer
@@ -88,10 +89,6 @@ def _split_model(model: eqx.Module) -> tuple[Any, Any, Any]:
     params, others = eqx.partition(model, eqx.is_inexact_array)
     arrays, static = eqx.partition(others, eqx.is_array)
     return params, arrays, static
-
-
-# The names of the trainer's own entries among a step's sums and metrics.
-RESERVED_NAMES = ("loss", "weight", "skipped", "skipped_steps", "loss_scale")
 
 
 def weighted_sums(

@@ -34,6 +34,15 @@ class Snapshot:
         history: the trainer's `History.state_dict()`.
         data: where the training data's loader stands (its `state_dict`),
             or None.
+        eval_data: where each `Resumable` evaluation set of the fit stands
+            (its `state_dict`), by the prefix of its metrics (``"eval_"``,
+            ``"eval_val_"``): a loader that shuffles gives the next
+            evaluation the order the run would have given it, so the
+            evaluation sums its examples as the run would have, to the bit.
+        settings: the trainer's settings that shape every update (the
+            averaged weights' decay, the precision, the loss, the parameter
+            groups, the optimizer's first learning rate), as plain data: a
+            resume with other ones would be another run, and is refused.
         callbacks: each stateful callback's `state_dict`, by its `state_key`
             (``"ClassName"``, or ``"ClassName:state_name"``).
         strategy: the strategy's class name (metadata).
@@ -44,6 +53,8 @@ class Snapshot:
     progress: RunProgress
     history: dict[str, Any]
     data: Any = None
+    eval_data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     callbacks: dict[str, Any] = dataclasses.field(default_factory=dict)
     strategy: str = ""
     devices: int = 0

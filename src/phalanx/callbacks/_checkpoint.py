@@ -238,7 +238,8 @@ class Checkpoint(Callback, SnapshotStore):
     def restore(self, trainer: TrainerLike, resume: Any, data: Any = None) -> None:
         """Load a checkpoint into `trainer` (its state, progress, history and
         callbacks) and, where it is `Resumable`, into `data`: what
-        ``fit(resume=)`` does before it trains.
+        ``fit(resume=)`` does before it trains (and, as it does, say so in
+        one line: ``resumed from step N (epoch E) of PATH``).
 
         Args:
             resume: ``"latest"`` (this callback's newest readable checkpoint;
@@ -248,7 +249,10 @@ class Checkpoint(Callback, SnapshotStore):
         Raises:
             FileNotFoundError: a path with no complete checkpoint in it.
             ValueError: the checkpoint is from another model or optimizer, or
-                cannot be read (the message names the path and why).
+                of a run whose updates `trainer` would make otherwise
+                (another ``ema``, ``precision``, ``loss``, ``param_groups``
+                or learning rate), or cannot be read (the message names the
+                path and why).
         """
         snapshot = find_snapshot(resume, trainer.snapshot(), (self,))
         if snapshot is not None:

@@ -29,7 +29,7 @@ from ._errors import (
     write_error,
 )
 from ._items import item_handlers, save_args
-from ._resume import Restored, is_step_folder, read_checkpoint
+from ._resume import Restored, is_step_folder, read_checkpoint, said_resumed
 from ._retention import metric_fn, retention
 from ._writer import WriterThread, lower_priority, thread_ids
 
@@ -199,8 +199,9 @@ class CheckpointFolder:
         return restored
 
     def load(self, resume: Any, like: Snapshot) -> Snapshot | None:
-        """As `read`, the snapshot alone; where ``"latest"`` finds none, a note
-        says that the run starts fresh."""
+        """As `read`, the snapshot alone, and a line saying what it resumes
+        (``resumed from step N (epoch E) of PATH``); where ``"latest"`` finds
+        none, a note says that the run starts fresh."""
         restored = self.read(like, resume)
         if restored is None:
             if jax.process_index() == 0:
@@ -209,6 +210,7 @@ class CheckpointFolder:
                     "starting fresh"
                 )
             return None
+        said_resumed(restored)
         return restored.snapshot
 
     def close(self) -> None:

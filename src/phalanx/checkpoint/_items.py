@@ -6,7 +6,8 @@ packed into one array per dtype, the ones split over devices one by one as
 they lie; they are restored straight onto the layout of a `like` snapshot
 (the restoring trainer's strategy and device count). Everything else
 (progress, history, the data loader's position, callbacks' state and
-metadata, the format version) is JSON. Orbax writes each step into a
+metadata, the format version, the evaluation sets' positions and the
+settings that shape the run's updates) is JSON. Orbax writes each step into a
 temporary folder and renames it when complete, so an interrupted save is
 never mistaken for a checkpoint.
 """
@@ -27,6 +28,7 @@ from .._version import __version__
 from ..strategies._placement import named
 from ._leaf_spec import LeafSpec, check_same_specs, leaf_specs
 from ._packing import Layout, pack, packed_sizes, unpack
+from ._settings import check_same_settings
 
 
 # Version 2: arrays packed into one array per dtype (_packing.py); 3: a
@@ -94,6 +96,8 @@ def save_args(snapshot: Snapshot) -> ocp.args.Composite:
         **snapshot.progress.state_dict(),
         "history": snapshot.history,
         "data": snapshot.data,
+        "eval_data": snapshot.eval_data,
+        "settings": snapshot.settings,
         "callbacks": snapshot.callbacks,
     }
     if split:
@@ -122,8 +126,10 @@ def read_host(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
 
 
 def check_compatible(like: Snapshot, host: dict, where: str) -> None:
-    """Raise ValueError if phalanx cannot read the checkpoint's format, or
-    naming the first leaf where the architectures differ."""
+    """Raise ValueError if phalanx cannot read the checkpoint's format,
+    naming the first setting that shapes updates where the trainer differs
+    from the checkpointed run (`check_same_settings`), or the first leaf
+    where the architectures differ."""
     if host.get("format") != FORMAT:
         raise ValueError(
             f"checkpoint {where} was written by phalanx {host.get('phalanx')} in "
@@ -131,6 +137,8 @@ def check_compatible(like: Snapshot, host: dict, where: str) -> None:
             f"({__version__}) reads format {FORMAT}: resume it with the phalanx "
             "that wrote it, or start again"
         )
+    # (Absent from checkpoints written before settings were kept.)
+    check_same_settings(like.settings, host.get("settings", {}), f"checkpoint {where}")
     check_same_specs(
         _spec(like),
         host["spec"],
@@ -209,6 +217,8 @@ def from_checkpoint(
         progress=RunProgress.from_state_dict(host, sums),
         history=host["history"],
         data=host["data"],
+        eval_data=host.get("eval_data", {}),
+        settings=host.get("settings", {}),
         callbacks=host["callbacks"],
         strategy=host["strategy"],
         devices=host["devices"],

@@ -9,8 +9,10 @@ unreadable JSON) is skipped with a warning naming it and why, and the next
 older one is tried. With nothing to resume from yet, ``"latest"`` starts
 fresh (a first run of a script that resumes whenever it can); a path that
 names no checkpoint is an error, as is a folder whose every checkpoint is
-damaged. This module reads; it never sets anything on the trainer (the
-caller restores the snapshot it returns).
+damaged. A checkpoint read to resume from is said in one line, ``resumed
+from step N (epoch E) of PATH``. This module reads; it never sets anything
+on the trainer (the caller restores the snapshot it returns, and puts the
+data back where the run had read it to: `resume_data`).
 """
 
 import dataclasses
@@ -19,10 +21,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 
 from .._log import logger
 from .._state._snapshot import Snapshot
+from .._typing import EvalSets
 from ..data import Resumable
 from ._errors import quiet_orbax_errors, release_failed_io, summary
 from ._items import check_compatible, from_checkpoint, read_arrays, read_host
@@ -58,14 +62,44 @@ def find_snapshot(
             "know where checkpoints are; add one, or pass resume=PATH"
         )
     restored = read_checkpoint(like, resume, Path(resume).absolute())
-    return None if restored is None else restored.snapshot
+    if restored is None:
+        return None
+    said_resumed(restored)
+    return restored.snapshot
 
 
-def resume_data(snapshot: Snapshot, data: Any) -> None:
+def resume_data(snapshot: Snapshot, data: Any, eval_sets: EvalSets = ()) -> None:
     """Put `data` back where the snapshot's run had read it to, where it is a
-    `Resumable` loader and the snapshot knows its position."""
+    `Resumable` loader and the snapshot knows its position; and so each of
+    `eval_sets` (``(prefix, data)``: a loader that shuffles then gives the
+    next evaluation the order it gave the run's)."""
     if snapshot.data is not None and isinstance(data, Resumable):
         data.load_state_dict(snapshot.data)
+    for prefix, batches in eval_sets:
+        state = snapshot.eval_data.get(prefix)
+        if state is not None and isinstance(batches, Resumable):
+            batches.load_state_dict(state)
+
+
+def eval_positions(eval_sets: EvalSets | None) -> dict[str, Any]:
+    """Where each `Resumable` set of `eval_sets` stands, by its prefix (what
+    a snapshot keeps as its `eval_data`)."""
+    return {
+        prefix: batches.state_dict()
+        for prefix, batches in eval_sets or ()
+        if isinstance(batches, Resumable)
+    }
+
+
+def said_resumed(restored: "Restored") -> None:
+    """The line that says what a run resumed from (on the first process)."""
+    progress = restored.snapshot.progress
+    if jax.process_index() == 0:
+        # The epoch as the progress bar counts it: the one the run goes on in.
+        logger.info(
+            f"resumed from step {progress.step} (epoch {progress.epoch + 1}) of "
+            f"{restored.path}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

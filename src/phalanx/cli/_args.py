@@ -13,6 +13,7 @@ from typing import Any, Literal
 import tomli_w
 
 from .._env import LAUNCH_STAMP, NUM_PROCESSES
+from .._metric_names import MetricName
 
 
 class UsageError(Exception):
@@ -105,7 +106,7 @@ class TrainArgs:
     model_arg: tuple[str, ...] = ()
     loggers: tuple[str, ...] = DEFAULT_LOGGERS
     # --metric names, as given (accuracy is logged whether named or not).
-    metrics: tuple[str, ...] = ()
+    metrics: tuple[MetricName, ...] = ()
     # --profile START:END
     profile: tuple[int, int] | None = None
     eval_every: int | None = None

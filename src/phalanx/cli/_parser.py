@@ -8,6 +8,7 @@ config file, or which ones a resumed run may change, is `cli/_config.py`'s.
 import argparse
 from typing import Any, NoReturn
 
+from .._metric_names import METRIC_NAMES
 from .._version import __version__
 from ._args import UsageError
 from ._options import (
@@ -52,9 +53,9 @@ class RaisingParser(_Parser):
 
 
 LOGGERS = ("csv", "jsonl", "tensorboard", "wandb", "mlflow")
-# --metric's names: accuracy (logged whatever is chosen), and the
-# dataset-level metrics of px.metrics that `cli/_metrics.MAKERS` builds.
-METRICS = ("accuracy", "f1", "precision", "recall", "auc", "confusion_matrix")
+# --metric's names: the trainer's built-in metrics (accuracy is logged
+# whatever is chosen).
+METRICS = METRIC_NAMES
 
 
 def build_parser(

@@ -12,6 +12,7 @@ import optax
 
 from .. import callbacks as cb, models
 from .._checks._device_note import devices_said
+from .._trainer import DataParallelTrainer
 from ..callbacks._base import Callback
 from ..callbacks._peak_flops import peak_flops
 from ..data import ArrayLoader
@@ -25,7 +26,6 @@ from ..strategies import (
 )
 from ._args import TrainArgs, UsageError, write_config
 from ._folder import RunFolder
-from ._metrics import ClassifierTrainer
 from ._model import (
     DIGITS_HINT,
     build_model,
@@ -196,11 +196,11 @@ def train_and_report(
     folder.create(main=main)
     every = args.log_every
     checkpoint = cb.Checkpoint(run / "checkpoints", every_n_steps=args.checkpoint_every)
-    trainer = ClassifierTrainer(
+    trainer = DataParallelTrainer(
         model,
         make_optimizer(args, schedule),
-        metric_names=args.metrics,
-        num_classes=int(y_train.max()) + 1,
+        # The classifier's accuracy, and what --metric adds (repeats dropped).
+        metrics=("accuracy", *args.metrics),
         strategy=strategy,
         seed=args.seed,
         steps_per_call=args.steps_per_call,
@@ -266,7 +266,7 @@ def train_and_report(
     return 0
 
 
-def flops_note(trainer: ClassifierTrainer, batch: Any, devices: list[Any]) -> str:
+def flops_note(trainer: DataParallelTrainer, batch: Any, devices: list[Any]) -> str:
     """The end of the start line: the train step's FLOPs (counted, not
     compiled), and where the devices' peak is unknown that `Throughput`
     logs no ``mfu`` (said here, once, instead of by `Throughput`)."""
