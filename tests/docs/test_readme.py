@@ -1,7 +1,8 @@
 """The command-line example with your own model module runs as written: its
 `mymodels.py` block (from the README, else docs/guides/cli.md) is written to
 a file and its `phalanx train` command runs. The other Python blocks of the
-README and the docs run in test_docs.py."""
+README and the docs run in test_docs.py. The README stays one page that
+links every guide."""
 
 import os
 import re
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import forkserver
+from test_docs import python_blocks
 
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -38,3 +40,16 @@ def test_readme_own_model_on_the_command_line(tmp_path):
     assert done.returncode == 0, done.stderr
     accuracy = re.search(r"test accuracy (\d\.\d+)", done.stdout)
     assert accuracy and float(accuracy[1]) > 0.9, done.stdout
+
+
+def test_readme_is_one_page_that_links_every_guide():
+    # The README shows the product on at most 200 lines: each guide linked,
+    # every Python block run by test_docs.py (none skipped).
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    assert len(text.splitlines()) <= 200, len(text.splitlines())
+    guides = sorted((ROOT / "docs" / "guides").glob("*.md"))
+    unlinked = [g.name for g in guides if f"](docs/guides/{g.name}" not in text]
+    assert guides and not unlinked, f"guides the README does not link: {unlinked}"
+    blocks = python_blocks(readme)
+    assert blocks and all(block.skip is None for block in blocks), blocks

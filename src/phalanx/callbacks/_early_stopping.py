@@ -69,11 +69,13 @@ class EarlyStopping(AbstractWatch):
         stopper.best_epoch, stopper.best  # the model now holds that epoch's weights
         ```
 
-        Every 500 steps, on one of several sets:
+        Every 100 steps, on one of several sets:
 
         ```python
         stopper = EarlyStopping("eval_val_loss", patience=4)
-        trainer.fit(train, steps=20_000, eval_every=500,
+        trainer = px.DataParallelTrainer(model, optax.adam(1e-3),
+                                         callbacks=[stopper])
+        trainer.fit(train, steps=2_000, eval_every=100,
                     eval_data={"val": val, "test": test})
         stopper.best_step
         ```

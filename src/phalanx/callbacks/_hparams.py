@@ -34,6 +34,8 @@ def hyperparameters(trainer: object) -> dict[str, Scalar]:
 
     Example:
         ```python
+        from phalanx.callbacks._hparams import hyperparameters
+
         hyperparameters(trainer)
         # {"strategy": "ShardingStrategy", "strategy.num_devices": 8, ...,
         #  "model": "MLP", "model.parameters": 67, "optimizer_state": ...}

@@ -75,6 +75,7 @@ class MLflowLogger(ScalarLogger):
     ``mlflow`` package.
 
     Example:
+        <!-- skip: needs an MLflow tracking server at localhost:5000 -->
         ```python
         tracker = px.callbacks.MLflowLogger(
             "mnist", tracking_uri="http://localhost:5000", config={"lr": 1e-3}

@@ -47,6 +47,7 @@ def load_mnist(path: str | os.PathLike[str]) -> tuple[Split, Split]:
             and labels differ in number.
 
     Example:
+        <!-- skip: needs the MNIST files in ~/data/mnist -->
         ```python
         (x_train, y_train), (x_test, y_test) = px.data.load_mnist("~/data/mnist")
         x_train.shape  # (60000, 784)

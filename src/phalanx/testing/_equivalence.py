@@ -114,7 +114,10 @@ def assert_equivalent(
         embeddings (add ``jax.lax.axis_index(axis) * outputs.shape[0]``). On
         one device it is right; on eight it is caught:
 
+        <!-- raises: AssertionError -->
         ```python
+        x = np.random.default_rng(0).normal(size=(64, 16)).astype(np.float32)
+
         class Contrastive(px.DataParallelTrainer):
             @override
             def loss(self, model, outputs, targets):
