@@ -327,6 +327,7 @@ def test_plot_draws_each_set_beside_its_train_metric(tmp_path, eval_every):
     plot = px.callbacks.PlotHistory(tmp_path / "history.png")
     trainer = make_trainer([plot])
     trainer.fit(loader(), epochs=2, eval_data=SETS, eval_every=eval_every)
+    plot.wait()
     history = trainer.history
     assert history.steps == [7, 14]
     assert plot._names(history) == ["loss", "accuracy"]  # a panel each

@@ -129,7 +129,14 @@ class StepInfo(Generic[_Model]):
         """
         metrics = self.device_metrics
         if isinstance(metrics, StepSums):
-            return metrics.means()
+            clock = self.clock
+            if clock is None or clock.stopped is not None:
+                return metrics.means()
+            # The read waits for the device to finish the step: the fit's
+            # "step" time (the device's, as the host sees it), not the time
+            # of the callback that happened to read first.
+            with clock.within("step"):
+                return metrics.means()
         # Already on the host (epoch end): the very dict the history keeps,
         # so entries a callback adds (e.g. "lr") reach later callbacks too.
         return metrics
