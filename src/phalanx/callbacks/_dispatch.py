@@ -26,11 +26,12 @@ class Callbacks:
     Callbacks that add metrics (a non-empty `added_metrics`: e.g.
     `Throughput`, `LearningRateMonitor`, `Timeline`) run before the others,
     each group in the order given, so what they add reaches every logger,
-    whatever the order of the list. Snapshot stores (e.g. `px.callbacks.Checkpoint`) run after every other
-    callback (as in Lightning), so a snapshot holds what the others did for
-    its step. In a multi-process run, callbacks marked `main_process_only`
-    (loggers, displays) run on process 0 only; every callback's state is
-    kept everywhere.
+    whatever the order of the list. Snapshot stores (e.g.
+    `px.callbacks.Checkpoint`) run after every other callback (as in
+    Lightning), so a snapshot holds what the others did for its step. In a
+    multi-process run, callbacks marked `main_process_only` (loggers,
+    displays) run on process 0 only; every callback's state is kept
+    everywhere.
 
     A `display` the trainer adds (its default progress bar) runs after the
     user's callbacks and before the stores, but is not one of `all`: it

@@ -41,12 +41,12 @@ class PlotHistory(Callback):
     returns without waiting for its last drawing: call `wait` before
     reading the file in the same process (a Python process waits for it
     before it exits). The file is replaced atomically (a viewer never sees
-    half a file). Each panel shows a metric (``loss``, ``accuracy``, values earlier callbacks add such as
-    ``lr``) against epochs completed, with its ``eval_`` counterpart beside
-    it when there is one (one per set, for named eval sets); points are
-    marked, so one epoch shows as a dot. After ``fit(eval_every=N)`` the
-    x-axis is steps: the epochs' train means at the steps they ended, each
-    evaluation at its step.
+    half a file). Each panel shows a metric (``loss``, ``accuracy``, values
+    other callbacks add such as ``lr``) against epochs completed, with its
+    ``eval_`` counterpart beside it when there is one (one per set, for
+    named eval sets); points are marked, so one epoch shows as a dot. After
+    ``fit(eval_every=N)`` the x-axis is steps: the epochs' train means at
+    the steps they ended, each evaluation at its step.
 
     Drawing uses matplotlib's Agg canvas directly, never pyplot: the user's
     backend and open figures are left alone, and it works without a display.

@@ -118,15 +118,21 @@ class TensorBoardLogger(ScalarLogger):
 
     @override
     def _log(self, scalars: dict[str, float], step: int) -> None:
-        from tensorboardX.proto.summary_pb2 import Summary
         from tensorboardX.summary import scalar
 
         self._open(step)
         assert self._writer is not None
         # One event of all the step's scalars (as TensorFlow's merged
         # summaries), not an event each (`add_scalar`): 9 us a scalar, not 66.
-        values = [scalar(tag, value).value[0] for tag, value in scalars.items()]
-        self._writer._get_file_writer().add_summary(Summary(value=values), step)
+        merged = None
+        for tag, value in scalars.items():
+            one = scalar(tag, value)
+            if merged is None:
+                merged = one
+            else:
+                merged.MergeFrom(one)  # (appends its value)
+        if merged is not None:
+            self._writer._get_file_writer().add_summary(merged, step)
         self._last_step = step
 
     @override
