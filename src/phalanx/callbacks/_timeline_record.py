@@ -111,6 +111,7 @@ def total(earlier: list[Fit], this: Fit) -> dict[str, Any]:
 
 def write_json(path: pathlib.Path, data: dict[str, Any]) -> None:
     """Replace `path` with `data` as JSON, all or nothing (a kill while it
-    is written leaves the previous file)."""
+    is written leaves the previous file; not synced to the disk: ~0.3 ms,
+    where syncing took ~5)."""
     text = json.dumps(data).encode()
-    replace_atomically(path, lambda file: file.write(text))
+    replace_atomically(path, lambda file: file.write(text), sync=False)
