@@ -94,9 +94,13 @@ class StepInfo(Generic[_Model]):
             then join the epoch's), and at the hooks of `trainer.evaluate`:
             loggers write an evaluation of their own only where it is set.
         clock: in `fit`, its `PhaseClock`: the seconds spent so far in each
-            phase of the fit (``clock.totals()``) and its compiles
+            phase of the fit (``clock.totals()``), in each callback's hooks
+            (``clock.callback_totals()``) and its compiles
             (``clock.compiles``), read by `px.callbacks.Timeline`. None
             outside a fit.
+        steps_per_call: in `fit`, the trainer's ``steps_per_call``: the
+            steps one compiled call makes at most (fewer where a pass, the
+            plan or an ``eval_every`` evaluation ends sooner). 1 outside.
     """
 
     trainer: TrainerLike[_Model]
@@ -113,6 +117,7 @@ class StepInfo(Generic[_Model]):
     last_in_call: bool = True
     eval_every: int | None = None
     clock: PhaseClock | None = dataclasses.field(default=None, repr=False)
+    steps_per_call: int = 1
 
     @functools.cached_property
     def metrics(self) -> HostMetrics:
