@@ -199,23 +199,28 @@ class PhaseClock:
             self.segments = []
             self._segment = self.switch(self.phase)
 
-    def totals(self) -> dict[str, float]:
-        """Seconds spent in each phase so far (the open stretch included),
-        and ``"wall"``: the seconds since the start (to the stop)."""
-        now = time.perf_counter() if self.stopped is None else self.stopped
+    def totals(self, now: float | None = None) -> dict[str, float]:
+        """Seconds spent in each phase so far (the open stretch included, up
+        to `now`, a `perf_counter` time: default now), and ``"wall"``: the
+        seconds since the start (to the stop)."""
+        if self.stopped is not None:
+            now = self.stopped
+        elif now is None:
+            now = time.perf_counter()
         spent = dict(self.spent)
         if self.stopped is None:
             spent[self.phase] += now - self.since
         spent["wall"] = now - self.start
         return spent
 
-    def callback_totals(self) -> dict[str, float]:
+    def callback_totals(self, now: float | None = None) -> dict[str, float]:
         """Seconds charged to each callback's hooks so far, by name (the
-        open stretch included)."""
+        open stretch included, up to `now` as in `totals`)."""
         spent = dict(self.by_callback)
         owner = self.owner
         if owner is not None and self.stopped is None:
-            spent[owner] = spent.get(owner, 0.0) + time.perf_counter() - self.since
+            now = time.perf_counter() if now is None else now
+            spent[owner] = spent.get(owner, 0.0) + now - self.since
         return spent
 
     # ------------------------------------------------------------ compiles

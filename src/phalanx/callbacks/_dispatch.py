@@ -87,12 +87,17 @@ class Callbacks:
             for callback in self.step_hooks:  # per step: no call in between
                 callback.on_step_end(info)
             return
-        clock.enter("callbacks")
-        names = self.names
+        # Per step: one clock change per callback, each charged to its name.
+        names, entered = self.names, False
         for callback in self.step_hooks:
-            clock.switch(callback.time_phase, names[id(callback)])
+            if entered:
+                clock.switch(callback.time_phase, names[id(callback)])
+            else:
+                clock.enter(callback.time_phase, names[id(callback)])
+                entered = True
             callback.on_step_end(info)
-        clock.leave()
+        if entered:
+            clock.leave()
 
     def eval_start(self, info: StepInfo) -> None:
         self._each(lambda callback: callback.on_eval_start(info), info)

@@ -211,9 +211,10 @@ class Timeline(Callback):
         clock = self._clock
         if clock is None:
             return {}
-        totals = clock.totals()
+        now = time.perf_counter()  # both read at one time: they agree
+        totals = clock.totals(now)
         wall = totals["wall"]
-        by_callback = clock.callback_totals()
+        by_callback = clock.callback_totals(now)
         return {
             "started": self._started,
             "ended": self._ended,
