@@ -74,7 +74,7 @@ def test_plot_draws_within_its_share_off_the_training_thread(tmp_path, monkeypat
 
     monkeypatch.setattr(px.callbacks.PlotHistory, "_draw_names", draw)
     plot = px.callbacks.PlotHistory(tmp_path / "h.png")  # 2%: first wait 25 s
-    every = px.callbacks.PlotHistory(tmp_path / "every.png", max_share=1)
+    every = px.callbacks.PlotHistory(tmp_path / "e.png", metrics=["loss"], max_share=1)
     trainer = px.DataParallelTrainer(
         make_model(), optax.adam(1e-2), callbacks=[plot, every], progress=False
     )
