@@ -485,12 +485,6 @@ def test_callbacks_read_device_metrics_only_at_log_points(monkeypatch):
     now: list = ["before"]
 
     class Clock(px.Callback):
-        # Callbacks that add metrics run first (in the order given): this
-        # one declares one, so that it runs before Throughput's reads.
-        @override
-        def added_metrics(self):
-            return ("clock",)
-
         @override
         def on_fit_start(self, info):
             now[0] = "fit start"

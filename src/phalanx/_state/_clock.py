@@ -45,7 +45,8 @@ PHASES: tuple[TimePhase, ...] = (
     "other",
 )
 PHASE_MEANINGS: dict[str, str] = {
-    "step": "dispatching compiled steps and waiting for the device at sync points",
+    "step": "dispatching compiled steps and waiting for the device (sync points, "
+    "a step's metrics read)",
     "compile": "tracing, lowering and compiling (or reading the compile cache)",
     "data": "waiting for the next batch (loading, checking, placing)",
     "host": "the loop's own work between calls",

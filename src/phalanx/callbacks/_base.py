@@ -261,7 +261,9 @@ class Callback(Generic[_Model]):
         evaluations (``()``: none). None, the default, declares nothing: a
         monitor of a callback after this one, where this one overrides
         `on_epoch_end` or `on_eval_end`, is then taken on trust, as this one
-        may add it."""
+        may add it. Callbacks declaring ``()`` (loggers, displays) run after
+        all the others, so every value added reaches them whatever the
+        order of the list."""
         return None
 
     def on_fit_start(self, info: StepInfo[_Model]) -> None:

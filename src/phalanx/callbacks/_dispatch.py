@@ -23,10 +23,11 @@ from ._base import Callback, StepInfo, has_state, runs_here
 class Callbacks:
     """A fit's callbacks, in the order they run, and the calls into them.
 
-    Callbacks that add metrics (a non-empty `added_metrics`: e.g.
-    `Throughput`, `LearningRateMonitor`, `Timeline`) run before the others,
-    each group in the order given, so what they add reaches every logger,
-    whatever the order of the list. Snapshot stores (e.g.
+    Callbacks that declare they add no metrics (``added_metrics() == ()``:
+    loggers, displays, plots, `EarlyStopping`) run after the others (those
+    that add some, as `Throughput`, `LearningRateMonitor`, `Timeline`, or
+    declare nothing), each group in the order given, so what is added
+    reaches every logger, whatever the order of the list. Snapshot stores (e.g.
     `px.callbacks.Checkpoint`) run after every other callback (as in
     Lightning), so a snapshot holds what the others did for its step. In a
     multi-process run, callbacks marked `main_process_only` (loggers,
@@ -190,11 +191,12 @@ _LEGACY = re.compile(r"\d+:")
 
 
 def _rank(callback: Callback) -> int:
-    """Where `callback` runs: those adding metrics first (0), then the rest
-    (1), snapshot stores last (2); `sorted` keeps the given order within each."""
+    """Where `callback` runs: those that may add metrics first (0), then
+    those declaring they add none (1), snapshot stores last (2); `sorted`
+    keeps the given order within each."""
     if isinstance(callback, SnapshotStore):
         return 2
-    return 0 if callback.added_metrics() else 1
+    return 1 if callback.added_metrics() == () else 0
 
 
 def _names(callbacks: Sequence[Callback]) -> dict[int, str]:

@@ -33,8 +33,8 @@ class LearningRateMonitor(Callback):
     any logger would at that step) and into each epoch's metrics, so it lands
     in `trainer.history`.
 
-    Place it **before** any logger in ``callbacks=``: callbacks see the values
-    that earlier callbacks added, not those of later ones.
+    It adds metrics, so it runs before the loggers (which declare they add
+    none) wherever it is listed in ``callbacks=``.
 
     Args:
         schedule: the optax schedule given to the optimizer (a function

@@ -40,8 +40,9 @@ class ReduceLROnPlateau(AbstractWatch):
     injected `hyperparam` of the state is scaled (a constant: a schedule
     given there is recomputed each step, over what this sets).
 
-    Place it **after** any callback that adds the monitored metric, and
-    before the loggers that should write `name`.
+    It adds `name`, so it runs before the loggers (which declare they add
+    none) wherever it is listed; place it after any callback that adds the
+    monitored metric.
 
     Args:
         monitor: the metric to watch, e.g. ``"eval_loss"`` (needs
