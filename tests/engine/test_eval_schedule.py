@@ -20,7 +20,7 @@ from typing_extensions import override
 
 import phalanx as px
 from helpers import RaiseAt, make_data, make_model, max_abs_diff, read_scalars
-from phalanx.callbacks._plot import _curves
+from phalanx.callbacks._plot_curves import curves as _curves
 
 
 X, Y = make_data(100, seed=3)

@@ -20,6 +20,7 @@ from ._background import Background
 from ._base import Callback, StepInfo
 from ._budget import TimeBudget
 from ._files import check_file_path, replace_atomically
+from ._plot_curves import curves, eval_names, evaluated_between_epochs, is_eval_of
 
 
 # What a first drawing is taken to cost before one has been timed (a
@@ -184,10 +185,10 @@ class PlotHistory(Callback):
         rows = -(-len(names) // columns)
         figure = Figure(figsize=(4 * columns, 3 * rows), layout="constrained")
         FigureCanvasAgg(figure)
-        by_step = _evaluated_between_epochs(history)
+        by_step = evaluated_between_epochs(history)
         for i, name in enumerate(names):
             axes = figure.add_subplot(rows, columns, i + 1)
-            for label, xs, ys in _curves(history, name, by_step=by_step):
+            for label, xs, ys in curves(history, name, by_step=by_step):
                 axes.plot(xs, ys, marker="o", ms=4, label=label)
             axes.set_title(name)
             axes.set_xlabel("step" if by_step else "epoch")
@@ -200,7 +201,7 @@ class PlotHistory(Callback):
 
     def _names(self, history: History) -> list[str]:
         present = history.scalar_names
-        evals = _eval_names(history)
+        evals = eval_names(history)
         train = [name for name in present if not name.startswith("eval_")]
         if self.metrics is None:
             # A panel for each of nine phases would crowd out the metrics.
@@ -208,72 +209,16 @@ class PlotHistory(Callback):
             alone = [
                 name.removeprefix("eval_")
                 for name in evals
-                if not any(_pairs(name, metric) for metric in train)
+                if not any(is_eval_of(name, metric) for metric in train)
             ]
             return list(dict.fromkeys([*train, *alone]))
         for name in self.metrics:
-            if name not in present and not any(_pairs(e, name) for e in evals):
+            if name not in present and not any(is_eval_of(e, name) for e in evals):
                 raise ValueError(
                     f"PlotHistory(metrics={self.metrics!r}): the history has no "
                     f"{name!r}; it has {present}; pass names from those"
                 )
         return self.metrics
-
-
-def _eval_names(history: History) -> list[str]:
-    """The history's eval metrics: the epochs' and the evaluations'."""
-    arrays = set(history.names) - set(history.scalar_names)
-    names = [*history.names, *(k for e in history.evaluations for k in e)]
-    return list(
-        dict.fromkeys(k for k in names if k.startswith("eval_") and k not in arrays)
-    )
-
-
-def _pairs(eval_name: str, metric: str) -> bool:
-    """Whether `eval_name` is `metric` evaluated: ``eval_<metric>``, or
-    ``eval_<set>_<metric>`` for a named set."""
-    return eval_name == f"eval_{metric}" or (
-        eval_name.startswith("eval_") and eval_name.endswith(f"_{metric}")
-    )
-
-
-def _evaluated_between_epochs(history: History) -> bool:
-    """Whether fit evaluated every N steps (metrics the epochs lack): then
-    the curves are drawn against steps."""
-    present = set(history.names)
-    return any(
-        name.startswith("eval_") and name not in present
-        for evaluation in history.evaluations
-        for name in evaluation
-    )
-
-
-def _curves(
-    history: History, name: str, *, by_step: bool
-) -> list[tuple[str, list[float], list[float]]]:
-    """A panel's curves (label, x, y): the train metric `name` over epochs
-    (by step: at the steps they ended), and each set's evaluation of it."""
-    curves = []
-    epochs = [float(e) for e in range(1, len(history) + 1)]
-    if name in history.names:
-        pairs = zip(history.steps, history[name], strict=True)
-        if by_step:  # (an epoch recorded by an earlier version has no step)
-            known = [(float(s), v) for s, v in pairs if s is not None]
-            curves.append(("train", [s for s, _ in known], [v for _, v in known]))
-        else:
-            curves.append(("train", epochs, history[name]))
-    for key in _eval_names(history):
-        if not _pairs(key, name):
-            continue
-        label = "eval" if key == f"eval_{name}" else key[5 : -len(name) - 1]
-        if by_step:
-            points = [
-                (float(e["step"]), e[key]) for e in history.evaluations if key in e
-            ]
-            curves.append((label, [s for s, _ in points], [v for _, v in points]))
-        else:
-            curves.append((label, epochs, history[key]))
-    return curves
 
 
 def _check_metrics(metrics: object) -> list[str] | None:
