@@ -194,6 +194,10 @@ class PhaseClock:
             if self.segments is not None:
                 self._record("other", self.stopped)
 
+    def ended(self) -> bool:
+        """Whether the clock has stopped (its fit is over)."""
+        return self.stopped is not None
+
     def record(self) -> None:
         """Keep the phases' stretches from now on, for a trace."""
         if self.segments is None:
