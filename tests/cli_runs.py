@@ -252,7 +252,8 @@ def listed(folder: pathlib.Path) -> tuple[list[int], int | None]:
 
 
 def host_state(folder: pathlib.Path, step: int) -> dict:
-    """The JSON half of a checkpoint, timings left out of its history."""
+    """The JSON half of a checkpoint, timings left out of its history, and
+    the Timeline's record (wall-clock measurements, its state) with them."""
     options = ocp.CheckpointManagerOptions(read_only=True)
     with ocp.CheckpointManager(folder, options=options) as manager:
         args = ocp.args.Composite(host=ocp.args.JsonRestore())
@@ -260,6 +261,7 @@ def host_state(folder: pathlib.Path, step: int) -> dict:
     for epoch in host["history"]["epochs"]:
         for name in [name for name in epoch if timing(name)]:
             del epoch[name]  # (mfu: only where the peak is known)
+    host["callbacks"].pop("Timeline", None)
     return host
 
 

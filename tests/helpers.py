@@ -164,10 +164,16 @@ def count_host_waits(monkeypatch) -> list[str]:
 
 
 class RaiseAt(px.Callback):
-    """Raises RuntimeError at the end of step `step` (a crash mid-fit)."""
+    """Raises RuntimeError at the end of step `step` (a crash mid-fit), after
+    the callbacks listed before it (it adds no metric, so it keeps its place
+    among the loggers)."""
 
     def __init__(self, step: int):
         self.step = step
+
+    @override
+    def added_metrics(self) -> tuple[str, ...]:
+        return ()
 
     @override
     def on_step_end(self, info):

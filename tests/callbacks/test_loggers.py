@@ -85,6 +85,7 @@ def test_files_agree_with_history(tmp_path):
         make_model(), optax.adam(1e-2), callbacks=[*loggers(tmp_path, 3), plot]
     )
     trainer.fit(batches(), epochs=3, eval_data=eval_batches())
+    plot.wait()  # drawn on a thread of its own
 
     header, rows = read_csv(tmp_path / "metrics.csv")
     assert header[:3] == ["kind", "step", "epoch"]
@@ -144,6 +145,8 @@ def test_plot_one_epoch_and_chosen_metrics(tmp_path):
     ]
     trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2), callbacks=plots)
     trainer.fit(batches(), epochs=1)
+    for plot in plots:
+        plot.wait()
     one = matplotlib.image.imread(tmp_path / "one.png")
     assert one.shape == (300, 400, 4)
     # A single point is still drawn (a marker): the panel is not blank.
@@ -154,20 +157,28 @@ def test_plot_one_epoch_and_chosen_metrics(tmp_path):
 def test_plot_is_not_redrawn_when_the_history_is_unchanged(tmp_path):
     path = tmp_path / "history.png"
     drawn = []  # the file as each epoch end left it, and as fit left it
+    plot = PlotHistory(path, max_share=1)  # redrawn at every epoch end
 
     class Seen(px.Callback):  # after the plot
         @override
+        def added_metrics(self):  # adds none, as the plot: runs after it
+            return ()
+
+        @override
         def on_epoch_end(self, info):
+            plot.wait()
             drawn.append(os.stat(path).st_mtime_ns)
 
     trainer = px.DataParallelTrainer(
-        make_model(), optax.adam(1e-2), callbacks=[PlotHistory(path), Seen()]
+        make_model(), optax.adam(1e-2), callbacks=[plot, Seen()]
     )
     trainer.fit(batches(), epochs=1)
+    plot.wait()
     drawn.append(os.stat(path).st_mtime_ns)
     assert drawn[0] == drawn[1]  # fit's end drew nothing new
     trainer.evaluate(eval_batches())  # (not in the history)
     trainer.fit(batches(), epochs=1)
+    plot.wait()
     drawn.append(os.stat(path).st_mtime_ns)
     assert drawn[1] < drawn[2] == drawn[3]
 
@@ -393,7 +404,9 @@ def test_plot_leaves_the_users_backend_alone(tmp_path):
 import sys, matplotlib
 from phalanx._state._history import History
 from phalanx.callbacks import PlotHistory
-PlotHistory({str(tmp_path / "h.png")!r})._draw(History([{{"loss": 1.0}}]))
+plot = PlotHistory({str(tmp_path / "h.png")!r})
+plot._draw(History([{{"loss": 1.0}}]))
+plot.wait()
 backend = dict.__getitem__(matplotlib.rcParams, "backend")  # without resolving it
 print("matplotlib.pyplot" in sys.modules, backend)
 """

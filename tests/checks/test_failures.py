@@ -349,15 +349,17 @@ def test_an_eval_metric_from_a_callback_of_ones_own_is_let_be():
 
 
 def test_loggers_make_their_missing_folders(tmp_path):
+    plot = px.callbacks.PlotHistory(tmp_path / "f" / "history.png")
     callbacks = [
         px.callbacks.CSVLogger(tmp_path / "a" / "b" / "metrics.csv", log_every=1),
         px.callbacks.JSONLogger(tmp_path / "c" / "metrics.jsonl", log_every=1),
         px.callbacks.TensorBoardLogger(tmp_path / "d" / "e" / "tb", log_every=1),
-        px.callbacks.PlotHistory(tmp_path / "f" / "history.png"),
+        plot,
         px.callbacks.Checkpoint(tmp_path / "g" / "ckpt"),
     ]
     assert list(tmp_path.iterdir()) == []  # nothing is written before fit
     trainer_of(callbacks=callbacks).fit([make_data(16)], epochs=1)
+    plot.wait()  # drawn on a thread of its own
     for path in ("a/b/metrics.csv", "c/metrics.jsonl", "d/e/tb", "f/history.png"):
         assert (tmp_path / path).exists(), path
     assert (tmp_path / "g" / "ckpt" / "1").is_dir()

@@ -120,6 +120,16 @@ def test_sigkill_then_resume_is_exact(tmp_path, straight, reference, restore, po
         range(first, TOTAL + 1, LOG_EVERY)
     )
     assert all(m.group(0).endswith(f"/{TOTAL}  ") for m in shown if m)
+    # The killed part's timeline survives (its checkpoint holds it up to its
+    # step, its file as far as it got), and the steps it made past the
+    # checkpoint count as computed again.
+    timeline = json.loads((tmp_path / "RUN" / "timeline.json").read_text())
+    (part,) = timeline["earlier"]
+    assert (part["first_step"], part["ended"]) == (0, None)
+    assert latest <= part["last_step"] < TOTAL and part["wall_s"] > 0
+    assert (timeline["first_step"], timeline["last_step"]) == (latest, TOTAL)
+    assert timeline["total"]["steps_again"] == part["last_step"] - latest
+    assert timeline["total"]["fits"] == 2
     # stderr: the notice, the line saying what was resumed, and at most
     # orbax's note on a temporary folder the kill left behind (it reuses the
     # name and removes it).

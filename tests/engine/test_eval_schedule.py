@@ -20,7 +20,7 @@ from typing_extensions import override
 
 import phalanx as px
 from helpers import RaiseAt, make_data, make_model, max_abs_diff, read_scalars
-from phalanx.callbacks._plot import _curves
+from phalanx.callbacks._plot_curves import curves as _curves
 
 
 X, Y = make_data(100, seed=3)
@@ -329,6 +329,7 @@ def test_plot_draws_each_set_beside_its_train_metric(tmp_path, eval_every):
     plot = px.callbacks.PlotHistory(tmp_path / "history.png")
     trainer = make_trainer([plot])
     trainer.fit(loader(), epochs=2, eval_data=SETS, eval_every=eval_every)
+    plot.wait()
     history = trainer.history
     assert history.steps == [7, 14]
     assert plot._names(history) == ["loss", "accuracy"]  # a panel each

@@ -161,6 +161,7 @@ class FitLoop:
             last_in_call=last_in_call,
             eval_every=self.eval_every,
             clock=self.clock,
+            steps_per_call=self.settings.steps_per_call,
         )
 
     def data_state(self) -> Any:

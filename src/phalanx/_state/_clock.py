@@ -11,6 +11,11 @@ collections on that thread, to ``"gc"``, by one `gc.callbacks` entry. The
 clock reads no device value and waits for nothing: ``"step"`` is the time
 the host spends dispatching compiled calls and waiting at the loop's own
 sync points, the device's time as the host sees it.
+
+Time charged to a phase while a callback runs is also charged to that
+callback, by the name the dispatcher gives it (`PhaseClock.by_callback`):
+the per-callback seconds of a phase sum to that phase's callback time, a
+compile or a collection inside a hook moving out of both alike.
 """
 
 import contextlib
@@ -40,7 +45,8 @@ PHASES: tuple[TimePhase, ...] = (
     "other",
 )
 PHASE_MEANINGS: dict[str, str] = {
-    "step": "dispatching compiled steps and waiting for the device at sync points",
+    "step": "dispatching compiled steps and waiting for the device (sync points, "
+    "a step's metrics read)",
     "compile": "tracing, lowering and compiling (or reading the compile cache)",
     "data": "waiting for the next batch (loading, checking, placing)",
     "host": "the loop's own work between calls",
@@ -67,7 +73,8 @@ class Compile:
 
     Attributes:
         name: what the loop was doing, e.g. ``"train step, batch
-            f32[64,784] i32[64]"``; else ``"<phase>: <function>"``.
+            f32[64,784] i32[64]"``; else ``"<callback>: <function>"`` for
+            one in a callback's hook, or ``"<phase>: <function>"``.
         function: the name JAX gives the compiled function.
         phase: the phase it happened in.
         seconds: its tracing, lowering and compiling, in seconds.
@@ -92,6 +99,9 @@ class PhaseClock:
         segments: where tracing is on (`record`), each phase's stretches as
             ``(phase, start, end)`` in `perf_counter` seconds; else None.
         dropped: segments left out of `segments` past its cap.
+        owner: the callback whose hook runs now (its name), or None.
+        by_callback: the seconds charged to each callback's hooks so far,
+            by name (see `callback_totals` for the open stretch too).
     """
 
     def __init__(self) -> None:
@@ -104,20 +114,27 @@ class PhaseClock:
         self.compile_count = 0
         self.segments: list[tuple[str, float, float]] | None = None
         self.dropped = 0
+        self.owner: str | None = None
+        self.by_callback: dict[str, float] = {}
         self._segment = self.start  # where the current phase's stretch began
-        self._stack: list[str] = []
+        self._stack: list[tuple[str, str | None]] = []
         self._thread: int | None = None
         self._pending = 0.0  # compile time of a compile not yet finished
         self._spans: list[tuple[float, float]] = []  # recent compile spans
 
     # ------------------------------------------------------------ charging
 
-    def switch(self, phase: str) -> float:
-        """Charge the time since the last change to the current phase and
-        go on in `phase`; the time now (`perf_counter`)."""
+    def switch(self, phase: str, owner: str | None = None) -> float:
+        """Charge the time since the last change to the current phase (and
+        callback, if one runs) and go on in `phase`, in the hook of the
+        callback named `owner` (None: none); the time now (`perf_counter`)."""
         now = time.perf_counter()
-        old = self.phase
-        self.spent[old] += now - self.since
+        old, spent = self.phase, now - self.since
+        self.spent[old] += spent
+        if self.owner is not None:
+            by = self.by_callback
+            by[self.owner] = by.get(self.owner, 0.0) + spent
+        self.owner = owner
         self.since = now
         if old != phase:
             self.phase = phase
@@ -125,19 +142,19 @@ class PhaseClock:
                 self._record(old, now)
         return now
 
-    def enter(self, phase: str) -> None:
-        """Go into `phase` until the matching `leave`."""
-        self._stack.append(self.phase)
-        self.switch(phase)
+    def enter(self, phase: str, owner: str | None = None) -> None:
+        """Go into `phase` (in `owner`'s hook) until the matching `leave`."""
+        self._stack.append((self.phase, self.owner))
+        self.switch(phase, owner)
 
     def leave(self) -> None:
-        """Back to the phase `enter` left."""
-        self.switch(self._stack.pop())
+        """Back to the phase (and callback) `enter` left."""
+        self.switch(*self._stack.pop())
 
     @contextlib.contextmanager
-    def within(self, phase: str) -> Iterator[None]:
+    def within(self, phase: str, owner: str | None = None) -> Iterator[None]:
         """`enter` and `leave` around a block."""
-        self.enter(phase)
+        self.enter(phase, owner)
         try:
             yield
         finally:
@@ -177,20 +194,38 @@ class PhaseClock:
             if self.segments is not None:
                 self._record("other", self.stopped)
 
+    def ended(self) -> bool:
+        """Whether the clock has stopped (its fit is over)."""
+        return self.stopped is not None
+
     def record(self) -> None:
         """Keep the phases' stretches from now on, for a trace."""
         if self.segments is None:
             self.segments = []
             self._segment = self.switch(self.phase)
 
-    def totals(self) -> dict[str, float]:
-        """Seconds spent in each phase so far (the open stretch included),
-        and ``"wall"``: the seconds since the start (to the stop)."""
-        now = time.perf_counter() if self.stopped is None else self.stopped
+    def totals(self, now: float | None = None) -> dict[str, float]:
+        """Seconds spent in each phase so far (the open stretch included, up
+        to `now`, a `perf_counter` time: default now), and ``"wall"``: the
+        seconds since the start (to the stop)."""
+        if self.stopped is not None:
+            now = self.stopped
+        elif now is None:
+            now = time.perf_counter()
         spent = dict(self.spent)
         if self.stopped is None:
             spent[self.phase] += now - self.since
         spent["wall"] = now - self.start
+        return spent
+
+    def callback_totals(self, now: float | None = None) -> dict[str, float]:
+        """Seconds charged to each callback's hooks so far, by name (the
+        open stretch included, up to `now` as in `totals`)."""
+        spent = dict(self.by_callback)
+        owner = self.owner
+        if owner is not None and self.stopped is None:
+            now = time.perf_counter() if now is None else now
+            spent[owner] = spent.get(owner, 0.0) + now - self.since
         return spent
 
     # ------------------------------------------------------------ compiles
@@ -210,10 +245,14 @@ class PhaseClock:
         del self._spans[:-16]
         new = max(seconds - inside, 0.0)
         self.spent[self.phase] -= new
+        if self.owner is not None:
+            by = self.by_callback
+            by[self.owner] = by.get(self.owner, 0.0) - new
         self.spent["compile"] += new
         self._pending += new
         if event == _BACKEND:
-            name = f"{self.phase}: {function}"
+            # Named by the callback whose hook compiled it, else the phase.
+            name = f"{self.owner or self.phase}: {function}"
             done = Compile(name, function, self.phase, self._pending, now - self.start)
             self.compiles.append(done)
             self.compile_count += 1

@@ -98,9 +98,13 @@ class StepInfo(Generic[_Model]):
             then join the epoch's), and at the hooks of `trainer.evaluate`:
             loggers write an evaluation of their own only where it is set.
         clock: in `fit`, its `PhaseClock`: the seconds spent so far in each
-            phase of the fit (``clock.totals()``) and its compiles
+            phase of the fit (``clock.totals()``), in each callback's hooks
+            (``clock.callback_totals()``) and its compiles
             (``clock.compiles``), read by `px.callbacks.Timeline`. None
             outside a fit.
+        steps_per_call: in `fit`, the trainer's ``steps_per_call``: the
+            steps one compiled call makes at most (fewer where a pass, the
+            plan or an ``eval_every`` evaluation ends sooner). 1 outside.
     """
 
     trainer: TrainerLike[_Model]
@@ -117,6 +121,7 @@ class StepInfo(Generic[_Model]):
     last_in_call: bool = True
     eval_every: int | None = None
     clock: PhaseClock | None = dataclasses.field(default=None, repr=False)
+    steps_per_call: int = 1
 
     @functools.cached_property
     def metrics(self) -> HostMetrics:
@@ -133,7 +138,14 @@ class StepInfo(Generic[_Model]):
         """
         metrics = self.device_metrics
         if isinstance(metrics, StepSums):
-            return metrics.means()
+            clock = self.clock
+            if clock is None or clock.stopped is not None:
+                return metrics.means()
+            # The read waits for the device to finish the step: the fit's
+            # "step" time (the device's, as the host sees it), not the time
+            # of the callback that happened to read first.
+            with clock.within("step"):
+                return metrics.means()
         # Already on the host (epoch end): the very dict the history keeps,
         # so entries a callback adds (e.g. "lr") reach later callbacks too.
         return metrics
@@ -253,7 +265,9 @@ class Callback(Generic[_Model]):
         evaluations (``()``: none). None, the default, declares nothing: a
         monitor of a callback after this one, where this one overrides
         `on_epoch_end` or `on_eval_end`, is then taken on trust, as this one
-        may add it."""
+        may add it. Callbacks declaring ``()`` (loggers, displays) run after
+        all the others, so every value added reaches them whatever the
+        order of the list."""
         return None
 
     def on_fit_start(self, info: StepInfo[_Model]) -> None:

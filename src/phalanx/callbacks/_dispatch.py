@@ -5,7 +5,8 @@ It decides the order callbacks run in, which of them run on this process and
 after each step, whose state a checkpoint's entry is, and which phase of the
 fit's time (`StepInfo.clock`) each one's hooks count as, from what each
 callback declares on `Callback` (never by probing an object for a member);
-it runs no step and touches no device.
+it names each callback on the clock, so the fit's time is told per callback
+too. It runs no step and touches no device.
 """
 
 import collections
@@ -22,11 +23,16 @@ from ._base import Callback, StepInfo, has_state, runs_here
 class Callbacks:
     """A fit's callbacks, in the order they run, and the calls into them.
 
-    Snapshot stores (e.g. `px.callbacks.Checkpoint`) run after every other
-    callback (as in Lightning), so a snapshot holds what the others did for
-    its step. In a multi-process run, callbacks marked `main_process_only`
-    (loggers, displays) run on process 0 only; every callback's state is
-    kept everywhere.
+    Callbacks that declare they add no metrics (``added_metrics() == ()``:
+    loggers, displays, plots, `EarlyStopping`) run after the others (those
+    that add some, as `Throughput`, `LearningRateMonitor`, `Timeline`, or
+    declare nothing), each group in the order given, so what is added
+    reaches every logger, whatever the order of the list. Snapshot stores (e.g.
+    `px.callbacks.Checkpoint`) run after every other callback (as in
+    Lightning), so a snapshot holds what the others did for its step. In a
+    multi-process run, callbacks marked `main_process_only` (loggers,
+    displays) run on process 0 only; every callback's state is kept
+    everywhere.
 
     A `display` the trainer adds (its default progress bar) runs after the
     user's callbacks and before the stores, but is not one of `all`: it
@@ -45,9 +51,7 @@ class Callbacks:
 
     def __init__(self, callbacks: Sequence[Callback], display: Callback | None = None):
         _check_declarations(callbacks)
-        self.all: tuple[Callback, ...] = tuple(
-            sorted(callbacks, key=lambda c: isinstance(c, SnapshotStore))
-        )
+        self.all: tuple[Callback, ...] = tuple(sorted(callbacks, key=_rank))
         ordered = self.all
         if display is not None:
             split = sum(not isinstance(c, SnapshotStore) for c in self.all)
@@ -61,6 +65,8 @@ class Callbacks:
         self.stores: tuple[SnapshotStore, ...] = tuple(
             c for c in self.all if isinstance(c, SnapshotStore)
         )
+        # How the fit's clock names each one's time (`PhaseClock.by_callback`).
+        self.names: dict[int, str] = _names(ordered)
 
     def fit_start(self, info: StepInfo) -> None:
         self._each(lambda callback: callback.on_fit_start(info), info)
@@ -82,11 +88,17 @@ class Callbacks:
             for callback in self.step_hooks:  # per step: no call in between
                 callback.on_step_end(info)
             return
-        clock.enter("callbacks")
+        # Per step: one clock change per callback, each charged to its name.
+        names, entered = self.names, False
         for callback in self.step_hooks:
-            clock.switch(callback.time_phase)
+            if entered:
+                clock.switch(callback.time_phase, names[id(callback)])
+            else:
+                clock.enter(callback.time_phase, names[id(callback)])
+                entered = True
             callback.on_step_end(info)
-        clock.leave()
+        if entered:
+            clock.leave()
 
     def eval_start(self, info: StepInfo) -> None:
         self._each(lambda callback: callback.on_eval_start(info), info)
@@ -108,8 +120,9 @@ class Callbacks:
             for callback in order:
                 hook(callback)
             return
+        names = self.names
         for callback in order:
-            with clock.within(callback.time_phase):
+            with clock.within(callback.time_phase, names[id(callback)]):
                 hook(callback)
 
     def exception(self, info: StepInfo, error: BaseException) -> None:
@@ -175,6 +188,28 @@ class Callbacks:
 
 # A key of a checkpoint written before `state_key`: "<index>:<ClassName>".
 _LEGACY = re.compile(r"\d+:")
+
+
+def _rank(callback: Callback) -> int:
+    """Where `callback` runs: those that may add metrics first (0), then
+    those declaring they add none (1), snapshot stores last (2); `sorted`
+    keeps the given order within each."""
+    if isinstance(callback, SnapshotStore):
+        return 2
+    return 1 if callback.added_metrics() == () else 0
+
+
+def _names(callbacks: Sequence[Callback]) -> dict[int, str]:
+    """Each callback's name on the fit's clock, by `id`: its `state_key`
+    (the class name, or ``Class:state_name``), numbered ``#2``, ``#3``...
+    where several share one."""
+    names: dict[int, str] = {}
+    seen: collections.Counter[str] = collections.Counter()
+    for callback in callbacks:
+        key = callback.state_key
+        seen[key] += 1
+        names[id(callback)] = key if seen[key] == 1 else f"{key} #{seen[key]}"
+    return names
 
 
 def _check_declarations(callbacks: Sequence[Callback]) -> None:

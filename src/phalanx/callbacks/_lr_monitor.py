@@ -24,6 +24,10 @@ from .._validate import is_int, positive_int
 from ._base import Callback, StepInfo, TrainerLike
 
 
+# Steps whose rates one compiled call of the schedule computes.
+_BLOCK = 1024
+
+
 class LearningRateMonitor(Callback):
     """Adds the learning rate to the metrics, as a float named `name`.
 
@@ -43,8 +47,8 @@ class LearningRateMonitor(Callback):
     ``steps_per_call > 1`` gets the rate after the call, the state the hooks
     see; a `schedule` gives each step's own.)
 
-    Place it **before** any logger in ``callbacks=``: callbacks see the values
-    that earlier callbacks added, not those of later ones.
+    It adds metrics, so it runs before the loggers (which declare they add
+    none) wherever it is listed in ``callbacks=``.
 
     Args:
         schedule: the optax schedule given to the optimizer (a function
@@ -96,6 +100,13 @@ class LearningRateMonitor(Callback):
         self.schedule = schedule
         self.name = name
         self._said = False  # that the rate cannot be read: once is enough
+        # The rates of a block of steps, computed in one compiled call: op
+        # by op, an optax schedule compiled each of its ~7 operations (~0.15 s
+        # in all), and every call, queued on a device behind the steps in
+        # flight, took ~0.3 ms at each log point (8 CPU devices, 2 cores).
+        self._table: tuple[int, np.ndarray] | None = None
+        self._jitted: Callable[[Any], Any] | None = None
+        self._traceable = callable(schedule)
 
     @override
     def added_metrics(self) -> tuple[str, ...]:
@@ -113,7 +124,7 @@ class LearningRateMonitor(Callback):
         if not callable(self.schedule):
             return float(self.schedule)
         # Explicit fetch: optax schedules compute with jnp, on the default device.
-        value = np.asarray(jax.device_get(self.schedule(step)))
+        value = np.asarray(jax.device_get(self._evaluate(step)))
         if value.ndim != 0 or not np.issubdtype(value.dtype, np.number):
             raise TypeError(
                 f"schedule({step}) returned {value!r}, not one number; pass a "
@@ -129,6 +140,27 @@ class LearningRateMonitor(Callback):
             used = used_rate(trainer.optimizer, state)
             return multiplier(state.lr_scale) if used is None else used
         return self.rate(step) * multiplier(state.lr_scale)
+
+    def _evaluate(self, step: int) -> Any:
+        """``schedule(step)``: read from the rates of its block of steps,
+        where the schedule can be traced and vectorised."""
+        schedule = self.schedule
+        assert callable(schedule)
+        if self._traceable:
+            try:
+                return self._from_table(schedule, step)
+            except Exception:  # Python control flow on the step, or no array:
+                self._traceable = False  # op by op from now on (its error, if any)
+        return schedule(step)
+
+    def _from_table(self, schedule: Callable[[Any], Any], step: int) -> np.ndarray:
+        start = step - step % _BLOCK
+        if self._table is None or self._table[0] != start:
+            if self._jitted is None:
+                self._jitted = jax.jit(jax.vmap(schedule))
+            steps = np.arange(start, start + _BLOCK, dtype=np.int32)
+            self._table = (start, np.asarray(jax.device_get(self._jitted(steps))))
+        return self._table[1][step - start]
 
     @override
     def on_fit_start(self, info: StepInfo) -> None:

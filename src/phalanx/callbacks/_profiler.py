@@ -15,7 +15,6 @@ from typing import Literal
 import jax
 from typing_extensions import override
 
-from .._log import logger
 from .._typing import validates_own_arguments
 from .._validate import is_int
 from ._base import Callback, StepInfo
@@ -36,12 +35,11 @@ class Profiler(Callback):
 
     With ``steps_per_call > 1`` steps finish a compiled call at a time, and
     the trace covers whole calls: it begins at the end of the call before
-    the one that makes step ``start`` (judged by the widest call seen so
-    far in the fit: the first call of a fit is traced only if the fit
-    starts at step ``start`` - 1 or later) and ends with the call that
-    makes step ``end``. Where the first call makes steps of the range (e.g.
-    ``steps=(2, 3)`` under ``steps_per_call=4``), it says so once on stderr
-    (a ``phalanx:`` line), with a range that can be traced.
+    the one that may make step ``start`` (calls make ``steps_per_call``
+    steps, fewer at a pass's end) and ends with the call that makes step
+    ``end``. A range in a fit's first call (e.g. ``steps=(2, 3)`` under
+    ``steps_per_call=4``) is traced from the fit's start, that call's
+    compilation included.
 
     A fit that ends or raises inside the range still writes its trace (of
     the steps made); a run resumed inside the range is traced from its
@@ -91,38 +89,27 @@ class Profiler(Callback):
         self.start, self.end = _step_range(steps)
         # This fit's trace: not begun, running, or over (or refused).
         self._trace: Literal["waiting", "tracing", "done"] = "waiting"
-        # Steps reported so far of the call being reported, and the most
-        # steps one call of this fit made (0: none seen yet).
-        self._in_call = 0
-        self._widest = 0
-        # The step this fit began at.
-        self._first = 0
+        # The most steps one compiled call of this fit makes.
+        self._widest = 1
 
     @override
     def on_fit_start(self, info: StepInfo) -> None:
-        self._trace, self._in_call, self._widest = "waiting", 0, 0
-        self._first = info.step
-        if self.start - 1 <= info.step < self.end:
+        self._trace, self._widest = "waiting", info.steps_per_call
+        # The first call makes steps info.step + 1 to info.step + widest at
+        # most (or a resumed run is inside the range already).
+        if info.step < self.end and self.start <= info.step + self._widest:
             self._start(info)
 
     @override
     def on_step_end(self, info: StepInfo) -> None:
-        self._in_call += 1
         if not info.last_in_call:
             return
-        self._widest = max(self._widest, self._in_call)
-        self._in_call = 0
         if self._trace == "tracing" and info.step >= self.end:
             self._stop(info)
-        # The next call makes steps info.step + 1 to about info.step + widest.
+        # The next call makes steps info.step + 1 to info.step + widest at most.
         elif self._trace == "waiting" and info.step < self.end:
             if self.start <= info.step + self._widest:
-                if info.step >= self.start:
-                    self._say_missed(info.step, f"traces from step {info.step + 1}")
                 self._start(info)
-        elif self._trace == "waiting" and self._first < self.start - 1:
-            self._trace = "done"
-            self._say_missed(info.step, "records no trace")
 
     @override
     def on_fit_end(self, info: StepInfo) -> None:
@@ -146,21 +133,6 @@ class Profiler(Callback):
         if jax.process_count() == 1:
             return self.logdir
         return self.logdir / f"process_{jax.process_index()}"
-
-    def _say_missed(self, step: int, outcome: str) -> None:
-        """Say once (stderr) that the steps from `start` to `step` ran
-        inside a compiled call this fit began with, which no trace can
-        begin in, and what to ask for instead."""
-        width = self._widest
-        logger.warning(
-            f"Profiler(steps=({self.start}, {self.end})) {outcome}: steps "
-            f"{self.start} to {min(step, self.end)} ran inside this fit's first "
-            f"compiled call (steps {self._first + 1} to {self._first + width}, "
-            f"steps_per_call={width}), and a trace begins only where a call "
-            "ends (the first call is traced only when start is the fit's first "
-            f"step, {self._first + 1}). Trace later calls, e.g. steps="
-            f"({self._first + width + 1}, {max(self.end, self._first + 2 * width)})"
-        )
 
     def _start(self, info: StepInfo) -> None:
         """Begin the trace, once the device has finished the steps

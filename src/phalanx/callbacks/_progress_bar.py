@@ -10,6 +10,7 @@ each step at all; it adds no metric and decides nothing about the run.
 import datetime
 import math
 import time
+from typing import IO
 
 from rich.console import Console
 from rich.progress import (
@@ -125,6 +126,9 @@ class ProgressBar(Output):
         self._max_epochs: int | None = None
         self._table: EpochTable | None = None
         self._read_at = -math.inf  # when the live bar last read the metrics
+        # Where its own console is no terminal, lines are written there as
+        # they are: rich's print to standard output took ~0.3 ms a line.
+        self._plain: IO[str] | None = None
 
     @override
     def on_fit_start(self, info: StepInfo) -> None:
@@ -145,6 +149,8 @@ class ProgressBar(Output):
                 ),
                 highlight=False,
             )
+        plain = self.console is None and not out.is_terminal
+        self._plain = out.file if plain else None
         if out.is_terminal:
             self._progress = Progress(
                 TextColumn("{task.description}"),
@@ -260,6 +266,10 @@ class ProgressBar(Output):
             progress.stop()
 
     def _print(self, text: Text) -> None:
+        if self._plain is not None:
+            self._plain.write(text.plain + "\n")
+            self._plain.flush()
+            return
         # While the bar is live, the console prints above it.
         if self._out is not None:
             self._out.print(text, highlight=False, soft_wrap=True)

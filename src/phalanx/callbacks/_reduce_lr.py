@@ -58,8 +58,9 @@ class ReduceLROnPlateau(AbstractWatch):
     and logs the multiplier (1.0 until the first reduction) as `name`
     instead, which `min_lr` then bounds.
 
-    Place it **after** any callback that adds the monitored metric, and
-    before the loggers that should write `name`.
+    It adds `name`, so it runs before the loggers (which declare they add
+    none) wherever it is listed; place it after any callback that adds the
+    monitored metric.
 
     Args:
         monitor: the metric to watch, e.g. ``"eval_loss"`` (needs

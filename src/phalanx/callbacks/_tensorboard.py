@@ -118,10 +118,21 @@ class TensorBoardLogger(ScalarLogger):
 
     @override
     def _log(self, scalars: dict[str, float], step: int) -> None:
+        from tensorboardX.summary import scalar
+
         self._open(step)
         assert self._writer is not None
+        # One event of all the step's scalars (as TensorFlow's merged
+        # summaries), not an event each (`add_scalar`): 9 us a scalar, not 66.
+        merged = None
         for tag, value in scalars.items():
-            self._writer.add_scalar(tag, value, step)
+            one = scalar(tag, value)
+            if merged is None:
+                merged = one
+            else:
+                merged.MergeFrom(one)  # (appends its value)
+        if merged is not None:
+            self._writer._get_file_writer().add_summary(merged, step)
         self._last_step = step
 
     @override

@@ -104,8 +104,8 @@ class Throughput(Callback):
     v4, v5e, v5p, v6e; bf16/fp16 or fp32 by the trainer's precision); on
     any other device (a CPU) there is no ``mfu``, said once.
 
-    Place it **before** any logger in ``callbacks=``: callbacks see the values
-    that earlier callbacks added, not those of later ones.
+    It adds metrics, so it runs before the loggers (which declare they add
+    none) wherever it is listed in ``callbacks=``.
 
     Args:
         log_every: steps between log points (each one a device sync).

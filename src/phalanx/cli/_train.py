@@ -131,7 +131,7 @@ def make_loggers(args: "TrainArgs", loggers: tuple[str, ...]) -> list[Callback]:
     return out
 
 
-def make_plot(path: Path) -> list[Callback]:
+def make_plot(path: Path) -> list[cb.PlotHistory]:
     """A `PlotHistory` drawing `path`.
 
     Raises:
@@ -196,6 +196,7 @@ def train_and_report(
     folder.create(main=main)
     every = args.log_every
     checkpoint = cb.Checkpoint(run / "checkpoints", every_n_steps=args.checkpoint_every)
+    plots = make_plot(run / "history.png") if outputs.plot else []
     trainer = DataParallelTrainer(
         model,
         make_optimizer(args, schedule),
@@ -211,7 +212,7 @@ def train_and_report(
             cb.Throughput(log_every=every, quiet=True),
             cb.LearningRateMonitor(schedule, log_every=every),
             # Always: the phase clock runs anyway, and its time/<phase> and
-            # goodput metrics reach the loggers placed after it.
+            # goodput metrics reach the loggers (it adds metrics: it runs first).
             cb.Timeline(
                 run / "timeline.json",
                 trace=run / "trace.json" if args.telemetry else None,
@@ -220,7 +221,7 @@ def train_and_report(
                 keep_earlier=args.resume,
             ),
             *make_loggers(args, outputs.loggers),
-            *(make_plot(run / "history.png") if outputs.plot else []),
+            *plots,
             cb.ProgressBar(log_every=every),
             *(
                 ()
@@ -263,6 +264,8 @@ def train_and_report(
         if not isinstance(value, np.ndarray)
     )
     say(f"{scores}; logs in {run}")
+    for plot in plots:  # its last drawing ran while the test set was evaluated
+        plot.wait()
     return 0
 
 
