@@ -41,6 +41,8 @@ UNRELATED = {
     ("self", "field.name"): "a dataclass's own fields",
     ("module", "name"): "a user's model class, by the name the CLI was given",
     ("value", "'exit_code'"): "the exit code of a preempted process",
+    ("px_metrics", "name"): "a px.metrics function named in a call's error",
+    ("function", "'__qualname__'"): "that the name is px.metrics' own function",
 }
 
 
