@@ -24,6 +24,7 @@ from .._stacking import AbstractStacked
 from .._typing import Devices, validates_own_arguments
 from .._validate import is_int
 from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh
+from ._follow import follow_parameters
 from ._fully_sharded import split_by_size
 from ._per_device import spec_axes
 from ._placement import named
@@ -171,7 +172,9 @@ class MeshStrategy(DeviceMeshStrategy):
         )
         book.check_all_used()
         self._warn_whole(state.model, model_specs)
-        opt_specs = _follow(state.model, model_specs, state.opt_state, self._leaf_spec)
+        opt_specs = follow_parameters(
+            state.model, model_specs, state.opt_state, _trainable, self._leaf_spec
+        )
         whole = named(self.mesh, P())
 
         def place(specs: PyTree[P]) -> PyTree[NamedSharding]:
@@ -261,6 +264,14 @@ def _floating(leaf: Any) -> bool:
     )
 
 
+def _trainable(leaf: Any) -> bool:
+    """Whether `leaf` is an array optax initialises its state on (the
+    model's floating arrays, scalars included)."""
+    return isinstance(leaf, jax.ShapeDtypeStruct | jax.Array) and jnp.issubdtype(
+        leaf.dtype, jnp.inexact
+    )
+
+
 def _stacked_leaves(model: PyTree[Any]) -> set[int]:
     """The ids of the arrays of `model` stored stacked (a layer axis first)."""
     found = set()
@@ -273,38 +284,3 @@ def _stacked_leaves(model: PyTree[Any]) -> set[int]:
 
 def _is_spec(x: Any) -> bool:
     return isinstance(x, P)
-
-
-def _follow(
-    model: PyTree[Any], model_specs: PyTree[P], opt_state: PyTree[Any], by_size: Any
-) -> PyTree[P]:
-    """The optimizer state's layout: a subtree shaped as the model's arrays
-    (or its floating arrays, as optax states are initialised on) takes the
-    model's layout; any other array its layout by size."""
-    flat = jax.tree.leaves(model_specs, is_leaf=_is_spec)
-    leaves, treedef = jax.tree.flatten(model)
-    floating = jax.tree.map(lambda x: x if _floating(x) else None, model)
-    floating_leaves, floating_def = jax.tree.flatten(floating)
-    floating_specs = [s for x, s in zip(leaves, flat, strict=True) if _floating(x)]
-    known = [
-        (treedef, [tuple(x.shape) for x in leaves], flat),
-        (floating_def, [tuple(x.shape) for x in floating_leaves], floating_specs),
-    ]
-
-    def twin(node: Any) -> list[P] | None:
-        if node is None or isinstance(node, jax.ShapeDtypeStruct | jax.Array):
-            return None
-        structure = jax.tree.structure(node)
-        shapes = [tuple(x.shape) for x in jax.tree.leaves(node)]
-        for candidate, candidate_shapes, specs in known:
-            if structure == candidate and shapes == candidate_shapes:
-                return specs
-        return None
-
-    def spec(node: Any) -> Any:
-        specs = twin(node)
-        if specs is not None:
-            return jax.tree.unflatten(jax.tree.structure(node), specs)
-        return by_size(node)
-
-    return jax.tree.map(spec, opt_state, is_leaf=lambda node: twin(node) is not None)
