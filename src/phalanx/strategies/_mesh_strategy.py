@@ -24,6 +24,7 @@ from .._stacking import AbstractStacked
 from .._typing import Devices, validates_own_arguments
 from .._validate import is_int
 from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh
+from ._example_sums import examples_summed_by_dots
 from ._follow import follow_parameters
 from ._fully_sharded import split_by_size
 from ._per_device import spec_axes
@@ -196,6 +197,13 @@ class MeshStrategy(DeviceMeshStrategy):
     def reduce(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:
+        """`fn` on the whole batch, in the global view. With the batch
+        replicated over ``tensor``, a convolution summing over the examples
+        (a grouped convolution's weight gradient) is computed as a dot
+        product: XLA would count its partial sums once per ``tensor``
+        device (`_example_sums.py`)."""
+        if self.mesh.shape["tensor"] > 1:
+            fn = examples_summed_by_dots(fn)
         return fn(replicated, carry, examples)
 
     @override
