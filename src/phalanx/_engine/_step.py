@@ -236,9 +236,10 @@ def build_steps(
 
     # Where the strategy lays out the reduced gradient (None: as `reduce`
     # leaves it), given where each of the model's arrays lives.
-    grad_shardings = strategy.gradient_shardings(
-        jax.tree.unflatten(layout.treedef, layout.shardings).model
-    )
+    stored = jax.tree.unflatten(layout.treedef, layout.shardings).model
+    grad_shardings = strategy.gradient_shardings(stored)
+    # Where the step computes with each parameter (None: where it lies).
+    use_shardings = strategy.use_shardings(stored)
 
     def examples(batch_leaves, weight):
         if batch_check is not None:
@@ -299,6 +300,8 @@ def build_steps(
             params, rest, total, scale = replicated
 
             def objective(params):
+                if use_shardings is not None:
+                    params = _constrained(params, use_shardings)
                 sums, _, new_state = run(static, params, rest, model_state, examples)
                 loss = own_loss(sums, parts.groups) / total
                 return loss if scale is None else loss * scale, (
@@ -322,12 +325,7 @@ def build_steps(
         )
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         if grad_shardings is not None:  # where the strategy lays them out
-            grads = jax.tree.map(
-                lambda g, where: g if g is None else with_sharding_constraint(g, where),
-                grads,
-                grad_shardings,
-                is_leaf=lambda x: x is None,
-            )
+            grads = _constrained(grads, grad_shardings)
         if scale is not None:
             grads = jax.tree.map(lambda g: g / scale.astype(g.dtype), grads)
         grads = parts.gradients(grads, state)
@@ -514,6 +512,17 @@ def _guard(
     if loss_scale is not None:
         sums = jnp.append(sums, loss_scale.scale.astype(sums.dtype))
     return leaves, epoch_sums, sums
+
+
+def _constrained(params: Any, shardings: Any) -> Any:
+    """`params` (a model's parameters, None elsewhere) constrained to lie
+    as `shardings` (the whole model's) says."""
+    return jax.tree.map(
+        lambda x, where: x if x is None else with_sharding_constraint(x, where),
+        params,
+        shardings,
+        is_leaf=lambda x: x is None,
+    )
 
 
 def _loss_scale(precision: Precision, dynamic: DynamicScale | None) -> jax.Array | None:

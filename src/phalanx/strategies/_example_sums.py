@@ -17,7 +17,7 @@ partitioned right (a dense layer's weight gradient is exact), so
 re-expressed as one: its windows gathered by slicing, then one `einsum`
 (exact up to float summation order; it holds the kernel's taps × the
 input's bytes while it runs). The reproduction for the upstream report:
-``tests/strategies/test_xla_grouped_conv.py``.
+``tests/strategies/test_xla_partitioner.py``.
 
 This module changes how a traced function is computed, never what; it
 places nothing.

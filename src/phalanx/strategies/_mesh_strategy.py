@@ -194,6 +194,39 @@ class MeshStrategy(DeviceMeshStrategy):
         return params
 
     @override
+    def use_shardings(self, params: PyTree[Any]) -> PyTree[NamedSharding] | None:
+        """With ``tensor > 1``: each parameter as it is split over
+        ``tensor``, gathered whole over the batch axes (as fully sharded
+        data parallelism gathers a layer before using it).
+
+        Why: XLA's SPMD partitioner (jaxlib 0.10.2) can compute a wrong
+        gradient when a parameter split over ``fsdp`` (an axis the batch is
+        split over) is used together with activations split over
+        ``tensor``: resharding the batch it exchanges the ``data`` and
+        ``fsdp`` blocks between devices and does not exchange them back
+        (``tests/strategies/test_xla_partitioner.py``). Computing with the
+        parameters gathered over the batch axes leaves it the data- and
+        tensor-parallel layouts it partitions right. (The cost: within a
+        step, each device holds its ``tensor`` share of every parameter
+        whole over ``fsdp``; a `Stacked` model's layers are gathered
+        together, not one by one.)
+        """
+        if self.mesh.shape["tensor"] == 1:
+            return None
+        batch = set(self.batch_axes)
+
+        def gathered(sharding: NamedSharding) -> NamedSharding:
+            entries = [
+                tuple(axis for axis in spec_axes(entry) if axis not in batch)
+                for entry in sharding.spec
+            ]
+            return named(
+                self.mesh, P(*[e[0] if len(e) == 1 else (e or None) for e in entries])
+            )
+
+        return jax.tree.map(gathered, params)
+
+    @override
     def reduce(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:
