@@ -89,6 +89,7 @@ FILE_SECONDS = {
     "tests/metrics/test_metrics.py": 60,
     "tests/engine/test_eval_schedule.py": 60,
     "tests/strategies/test_fully_sharded.py": 55,
+    "tests/strategies/test_eqx_layers.py": 35,
     "tests/cli/test_resume_schedule.py": 45,
     "tests/engine/test_loop.py": 45,
     "tests/checks/test_failures.py": 40,

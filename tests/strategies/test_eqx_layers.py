@@ -181,3 +181,87 @@ def test_every_layer_on_every_mesh_is_the_update_of_one_device():
         two_groups, batches(), strategies=setups, steps=2, rtol=2e-3
     )
     assert sorted(results) == sorted(MESHES)
+
+
+def per_device(tree) -> int:
+    """The bytes device 0 holds of `tree`'s arrays of one dimension or more
+    (an optimizer's step counts and hyperparameters left out)."""
+    leaves = jax.tree.leaves(eqx.filter(tree, eqx.is_array))
+    device = jax.devices()[0]
+    return sum(
+        shard.data.nbytes
+        for leaf in leaves
+        if leaf.ndim
+        for shard in leaf.addressable_shards
+        if shard.device == device
+    )
+
+
+def masked(group: str) -> optax.GradientTransformation:
+    """adam on one group's parameters, by a mask naming whole layers (a
+    prefix of the model: optax.MaskedNode in place of each other layer)."""
+
+    def mask(params):
+        labels = TwoGroups.param_groups(None, params)  # type: ignore[arg-type]
+        return jax.tree.map(lambda label: label == group, labels)
+
+    return optax.masked(optax.adam(1e-2), mask)
+
+
+# Optimizers and the parameter-shaped copies each keeps in its state.
+OPTIMIZERS = {
+    "adam": (optax.adam(1e-2), 2),
+    "two groups": (GROUPS, 2),
+    "masked adams": (optax.chain(masked("convs"), masked("rest")), 2),
+    "injected schedule": (
+        optax.inject_hyperparams(optax.adam)(optax.cosine_decay_schedule(1e-2, 9)),
+        2,
+    ),
+    "MultiSteps": (optax.MultiSteps(optax.adam(1e-2), 2).gradient_transformation(), 3),
+    "adam + ema": (optax.chain(optax.adam(1e-2), optax.ema(0.9)), 3),
+}
+STRATEGIES = {
+    **{name: lambda sizes=sizes: mesh(**sizes) for name, sizes in MESHES.items()},
+    "fsdp": lambda: px.FullyShardedStrategy(min_size=16),
+}
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_every_optimizers_state_is_laid_out_as_its_parameters(strategy):
+    # The moments of each group (and of a masked adam, an injected schedule,
+    # accumulated gradients, an average) lie where their parameters do: per
+    # device, as many bytes as the copies the optimizer keeps.
+    held, (layers, state) = {}, model()  # no step runs: one model serves all
+    for name, (optimizer, copies) in OPTIMIZERS.items():
+        kind = TwoGroups if name == "two groups" else px.DataParallelTrainer
+        trainer = kind(
+            layers, optimizer, model_state=state, strategy=STRATEGIES[strategy]()
+        )
+        params = per_device(eqx.filter(trainer.state.model, eqx.is_inexact_array))
+        held[name] = per_device(trainer.state.opt_state)
+        assert held[name] == copies * params, (name, held[name], params)
+    whole = per_device(eqx.filter(layers, eqx.is_inexact_array))
+    # Each layout splits something but the one without fsdp or rules.
+    assert (held["adam"] < 2 * whole) == (strategy != "(4,1,2)")
+
+
+def test_a_scalar_parameter_leaves_the_others_moments_laid_out():
+    # optax keeps moments of every floating parameter, scalars included (and
+    # none of an integer array): the state is still the model's tree, and
+    # follows the rules.
+    class Scaled(eqx.Module):
+        linear: eqx.nn.Linear
+        temperature: jax.Array
+        offset: jax.Array
+
+        def __call__(self, x):
+            return self.linear(x + self.offset) / self.temperature
+
+    linear = eqx.nn.Linear(8, 4, key=jax.random.key(0))
+    scaled = Scaled(linear, jnp.ones(()), jnp.arange(8))
+    strategy = mesh(data=4, tensor=2, rules=[(r"linear\.weight", (None, "tensor"))])
+    trainer = px.DataParallelTrainer(scaled, optax.adam(1e-2), strategy=strategy)
+    mu = trainer.state.opt_state[0].mu
+    assert mu.linear.weight.sharding.spec == P(None, "tensor")
+    params = eqx.filter(trainer.state.model, eqx.is_inexact_array)
+    assert per_device(trainer.state.opt_state) == 2 * per_device(params)

@@ -27,6 +27,7 @@ phalanx's workaround (named in the test) may go.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from phalanx.strategies._example_sums import examples_summed_by_dots
@@ -100,3 +101,66 @@ def test_a_parameter_split_over_a_batch_axis_beside_tensor_reorders_the_batch():
     fixed = jax.jit(jax.grad(gathered))(args, batch)
     for a, b in zip(fixed, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        # (input shape, layout, groups, stride, dilation, input dilation, padding)
+        ((4, 4, 9), ("NCH", "OIH", "NCH"), 4, 1, 1, 1, (1, 1)),
+        ((4, 9, 4), ("NHC", "HIO", "NHC"), 2, 2, 1, 1, (0, 2)),
+        ((4, 4, 9), ("NCH", "OIH", "NCH"), 2, 1, 2, 2, (2, 2)),
+        ((4, 4, 5, 5), ("NCHW", "OIHW", "NCHW"), 4, 2, 1, 1, (1, 1)),
+        ((4, 5, 5, 4), ("NHWC", "HWIO", "NHWC"), 2, 1, 2, 1, (2, 0)),
+    ],
+)
+def test_the_workaround_computes_the_convolutions_gradients(case):
+    shape, layout, groups, stride, dilation, lhs_dilation, padding = case
+    spatial = len(shape) - 2
+    channels = shape[layout[0].index("C")]
+    kernel = [3] * spatial
+    kernel.insert(layout[1].index("O"), channels)
+    kernel.insert(layout[1].index("I"), channels // groups)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=shape).astype(np.float32)
+    w = rng.normal(size=kernel).astype(np.float32)
+
+    def loss(w, x):
+        y = jax.lax.conv_general_dilated(
+            x, w, (stride,) * spatial, (padding,) * spatial,
+            lhs_dilation=(lhs_dilation,) * spatial, rhs_dilation=(dilation,) * spatial,
+            dimension_numbers=layout, feature_group_count=groups,
+        )  # fmt: skip
+        return jnp.sum(jnp.sin(y))
+
+    grad = jax.grad(loss, argnums=(0, 1))
+    for have, want in zip(
+        jax.jit(examples_summed_by_dots(grad))(w, x), jax.jit(grad)(w, x), strict=True
+    ):
+        np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_workaround_rebuilds_the_constructs_around_a_convolution():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 4, 8)).astype(np.float32)
+    w = rng.normal(size=(4, 1, 3)).astype(np.float32)
+    grad = jax.grad(depthwise_loss)
+
+    def constructs(w, x):
+        scanned = jax.lax.scan(
+            lambda c, s: (c + jax.checkpoint(grad)(w, x * s), None),
+            jnp.zeros_like(w),
+            jnp.arange(1.0, 3.0),
+        )[0]
+        chosen = jax.lax.cond(x[0, 0, 0] > 0, grad, lambda w, x: -grad(w, x), w, x)
+        looped = jax.lax.while_loop(
+            lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] + grad(w, x)), (0, w)
+        )[1]
+        return scanned, chosen, looped, jax.jit(grad)(w, x)
+
+    for have, want in zip(
+        jax.tree.leaves(jax.jit(examples_summed_by_dots(constructs))(w, x)),
+        jax.tree.leaves(jax.jit(constructs)(w, x)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5)
