@@ -265,3 +265,54 @@ def test_a_scalar_parameter_leaves_the_others_moments_laid_out():
     assert mu.linear.weight.sharding.spec == P(None, "tensor")
     params = eqx.filter(trainer.state.model, eqx.is_inexact_array)
     assert per_device(trainer.state.opt_state) == 2 * per_device(params)
+
+
+class Block(eqx.Module):
+    linear: eqx.nn.Linear
+
+    def __init__(self, key):
+        self.linear = eqx.nn.Linear(16, 16, key=key)
+
+    def __call__(self, x):
+        return jax.nn.relu(self.linear(x))
+
+
+class Deep(eqx.Module):
+    """A layer split over tensor, then 3 stacked ones over tensor and fsdp:
+    without the parameters gathered over fsdp where used, XLA's gradient of
+    `inp` was a third off (tests/strategies/test_xla_partitioner.py)."""
+
+    inp: eqx.nn.Linear
+    blocks: px.models.Stacked
+    out: eqx.nn.Linear
+
+    def __init__(self, key, remat):
+        one, two, three = jax.random.split(key, 3)
+        self.inp = eqx.nn.Linear(8, 16, key=one)
+        self.blocks = px.models.Stacked(Block, 3, key=two, remat=remat)
+        self.out = eqx.nn.Linear(16, 4, key=three)
+
+    def __call__(self, x):
+        return self.out(self.blocks(jax.nn.relu(self.inp(x))))
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_stacked_layers_gathered_one_at_a_time_are_one_device(remat):
+    rules = [
+        (r"inp\.weight", ("tensor", None)),
+        (r"blocks\.layers\.linear\.weight", (None, "tensor", "fsdp")),
+    ]
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(16, 8)).astype(np.float32)
+    y = rng.integers(0, 4, 16).astype(np.int32)
+
+    def make(strategy):
+        deep = Deep(jax.random.key(0), remat)
+        return px.DataParallelTrainer(deep, optax.sgd(0.1), strategy=strategy)
+
+    strategy = mesh(data=2, fsdp=2, tensor=2, rules=rules)
+    px.testing.assert_equivalent(make, [(x, y)], strategies=[strategy], steps=2)
+    # Each layer is gathered inside the loop: no all-gather of the stack.
+    hlo = make(strategy).lower((x, y)).compile().as_text()
+    gathers = [line for line in hlo.splitlines() if " all-gather(" in line]
+    assert gathers and not [line for line in gathers if "f32[3," in line]

@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import optax
-from jax.lax import with_sharding_constraint
 from jaxtyping import PyTree
 
 from .._checks._batch import ZERO_WEIGHT
@@ -43,6 +42,7 @@ from ..strategies import PerDeviceStrategy, Strategy
 from ._forward import example_keys, forward, infer
 from ._groups import Groups, check_group_losses, group_gradients, own_loss
 from ._layout import StateLayout
+from ._use import constrained, used_as
 
 
 class StepParts(NamedTuple):
@@ -256,6 +256,8 @@ def build_steps(
         inputs, targets = batch
         model = eqx.combine(params, arrays, static)
         computing = eqx.combine(cast(params, precision.compute), arrays, static)
+        if use_shardings is not None and not inference:
+            computing = used_as(computing, use_shardings)
         # Model state (BatchNorm statistics) is kept in its own dtype and
         # used in the compute dtype, as the layers it feeds.
         compute_state = cast(model_state, precision.compute)
@@ -300,8 +302,6 @@ def build_steps(
             params, rest, total, scale = replicated
 
             def objective(params):
-                if use_shardings is not None:
-                    params = _constrained(params, use_shardings)
                 sums, _, new_state = run(static, params, rest, model_state, examples)
                 loss = own_loss(sums, parts.groups) / total
                 return loss if scale is None else loss * scale, (
@@ -325,7 +325,7 @@ def build_steps(
         )
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         if grad_shardings is not None:  # where the strategy lays them out
-            grads = _constrained(grads, grad_shardings)
+            grads = constrained(grads, grad_shardings)
         if scale is not None:
             grads = jax.tree.map(lambda g: g / scale.astype(g.dtype), grads)
         grads = parts.gradients(grads, state)
@@ -512,17 +512,6 @@ def _guard(
     if loss_scale is not None:
         sums = jnp.append(sums, loss_scale.scale.astype(sums.dtype))
     return leaves, epoch_sums, sums
-
-
-def _constrained(params: Any, shardings: Any) -> Any:
-    """`params` (a model's parameters, None elsewhere) constrained to lie
-    as `shardings` (the whole model's) says."""
-    return jax.tree.map(
-        lambda x, where: x if x is None else with_sharding_constraint(x, where),
-        params,
-        shardings,
-        is_leaf=lambda x: x is None,
-    )
 
 
 def _loss_scale(precision: Precision, dynamic: DynamicScale | None) -> jax.Array | None:

@@ -42,8 +42,8 @@ CONV = _prims.conv_general_dilated_p
 
 def examples_summed_by_dots(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn`, computed with every convolution that sums over its batch
-    (``batch_group_count > 1``) as a dot product instead; `fn` itself where
-    it has none (traced once either way).
+    (``batch_group_count > 1``) as a dot product instead (traced once, then
+    evaluated from its jaxpr: the same operations where it has none).
 
     Raises:
         NotImplementedError: such a convolution lies inside a construct this
@@ -53,11 +53,7 @@ def examples_summed_by_dots(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def computed(*args: Any) -> Any:
         closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
-        leaves = jax.tree.leaves(args)
-        if _summing(closed.jaxpr):
-            out = _evaluate(closed.jaxpr, closed.consts, leaves)
-        else:
-            out = jax.core.eval_jaxpr(closed.jaxpr, closed.consts, *leaves)
+        out = _evaluate(closed.jaxpr, closed.consts, jax.tree.leaves(args))
         return jax.tree.unflatten(jax.tree.structure(shapes), out)
 
     return computed
@@ -240,7 +236,8 @@ def conv_as_dot(
         precision=precision,
         preferred_element_type=preferred_element_type,
     )
-    return jnp.transpose(y.reshape(n // groups, o, *out), np.argsort(out_spec))
+    order = tuple(int(i) for i in np.argsort(out_spec))
+    return jnp.transpose(y.reshape(n // groups, o, *out), order)
 
 
 def _slice(

@@ -206,10 +206,8 @@ class MeshStrategy(DeviceMeshStrategy):
         ``fsdp`` blocks between devices and does not exchange them back
         (``tests/strategies/test_xla_partitioner.py``). Computing with the
         parameters gathered over the batch axes leaves it the data- and
-        tensor-parallel layouts it partitions right. (The cost: within a
-        step, each device holds its ``tensor`` share of every parameter
-        whole over ``fsdp``; a `Stacked` model's layers are gathered
-        together, not one by one.)
+        tensor-parallel layouts it partitions right. (A `Stacked` model's
+        layers are still gathered one at a time, inside their loop.)
         """
         if self.mesh.shape["tensor"] == 1:
             return None
