@@ -58,8 +58,13 @@ class MeshStrategy(DeviceMeshStrategy):
       ``"blocks.layers.0.weight"``); `spec` has an entry per dimension of the
       leaf: an axis name, a tuple of axis names, or None (whole). The first
       matching rule is the leaf's whole layout (name ``"fsdp"`` in it where
-      the leaf should be split over that axis too). Optimizer-state leaves
-      (adam's moments) follow their parameter.
+      the leaf should be split over that axis too). The optimizer state
+      follows its parameters wherever it holds a tree of their shape
+      (adam's moments, each group's under several optimizers, an EMA).
+    - **With ``tensor > 1``** the step computes with each parameter
+      gathered over ``data`` and ``fsdp`` (a stacked layer on its turn),
+      and a grouped convolution's weight gradient as a dot product: two
+      XLA partitioner bugs (see `use_shardings`, and the meshes guide).
 
     ``data=1, fsdp=N`` is FSDP; ``data=H, fsdp=N/H`` is hybrid sharding
     (replicated across hosts, split within each); ``tensor=T`` with rules is
