@@ -90,6 +90,7 @@ FILE_SECONDS = {
     "tests/engine/test_eval_schedule.py": 60,
     "tests/strategies/test_fully_sharded.py": 55,
     "tests/docs/test_docstrings.py": 45,
+    "tests/strategies/test_eqx_layers.py": 35,
     "tests/cli/test_resume_schedule.py": 45,
     "tests/engine/test_loop.py": 45,
     "tests/checks/test_failures.py": 40,

@@ -4,10 +4,13 @@ A module of this kind holds layers of one structure as one module whose
 arrays have a leading layer axis (`phalanx.models.Stacked`). A strategy that
 splits arrays by size (`MeshStrategy`) never splits that axis: the layers
 are applied one after another, and each is gathered whole on its turn.
-Here, at the bottom of the layers, so that strategies and models both see it
-without importing each other.
+A step may also ask that each layer's arrays be laid out anew where it is
+used (`each_layer`). Here, at the bottom of the layers, so that strategies,
+the engine and models all see it without importing each other.
 """
 
+import abc
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -18,3 +21,17 @@ class AbstractStacked(eqx.Module):
     a leading axis of one entry per layer."""
 
     layers: eqx.AbstractVar[Any]
+
+    @abc.abstractmethod
+    def each_layer(
+        self, use: Callable[[Any], Any], again: Callable[..., bool]
+    ) -> "AbstractStacked":
+        """A copy that applies each layer with its arrays passed through
+        `use` first, inside the loop over layers: how a strategy lays out
+        one layer's parameters where the step computes with them (e.g.
+        `jax.lax.with_sharding_constraint`), one layer at a time.
+
+        `again(primitive, *avals, **params)` (a `jax.checkpoint` policy
+        turned round) says which of `use`'s operations the backward pass
+        computes again instead of keeping their outputs for every layer
+        (a gathered layer, kept, would keep the whole stack gathered)."""

@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import jax.random as jr
 import optax
-from jax.lax import with_sharding_constraint
 from jaxtyping import PyTree
 
 from .._checks._batch import ZERO_WEIGHT
@@ -44,6 +43,7 @@ from ..strategies import PerDeviceStrategy, Strategy
 from ._forward import example_keys, forward, infer
 from ._groups import Groups, check_group_losses, group_gradients, own_loss
 from ._layout import StateLayout
+from ._use import constrained, used_as
 
 
 class StepParts(NamedTuple):
@@ -241,9 +241,10 @@ def build_steps(
 
     # Where the strategy lays out the reduced gradient (None: as `reduce`
     # leaves it), given where each of the model's arrays lives.
-    grad_shardings = strategy.gradient_shardings(
-        jax.tree.unflatten(layout.treedef, layout.shardings).model
-    )
+    stored = jax.tree.unflatten(layout.treedef, layout.shardings).model
+    grad_shardings = strategy.gradient_shardings(stored)
+    # Where the step computes with each parameter (None: where it lies).
+    use_shardings = strategy.use_shardings(stored)
 
     def examples(batch_leaves, weight):
         if batch_check is not None:
@@ -260,6 +261,8 @@ def build_steps(
         inputs, targets = batch
         model = eqx.combine(params, arrays, static)
         computing = eqx.combine(cast(params, precision.compute), arrays, static)
+        if use_shardings is not None and not inference:
+            computing = used_as(computing, use_shardings)
         # Model state (BatchNorm statistics) is kept in its own dtype and
         # used in the compute dtype, as the layers it feeds.
         compute_state = cast(model_state, precision.compute)
@@ -327,12 +330,7 @@ def build_steps(
         )
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         if grad_shardings is not None:  # where the strategy lays them out
-            grads = jax.tree.map(
-                lambda g, where: g if g is None else with_sharding_constraint(g, where),
-                grads,
-                grad_shardings,
-                is_leaf=lambda x: x is None,
-            )
+            grads = constrained(grads, grad_shardings)
         if scale is not None:
             grads = jax.tree.map(lambda g: g / scale.astype(g.dtype), grads)
         grads = parts.gradients(grads, state)

@@ -7,6 +7,7 @@ parameters over devices, each layer is gathered inside the loop, so a step
 holds one layer gathered, not the model.
 """
 
+import copy
 import inspect
 from collections.abc import Callable
 from typing import Any, final
@@ -52,6 +53,10 @@ class Stacked(AbstractStacked):
     # False; True (recompute every activation of a layer in the backward
     # pass); or a `jax.checkpoint_policies` policy (what to keep).
     remat: bool | Callable[..., Any] = eqx.field(static=True)
+    # What each layer's arrays pass through before it is applied (None:
+    # nothing); set by the step (`each_layer`), not by users.
+    use: Callable[[Any], Any] | None = eqx.field(static=True)
+    again: Callable[..., bool] | None = eqx.field(static=True)
 
     @validates_own_arguments
     def __init__(
@@ -96,6 +101,19 @@ class Stacked(AbstractStacked):
         self.layers = eqx.filter_vmap(build)(jr.split(key, n))
         self.n = n
         self.remat = remat
+        self.use = None
+        self.again = None
+
+    def each_layer(
+        self, use: Callable[[Any], Any], again: Callable[..., bool]
+    ) -> "Stacked":
+        """A copy that passes each layer's arrays through `use` inside the
+        loop (see `AbstractStacked.each_layer`)."""
+        # Static fields of a frozen module, set on a copy (no __init__ runs).
+        stacked = copy.copy(self)
+        object.__setattr__(stacked, "use", use)
+        object.__setattr__(stacked, "again", again)
+        return stacked
 
     def __call__(self, x: PyTree[Array], *, key: PRNGKeyArray | None = None) -> Any:
         """The output of the last layer, for one input."""
@@ -105,12 +123,31 @@ class Stacked(AbstractStacked):
 
         def layer(x: Any, inputs: tuple[Any, Any]) -> tuple[Any, None]:
             arrays, layer_key = inputs
+            if self.use is not None:
+                arrays = self.use(arrays)
             module = eqx.combine(arrays, static)
             if layer_key is None:
                 return module(x), None
             return module(x, key=layer_key), None
 
-        if self.remat is not False:
-            policy = None if self.remat is True else self.remat
+        if self.remat is True:
+            layer = jax.checkpoint(layer)  # pyright: ignore[reportAssignmentType]
+        elif self.remat is not False or self.again is not None:
+            policy = _keeping(self.remat, self.again)
             layer = jax.checkpoint(layer, policy=policy)  # pyright: ignore[reportAssignmentType]
         return jax.lax.scan(layer, x, (params, keys))[0]
+
+
+def _keeping(
+    remat: bool | Callable[..., Any], again: Callable[..., bool] | None
+) -> Callable[..., bool]:
+    """A checkpoint policy: what `remat` (a policy, or False) keeps
+    (everything, for False), but never what `again` says to compute again."""
+    policy = remat if callable(remat) else jax.checkpoint_policies.everything_saveable
+
+    def keeps(*args: Any, **params: Any) -> bool:
+        if again is not None and again(*args, **params):
+            return False
+        return bool(policy(*args, **params))
+
+    return keeps

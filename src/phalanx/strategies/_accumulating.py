@@ -101,6 +101,10 @@ class AccumulatingStrategy(Strategy):
         return self.inner.gradient_shardings(params)
 
     @override
+    def use_shardings(self, params: PyTree[Any]) -> PyTree[Sharding] | None:
+        return self.inner.use_shardings(params)
+
+    @override
     def reduce(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:

@@ -24,6 +24,8 @@ from .._stacking import AbstractStacked
 from .._typing import Devices, validates_own_arguments
 from .._validate import is_int
 from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh
+from ._example_sums import examples_summed_by_dots
+from ._follow import follow_parameters
 from ._fully_sharded import split_by_size
 from ._per_device import spec_axes
 from ._placement import named
@@ -56,8 +58,13 @@ class MeshStrategy(DeviceMeshStrategy):
       ``"blocks.layers.0.weight"``); `spec` has an entry per dimension of the
       leaf: an axis name, a tuple of axis names, or None (whole). The first
       matching rule is the leaf's whole layout (name ``"fsdp"`` in it where
-      the leaf should be split over that axis too). Optimizer-state leaves
-      (adam's moments) follow their parameter.
+      the leaf should be split over that axis too). The optimizer state
+      follows its parameters wherever it holds a tree of their shape
+      (adam's moments, each group's under several optimizers, an EMA).
+    - **With ``tensor > 1``** the step computes with each parameter
+      gathered over ``data`` and ``fsdp`` (a stacked layer on its turn),
+      and a grouped convolution's weight gradient as a dot product: two
+      XLA partitioner bugs (see `use_shardings`, and the meshes guide).
 
     ``data=1, fsdp=N`` is FSDP; ``data=H, fsdp=N/H`` is hybrid sharding
     (replicated across hosts, split within each); ``tensor=T`` with rules is
@@ -175,7 +182,9 @@ class MeshStrategy(DeviceMeshStrategy):
         )
         book.check_all_used()
         self._warn_whole(state.model, model_specs)
-        opt_specs = _follow(state.model, model_specs, state.opt_state, self._leaf_spec)
+        opt_specs = follow_parameters(
+            state.model, model_specs, state.opt_state, _trainable, self._leaf_spec
+        )
         whole = named(self.mesh, P())
 
         def place(specs: PyTree[P]) -> PyTree[NamedSharding]:
@@ -194,9 +203,47 @@ class MeshStrategy(DeviceMeshStrategy):
         return params
 
     @override
+    def use_shardings(self, params: PyTree[Any]) -> PyTree[NamedSharding] | None:
+        """With ``tensor > 1``: each parameter as it is split over
+        ``tensor``, gathered whole over the batch axes (as fully sharded
+        data parallelism gathers a layer before using it).
+
+        Why: XLA's SPMD partitioner (jaxlib 0.10.2) can compute a wrong
+        gradient when a parameter split over ``fsdp`` (an axis the batch is
+        split over) is used together with activations split over
+        ``tensor``: resharding the batch it exchanges the ``data`` and
+        ``fsdp`` blocks between devices and does not exchange them back
+        (``tests/strategies/test_xla_partitioner.py``). Computing with the
+        parameters gathered over the batch axes leaves it the data- and
+        tensor-parallel layouts it partitions right. (A `Stacked` model's
+        layers are still gathered one at a time, inside their loop.)
+        """
+        if self.mesh.shape["tensor"] == 1:
+            return None
+        batch = set(self.batch_axes)
+
+        def gathered(sharding: NamedSharding) -> NamedSharding:
+            entries = [
+                tuple(axis for axis in spec_axes(entry) if axis not in batch)
+                for entry in sharding.spec
+            ]
+            return named(
+                self.mesh, P(*[e[0] if len(e) == 1 else (e or None) for e in entries])
+            )
+
+        return jax.tree.map(gathered, params)
+
+    @override
     def reduce(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:
+        """`fn` on the whole batch, in the global view. With the batch
+        replicated over ``tensor``, a convolution summing over the examples
+        (a grouped convolution's weight gradient) is computed as a dot
+        product: XLA would count its partial sums once per ``tensor``
+        device (`_example_sums.py`)."""
+        if self.mesh.shape["tensor"] > 1:
+            fn = examples_summed_by_dots(fn)
         return fn(replicated, carry, examples)
 
     @override
@@ -265,6 +312,14 @@ def _floating(leaf: Any) -> bool:
     )
 
 
+def _trainable(leaf: Any) -> bool:
+    """Whether `leaf` is an array optax initialises its state on (the
+    model's floating arrays, scalars included)."""
+    return isinstance(leaf, jax.ShapeDtypeStruct | jax.Array) and jnp.issubdtype(
+        leaf.dtype, jnp.inexact
+    )
+
+
 def _stacked_leaves(model: PyTree[Any]) -> set[int]:
     """The ids of the arrays of `model` stored stacked (a layer axis first)."""
     found = set()
@@ -277,38 +332,3 @@ def _stacked_leaves(model: PyTree[Any]) -> set[int]:
 
 def _is_spec(x: Any) -> bool:
     return isinstance(x, P)
-
-
-def _follow(
-    model: PyTree[Any], model_specs: PyTree[P], opt_state: PyTree[Any], by_size: Any
-) -> PyTree[P]:
-    """The optimizer state's layout: a subtree shaped as the model's arrays
-    (or its floating arrays, as optax states are initialised on) takes the
-    model's layout; any other array its layout by size."""
-    flat = jax.tree.leaves(model_specs, is_leaf=_is_spec)
-    leaves, treedef = jax.tree.flatten(model)
-    floating = jax.tree.map(lambda x: x if _floating(x) else None, model)
-    floating_leaves, floating_def = jax.tree.flatten(floating)
-    floating_specs = [s for x, s in zip(leaves, flat, strict=True) if _floating(x)]
-    known = [
-        (treedef, [tuple(x.shape) for x in leaves], flat),
-        (floating_def, [tuple(x.shape) for x in floating_leaves], floating_specs),
-    ]
-
-    def twin(node: Any) -> list[P] | None:
-        if node is None or isinstance(node, jax.ShapeDtypeStruct | jax.Array):
-            return None
-        structure = jax.tree.structure(node)
-        shapes = [tuple(x.shape) for x in jax.tree.leaves(node)]
-        for candidate, candidate_shapes, specs in known:
-            if structure == candidate and shapes == candidate_shapes:
-                return specs
-        return None
-
-    def spec(node: Any) -> Any:
-        specs = twin(node)
-        if specs is not None:
-            return jax.tree.unflatten(jax.tree.structure(node), specs)
-        return by_size(node)
-
-    return jax.tree.map(spec, opt_state, is_leaf=lambda node: twin(node) is not None)

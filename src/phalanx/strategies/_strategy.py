@@ -97,6 +97,20 @@ class Strategy(eqx.Module):
         del params
         return None
 
+    def use_shardings(self, params: PyTree[Any]) -> PyTree[Sharding] | None:
+        """Where the step uses each parameter, given `params`: the model with
+        each parameter's `Sharding` (where it is stored) in place of its
+        array.
+
+        None (the default): where it is stored, or where `reduce` gathers
+        it. A global-view strategy that stores parameters split over an
+        axis the batch is split over may return them gathered over it, so
+        that the compiler computes with them as it would with parameters
+        stored so.
+        """
+        del params
+        return None
+
     @abc.abstractmethod
     def reduce(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
