@@ -3,6 +3,7 @@ update against one device's (within the set-up's tolerance), a resume
 bitwise, and, on the one-device references, that the average and the
 plateau do what they say (so that agreeing with them means something)."""
 
+import pathlib
 from collections.abc import Callable
 from typing import Any
 
@@ -24,10 +25,9 @@ from combinations import (
     evaluation_keys,
     schedule,
 )
-from runs import Outcome, floats
+from runs import Outcome, floats, train
 
 
-References = Callable[[Combination], Outcome]
 # Written by the logger on every line, besides the metrics.
 LINE_FIELDS = {"kind", "step", "epoch"}
 # Metrics that count examples (a prediction changes them a whole example at
@@ -41,6 +41,49 @@ FP32_ATOL = FP32_RTOL = 1e-5
 # rounding depends on how the batch is split); a count within 3 examples.
 BF16_RTOL = 2.0**-7
 BF16_EXAMPLES = 3
+
+
+class Failures:
+    """Makes every check, keeps each failure, and says them together: a run
+    that breaks at several seams names each."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def check(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except AssertionError as error:
+            self.messages.append(f"{fn.__name__}: {error}")
+
+    def raise_any(self, what: str) -> None:
+        if self.messages:
+            raise AssertionError(f"{what}:\n" + "\n".join(self.messages))
+
+
+class References:
+    """The one-device runs, each made once (rows that differ only in how
+    they run share one), and whether each passes `check_reference`."""
+
+    def __init__(self, folder: pathlib.Path) -> None:
+        self.folder = folder
+        self.runs: dict[Combination, Outcome] = {}
+        self.verdicts: dict[Combination, str] = {}
+
+    def run(self, combo: Combination) -> Outcome:
+        if combo not in self.runs:
+            self.runs[combo] = train(combo, self.folder / combo.name, record=True)
+        return self.runs[combo]
+
+    def check_reference(self, combo: Combination) -> None:
+        """`check_reference` on the one-device run of `combo`, made once."""
+        if combo not in self.verdicts:
+            try:
+                check_reference(combo, self.run(combo), self)
+                self.verdicts[combo] = ""
+            except AssertionError as error:
+                self.verdicts[combo] = str(error)
+        assert not self.verdicts[combo], self.verdicts[combo]
 
 
 def timed(name: str) -> bool:
@@ -80,6 +123,12 @@ def check_names(combo: Combination, run: Outcome, what: str) -> None:
     assert steps == list(range(1, STEPS + 1)), f"{what}: step lines at {steps}"
 
 
+def check_layout(combo: Combination, run: Outcome) -> None:
+    """Every group's optimizer state and the average are laid out as their
+    parameters (invariant 9, in every combination)."""
+    assert not run.misplaced, f"{combo.name}: " + "; ".join(run.misplaced)
+
+
 def gap(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     """The largest absolute difference between two lists of arrays."""
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
@@ -96,7 +145,7 @@ def check_update(
     """The run against the one-device run of the same options: the final
     parameters, their average and every logged value (the timings aside),
     within the precision's tolerance. Returns the largest differences."""
-    reference = references(combo.reference())
+    reference = references.run(combo.reference())
     if combo.precision == "fp32":
         atol = FP32_ATOL
     else:
@@ -104,7 +153,7 @@ def check_update(
         # from float32 as the one-device bf16 run is from the one-device
         # float32 run (adam turns a gradient entry that is zero up to
         # rounding into a step of the rate's size, in rounding's direction).
-        fp32 = references(combo.reference().with_precision("fp32"))
+        fp32 = references.run(combo.reference().with_precision("fp32"))
         atol = 2 * gap(averaged(combo, reference), averaged(combo, fp32)) + FP32_ATOL
     found = gap(averaged(combo, run), averaged(combo, reference))
     assert found <= atol, (
@@ -157,22 +206,40 @@ def check_bitwise(straight: Outcome, resumed: Outcome, name: str) -> None:
 
     for what in ("epochs", "evaluations", "lines"):
         want, have = untimed(getattr(straight, what)), untimed(getattr(resumed, what))
-        assert have == want, f"{name}: the resumed run's {what} differ: {have} != {want}"
+        assert have == want, (
+            f"{name}: the resumed run's {what} differ: {have} != {want}"
+        )
 
 
 def check_reference(combo: Combination, run: Outcome, references: References) -> None:
-    """What the one-device run is trusted for: its average is the average
-    of its parameters, step by step; and the plateau's reductions change
-    the update by the factor (and the logged rate is the one used)."""
-    check_names(combo, run, f"one device, {combo.name}")
+    """What the one-device run is trusted for: its names; its average is
+    the average of its parameters, step by step; and the plateau's
+    reductions change the update by the factor (and the logged rate is the
+    one used)."""
+    failures = Failures()
+    failures.check(check_names, combo, run, f"one device, {combo.name}")
     if combo.ema:
-        average = floats(Net(jax.random.key(0)))
-        for params in run.trajectory:
-            average = [DECAY * a + (1 - DECAY) * p for a, p in zip(average, params)]
-        assert run.ema is not None
-        assert gap(run.ema, average) <= 1e-6, f"{combo.name}: the average is not"
+        failures.check(check_average, combo, run)
     if combo.plateau:
-        check_plateau(combo, run, references(combo.without_plateau()))
+        plain = references.run(combo.without_plateau())
+        failures.check(check_plateau, combo, run, plain)
+    failures.raise_any(f"the one-device run of {combo.name}")
+
+
+def check_average(combo: Combination, run: Outcome) -> None:
+    """The average is ``DECAY``'s moving average of the parameters after
+    each step, from the initial ones."""
+    average = floats(Net(jax.random.key(0)))
+    for params in run.trajectory:
+        average = [
+            DECAY * a + (1 - DECAY) * p for a, p in zip(average, params, strict=True)
+        ]
+    assert run.ema is not None
+    found = gap(run.ema, average)
+    assert found <= 1e-6, (
+        f"{combo.name}: the average is {found:.3g} from the average of the "
+        "parameters after each step"
+    )
 
 
 def check_plateau(combo: Combination, run: Outcome, plain: Outcome) -> None:

@@ -23,6 +23,7 @@ from combinations import (
     data,
 )
 from helpers import RaiseAt, host_arrays
+from phalanx import TrainState
 
 
 TRAIN, EVAL = data()
@@ -41,6 +42,7 @@ class Outcome:
         evaluations: the history's evaluations.
         lines: the JSONLogger's lines, parsed.
         trajectory: the parameters after each step (recorded runs only).
+        misplaced: the state leaves not laid out as their parameters.
     """
 
     state: list[np.ndarray]
@@ -50,6 +52,7 @@ class Outcome:
     evaluations: list[dict[str, Any]]
     lines: list[dict[str, Any]]
     trajectory: list[list[np.ndarray]]
+    misplaced: list[str]
 
 
 def floats(tree: Any) -> list[np.ndarray]:
@@ -69,6 +72,31 @@ class Record(px.Callback):
     @override
     def on_step_end(self, info: px.callbacks.StepInfo) -> None:
         self.trajectory.append(floats(info.trainer.model))
+
+
+def misplaced(state: TrainState) -> list[str]:
+    """The optimizer state and average leaves not laid out as the parameter
+    of their shape (each parameter of `Net` has a shape of its own): a
+    group's moments kept whole where their parameter is split, say."""
+    params = {
+        leaf.shape: (jax.tree_util.keystr(path), leaf.sharding)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(
+            eqx.filter(state.model, eqx.is_inexact_array)
+        )[0]
+    }
+    found = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(
+        (state.opt_state, state.ema)
+    )[0]:
+        if not isinstance(leaf, jax.Array) or leaf.shape not in params:
+            continue
+        name, sharding = params[leaf.shape]
+        if not leaf.sharding.is_equivalent_to(sharding, leaf.ndim):
+            found.append(
+                f"{jax.tree_util.keystr(path)} is laid out as {leaf.sharding}, "
+                f"the parameter {name} as {sharding}"
+            )
+    return found
 
 
 def train(
@@ -113,4 +141,5 @@ def train(
         evaluations=trainer.history.evaluations,
         lines=[json.loads(line) for line in lines],
         trajectory=recorder.trajectory,
+        misplaced=misplaced(trainer.state),
     )

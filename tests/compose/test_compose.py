@@ -11,9 +11,16 @@ import pathlib
 
 import pytest
 
-from checks import check_bitwise, check_names, check_reference, check_update
+from checks import (
+    Failures,
+    References,
+    check_bitwise,
+    check_layout,
+    check_names,
+    check_update,
+)
 from combinations import OPTIONS, Combination, all_pairs, rows, uncovered
-from runs import Outcome, train
+from runs import train
 
 
 DESIGN = rows()
@@ -30,37 +37,24 @@ def test_every_pair_of_options_is_in_a_row():
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    """``references(combo) -> Outcome``: the one-device run of `combo`'s
-    options, made (and checked) once per option set in this module."""
-    folder = tmp_path_factory.mktemp("references")
-    made: dict[Combination, Outcome | AssertionError] = {}
-
-    def reference(combo: Combination) -> Outcome:
-        if combo not in made:
-            run = train(combo, folder / combo.name, record=True)
-            try:
-                check_reference(combo, run, reference)
-                made[combo] = run
-            except AssertionError as error:  # failed for every row using it
-                made[combo] = error
-        found = made[combo]
-        if isinstance(found, AssertionError):
-            raise AssertionError(f"the one-device reference: {found}") from found
-        return found
-
-    return reference
+def references(tmp_path_factory) -> References:
+    """The one-device runs of this module's rows."""
+    return References(tmp_path_factory.mktemp("references"))
 
 
 @pytest.mark.parametrize("combo", DESIGN, ids=[row.name for row in DESIGN])
 def test_the_combination_is_one_device_and_resumes_bitwise(
     combo: Combination, references, tmp_path: pathlib.Path
 ):
+    failures = Failures()
     straight = train(combo, tmp_path / "straight")
-    check_names(combo, straight, combo.name)
-    check_update(combo, straight, references)
+    failures.check(check_names, combo, straight, combo.name)
+    failures.check(check_layout, combo, straight)
+    failures.check(references.check_reference, combo.reference())
+    failures.check(check_update, combo, straight, references)
     if combo.resume:
         train(combo, tmp_path / "resumed", crash=True)
         resumed = train(combo, tmp_path / "resumed", resume=True)
-        check_names(combo, resumed, f"{combo.name}, resumed")
-        check_bitwise(straight, resumed, combo.name)
+        failures.check(check_names, combo, resumed, f"{combo.name}, resumed")
+        failures.check(check_bitwise, straight, resumed, combo.name)
+    failures.raise_any(combo.name)
