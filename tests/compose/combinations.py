@@ -46,11 +46,13 @@ EVAL_EXAMPLES = 2 * BATCH
 STEPS = BATCHES * EPOCHS
 DECAY = 0.9  # the moving average's: far enough from 1 to move in 18 steps
 FACTOR = 0.5  # the plateau's
-# The killed run stops at this step (a callback raising, as a crash would);
-# its newest save is step 4 with one step a call (mid-epoch, after an
-# evaluation at 3), step 6 with three (a multiple of 4 reached inside the
-# call 4-6 is saved where the call ends: the end of the first epoch).
-CRASH, SAVE_EVERY = 8, 4
+# The killed run stops at this step (a callback raising, as a crash would),
+# in the third epoch, after the plateau's first reduction (at the second
+# epoch's end, step 12): the resumed run must go on at the reduced rate. Its
+# newest save is step 14 with one step a call (mid-epoch, between the
+# evaluations at 12 and 15 of eval_every=3), step 15 with three (14 is
+# reached inside the call 13-15, saved where the call ends).
+CRASH, SAVE_EVERY = 16, 7
 # Values that measure wall time: their names are compared, never their values.
 TIMED = ("time/", "goodput")
 
