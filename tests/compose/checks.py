@@ -206,9 +206,9 @@ def check_bitwise(straight: Outcome, resumed: Outcome, name: str) -> None:
 
     for what in ("epochs", "evaluations", "lines"):
         want, have = untimed(getattr(straight, what)), untimed(getattr(resumed, what))
-        assert have == want, (
-            f"{name}: the resumed run's {what} differ: {have} != {want}"
-        )
+        assert len(have) == len(want), f"{name}: {len(have)} {what}, not {len(want)}"
+        for i, (a, b) in enumerate(zip(have, want, strict=True)):
+            assert a == b, f"{name}: the resumed run's {what}[{i}] is {a}, not {b}"
 
 
 def check_reference(combo: Combination, run: Outcome, references: References) -> None:
