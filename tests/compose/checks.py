@@ -194,10 +194,11 @@ def check_bitwise(straight: Outcome, resumed: Outcome, name: str) -> None:
     """A run killed and resumed against the one never stopped: every array
     of the state, the history and the logged lines, bit for bit (the
     timings' names, not their values)."""
-    assert len(straight.state) == len(resumed.state)
-    for i, (a, b) in enumerate(zip(straight.state, resumed.state, strict=True)):
+    assert list(straight.state) == list(resumed.state)
+    for path, a in straight.state.items():
+        b = resumed.state[path]
         assert a.dtype == b.dtype and np.array_equal(a, b), (
-            f"{name}: leaf {i} of the resumed state differs from the straight run's "
+            f"{name}: the resumed state's {path} differs from the straight run's "
             f"by {np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))):.3g}"
         )
 

@@ -22,7 +22,7 @@ from combinations import (
     build,
     data,
 )
-from helpers import RaiseAt, host_arrays
+from helpers import RaiseAt
 from phalanx import TrainState
 
 
@@ -35,7 +35,7 @@ class Outcome:
 
     Attributes:
         state: every array of the final `TrainState` (step, parameters,
-            optimizer state, key, average), on the host.
+            optimizer state, key, average, ...) by path, on the host.
         params: the parameters.
         ema: the averaged parameters (None without ``ema``).
         epochs: the history's epochs.
@@ -45,7 +45,7 @@ class Outcome:
         misplaced: the state leaves not laid out as their parameters.
     """
 
-    state: list[np.ndarray]
+    state: dict[str, np.ndarray]
     params: list[np.ndarray]
     ema: list[np.ndarray] | None
     epochs: list[dict[str, Any]]
@@ -72,6 +72,20 @@ class Record(px.Callback):
     @override
     def on_step_end(self, info: px.callbacks.StepInfo) -> None:
         self.trajectory.append(floats(info.trainer.model))
+
+
+def named_arrays(state: TrainState) -> dict[str, np.ndarray]:
+    """Every array of `state` by path, on the host (a PRNG key as its data)."""
+    return {
+        jax.tree_util.keystr(path): np.asarray(
+            jax.random.key_data(leaf)
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+            else leaf
+        )
+        for path, leaf in jax.tree_util.tree_flatten_with_path(
+            eqx.filter(state, eqx.is_array)
+        )[0]
+    }
 
 
 def misplaced(state: TrainState) -> list[str]:
@@ -134,7 +148,7 @@ def train(
         trainer.fit(TRAIN, **fit, resume="latest" if resume else None)
     lines = (folder / "log.jsonl").read_text().splitlines()
     return Outcome(
-        state=host_arrays(trainer.state),
+        state=named_arrays(trainer.state),
         params=floats(trainer.model),
         ema=floats(trainer.ema_model) if combo.ema else None,
         epochs=[dict(epoch) for epoch in trainer.history.epochs],
