@@ -24,6 +24,7 @@ from combinations import (
     epoch_keys,
     evaluation_keys,
     schedule,
+    train_keys,
 )
 from runs import Outcome, floats, train
 
@@ -119,8 +120,12 @@ def check_names(combo: Combination, run: Outcome, what: str) -> None:
     assert len(evals) == (len(run.evaluations) if combo.eval_every else 0)
     for line, evaluation in zip(evals, run.evaluations, strict=False):
         assert {k: line[k] for k in evaluation} == evaluation
-    steps = [line["step"] for line in run.lines if line["kind"] == "step"]
-    assert steps == list(range(1, STEPS + 1)), f"{what}: step lines at {steps}"
+    steps = [line for line in run.lines if line["kind"] == "step"]
+    assert [line["step"] for line in steps] == list(range(1, STEPS + 1))
+    for line in steps:
+        assert set(line) - LINE_FIELDS == train_keys(combo), (
+            f"{what}: the logger's line of step {line['step']} has {sorted(line)}"
+        )
 
 
 def check_layout(combo: Combination, run: Outcome) -> None:
@@ -139,12 +144,12 @@ def averaged(combo: Combination, run: Outcome) -> list[np.ndarray]:
     return run.params + (run.ema or [])
 
 
-def check_update(
-    combo: Combination, run: Outcome, references: References
-) -> dict[str, float]:
+def check_update(combo: Combination, run: Outcome, references: References) -> None:
     """The run against the one-device run of the same options: the final
-    parameters, their average and every logged value (the timings aside),
-    within the precision's tolerance. Returns the largest differences."""
+    parameters, their average and every logged value (the timings aside:
+    each epoch's, each evaluation's and each step's line), within the
+    precision's tolerance; the logger's lines in the same order, with the
+    same names."""
     reference = references.run(combo.reference())
     if combo.precision == "fp32":
         atol = FP32_ATOL
@@ -160,32 +165,46 @@ def check_update(
         f"{combo.name}: parameters (and average) {found:.3g} from one device's, "
         f"over the tolerance {atol:.3g}"
     )
-    worst = 0.0
-    pairs = [(f"epoch {i}", run.epochs[i], reference.epochs[i]) for i in range(EPOCHS)]
-    pairs += [
-        (f"evaluation at step {have['step']}", have, want)
+
+    def shape(lines: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return [(line["kind"], line["step"], sorted(line)) for line in lines]
+
+    assert shape(run.lines) == shape(reference.lines), (
+        f"{combo.name}: the logger's lines are not one device's (kind, step, names)"
+    )
+    seen = BATCH * BATCHES  # the examples of an epoch
+    records = [
+        (f"epoch {i}", seen, run.epochs[i], reference.epochs[i]) for i in range(EPOCHS)
+    ]
+    records += [
+        (f"the evaluation at step {want['step']}", EVAL_EXAMPLES, have, want)
         for have, want in zip(run.evaluations, reference.evaluations, strict=True)
     ]
-    for where, have, want in pairs:
+    records += [
+        (f"the line of step {want['step']}", BATCH, have, want)
+        for have, want in zip(run.lines, reference.lines, strict=True)
+        if want["kind"] == "step"
+    ]
+    for where, examples, have, want in records:
         for name, value in want.items():
-            if timed(name) or name in ("step", "epoch"):
+            if timed(name) or name in LINE_FIELDS:
                 continue
-            tolerance = value_tolerance(combo, name, value)
+            tolerance = value_tolerance(combo, name, value, examples)
             diff = abs(have[name] - value)
-            worst = max(worst, diff / tolerance)
             assert diff <= tolerance, (
                 f"{combo.name}: {where}: {name} = {have[name]!r} where one device "
                 f"logs {value!r} (difference {diff:.3g}, tolerance {tolerance:.3g})"
             )
-    return {"params": found, "atol": atol, "values": worst}
 
 
-def value_tolerance(combo: Combination, name: str, value: float) -> float:
-    """How far a logged value may be from one device's."""
+def value_tolerance(
+    combo: Combination, name: str, value: float, examples: int
+) -> float:
+    """How far a logged value, of `examples` examples, may be from one
+    device's."""
     if combo.precision == "fp32" or name == "lr":  # the rate: no rounding
         return FP32_RTOL * max(abs(value), 1.0)
     if name.removeprefix("eval_") in COUNTS:
-        examples = EVAL_EXAMPLES if name.startswith("eval_") else BATCH * BATCHES
         return BF16_EXAMPLES / examples
     return BF16_RTOL * abs(value)
 

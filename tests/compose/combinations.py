@@ -267,9 +267,14 @@ def build(
     )
 
 
+def train_keys(combo: Combination) -> set[str]:
+    """The names of a step's metrics."""
+    return {"loss", "accuracy", *(("f1",) if combo.f1 else ())}
+
+
 def epoch_keys(combo: Combination) -> set[str]:
     """The names each epoch's metrics must have."""
-    train = {"loss", "accuracy", *(("f1",) if combo.f1 else ())}
+    train = train_keys(combo)
     keys = set(train)
     if combo.eval_every is None:
         keys |= {f"eval_{name}" for name in train}
