@@ -117,9 +117,12 @@ def check_names(combo: Combination, run: Outcome, what: str) -> None:
         assert set(line) - LINE_FIELDS == set(metrics)
         assert {k: line[k] for k in metrics} == metrics
     evals = [line for line in run.lines if line["kind"] == "eval"]
-    assert len(evals) == (len(run.evaluations) if combo.eval_every else 0)
-    for line, evaluation in zip(evals, run.evaluations, strict=False):
-        assert {k: line[k] for k in evaluation} == evaluation
+    if combo.eval_every is None:  # at epoch ends: in the epochs' lines
+        assert not evals, f"{what}: eval lines without eval_every"
+    else:
+        assert len(evals) == len(run.evaluations), f"{what}: {len(evals)} eval lines"
+        for line, evaluation in zip(evals, run.evaluations, strict=True):
+            assert {k: line[k] for k in evaluation} == evaluation
     steps = [line for line in run.lines if line["kind"] == "step"]
     assert [line["step"] for line in steps] == list(range(1, STEPS + 1))
     for line in steps:
@@ -139,7 +142,7 @@ def gap(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
 
 
-def averaged(combo: Combination, run: Outcome) -> list[np.ndarray]:
+def averaged(run: Outcome) -> list[np.ndarray]:
     """The parameters, and their average where the run keeps one."""
     return run.params + (run.ema or [])
 
@@ -159,8 +162,8 @@ def check_update(combo: Combination, run: Outcome, references: References) -> No
         # float32 run (adam turns a gradient entry that is zero up to
         # rounding into a step of the rate's size, in rounding's direction).
         fp32 = references.run(combo.reference().with_precision("fp32"))
-        atol = 2 * gap(averaged(combo, reference), averaged(combo, fp32)) + FP32_ATOL
-    found = gap(averaged(combo, run), averaged(combo, reference))
+        atol = 2 * gap(averaged(reference), averaged(fp32)) + FP32_ATOL
+    found = gap(averaged(run), averaged(reference))
     assert found <= atol, (
         f"{combo.name}: parameters (and average) {found:.3g} from one device's, "
         f"over the tolerance {atol:.3g}"

@@ -153,7 +153,7 @@ def strategy(name: str) -> px.Strategy:
     return {
         "sharding": lambda: px.ShardingStrategy(8),
         "pmap": lambda: px.PmapStrategy(8),
-        # min_size 16: the weights split, the biases (16 and 4) whole.
+        # min_size 17: the weights (128 and 64) split, the biases (16, 4) whole.
         "fully_sharded": lambda: px.FullyShardedStrategy(8, min_size=17),
         "accumulating": lambda: px.AccumulatingStrategy(px.ShardingStrategy(8), 2),
         "mesh": lambda: px.MeshStrategy(
@@ -241,13 +241,10 @@ def plateau() -> px.callbacks.ReduceLROnPlateau:
     )
 
 
-def build(
-    combo: Combination, callbacks: list[px.Callback], strategy_name: str | None = None
-) -> ComposeTrainer:
-    """A new trainer for `combo` (under `strategy_name`, default the row's),
-    its option callbacks after `callbacks`: a plateau and a timeline placed
-    after the loggers among them, whose columns must reach them anyway
-    (issue 41, item 4)."""
+def build(combo: Combination, callbacks: list[px.Callback]) -> ComposeTrainer:
+    """A new trainer for `combo`, its option callbacks after `callbacks`: a
+    plateau and a timeline placed after the logger among them, whose
+    columns must reach it anyway (issue 41, item 4)."""
     extra: list[px.Callback] = []
     if combo.plateau:
         extra.append(plateau())
@@ -258,7 +255,7 @@ def build(
         optimizer(combo.groups),
         groups=combo.groups,
         f1=combo.f1,
-        strategy=strategy(strategy_name or combo.strategy),
+        strategy=strategy(combo.strategy),
         precision=combo.precision,
         steps_per_call=combo.steps_per_call,
         ema=DECAY if combo.ema else None,

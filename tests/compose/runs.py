@@ -117,7 +117,6 @@ def train(
     combo: Combination,
     folder: pathlib.Path,
     *,
-    strategy_name: str | None = None,
     crash: bool = False,
     resume: bool = False,
     record: bool = False,
@@ -139,7 +138,7 @@ def train(
                 folder / "checkpoints", every_n_steps=SAVE_EVERY, every_n_epochs=None
             )
         )
-    trainer = build(combo, callbacks, strategy_name)
+    trainer = build(combo, callbacks)
     fit = dict(epochs=EPOCHS, eval_data=EVAL, eval_every=combo.eval_every)
     if crash:
         with pytest.raises(RuntimeError, match=f"boom at step {CRASH}"):
