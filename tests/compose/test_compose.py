@@ -4,8 +4,11 @@ evaluation cadence, the Timeline, a plateau on a schedule and a kill with a
 resume: every pair of option values is in some row, and every row trains
 (none is refused), gives one device's update within its precision's
 tolerance, logs the names its options call for (in the history and in a
-logger placed before the callbacks that add them), and, killed and resumed,
-ends bit for bit where the run never stopped did."""
+logger placed before the callbacks that add them), keeps every group's
+optimizer state laid out as its parameters, and, killed and resumed, ends
+bit for bit where the run never stopped did. The one-device runs compared
+with are checked too: their average, and the plateau's effect on the
+update."""
 
 import pathlib
 
