@@ -23,10 +23,12 @@ class TimeBudget:
 
     Example:
         ```python
+        from phalanx.callbacks._budget import TimeBudget
+
         budget = TimeBudget(0.02, first=0.5)
-        if budget.due():
+        if budget.due():  # False: 0.5 s / 0.02 = 25 s have not passed
             with budget.spend():
-                draw()
+                print("drawing")
         ```
     """
 
