@@ -7,6 +7,13 @@ dtype before a save makes the background writer's work nearly independent
 of the model's depth. Arrays split over devices are not packed (packing
 would gather them): they are copied as they lie and saved one by one. Both
 directions run on the devices, in one compiled call each.
+
+In a single-process run the replicated arrays are packed from one device's
+copy, onto that device: the same bytes (every device holds them whole), and
+a call on one device instead of all of them (on 8 CPU devices, ~20 us
+instead of ~400-650 us of the training thread's time per save; orbax writes
+one replica either way). Across processes every process must hand orbax
+the same global arrays: there they are packed onto the whole mesh.
 """
 
 import functools
@@ -21,33 +28,62 @@ from jaxtyping import Array, Shaped
 Layout = tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each leaf
 
 
+def _grouped(leaves: list[Array]) -> dict[str, Array]:
+    """`leaves` raveled and concatenated, one array per dtype."""
+    groups: dict[str, list[Array]] = {}
+    for leaf in leaves:
+        groups.setdefault(str(leaf.dtype), []).append(jnp.ravel(leaf))
+    # A lone part is copied explicitly: jit would hand back the input buffer
+    # itself, which the next step may donate.
+    return {
+        dtype: jnp.concatenate(parts) if len(parts) > 1 else jnp.copy(parts[0])
+        for dtype, parts in groups.items()
+    }
+
+
 @functools.cache
 def _packer(replicated: Sharding, kept: tuple[Sharding, ...]):
     def pack(
         leaves: list[Array], others: list[Array]
     ) -> tuple[dict[str, Array], list[Array]]:
-        groups: dict[str, list[Array]] = {}
-        for leaf in leaves:
-            groups.setdefault(str(leaf.dtype), []).append(jnp.ravel(leaf))
-        # A lone part is copied explicitly: jit would hand back the input
-        # buffer itself, which the next step may donate.
-        packed = {
-            dtype: jnp.concatenate(parts) if len(parts) > 1 else jnp.copy(parts[0])
-            for dtype, parts in groups.items()
-        }
-        return packed, [jnp.copy(x) for x in others]
+        return _grouped(leaves), [jnp.copy(x) for x in others]
 
     return jax.jit(pack, out_shardings=(replicated, list(kept)))
+
+
+@functools.cache
+def _local_packer(device: Sharding):
+    def pack(leaves: list[Array]) -> dict[str, Array]:
+        return _grouped(leaves)
+
+    return jax.jit(pack, out_shardings=device)
+
+
+@functools.cache
+def _copier(kept: tuple[Sharding, ...]):
+    def copy(others: list[Array]) -> list[Array]:
+        return [jnp.copy(x) for x in others]
+
+    return jax.jit(copy, out_shardings=list(kept))
 
 
 def pack(
     leaves: list[Array], others: list[Array], replicated: Sharding
 ) -> tuple[dict[str, Shaped[Array, " size"]], list[Array]]:
-    """`leaves` raveled and concatenated in order, one array per dtype
-    (replicated), and copies of `others` laid out as they are: new buffers,
-    so the originals may be donated afterwards."""
+    """`leaves` (replicated over `replicated`'s devices) raveled and
+    concatenated in order, one array per dtype, and copies of `others` laid
+    out as they are: new buffers, so the originals may be donated afterwards.
+
+    The packed arrays lie on one device where every device is this
+    process's, else replicated as `replicated` says."""
     kept = tuple(x.sharding for x in others)
-    return _packer(replicated, kept)(leaves, others)
+    if not replicated.is_fully_addressable:
+        return _packer(replicated, kept)(leaves, others)
+    # Each replicated leaf's copy on the first device of its mesh (the state's
+    # arrays share one mesh): a view, no transfer.
+    local = [x.addressable_data(0) for x in leaves]
+    packed = _local_packer(local[0].sharding)(local) if local else {}
+    return packed, _copier(kept)(others) if others else []
 
 
 def packed_sizes(layout: Layout) -> dict[str, int]:
