@@ -120,10 +120,10 @@ class Checkpoint(Callback, SnapshotStore):
 
     @override
     def on_fit_start(self, info: StepInfo) -> None:
-        del info
         self._due = False
         self._evaluation = None
         self._folder.start()
+        self._folder.prepare(info.snapshot())
 
     @override
     def on_step_end(self, info: StepInfo) -> None:

@@ -12,6 +12,7 @@ callback's policy), and it never touches the trainer.
 import functools
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, final
 
@@ -28,7 +29,7 @@ from ._errors import (
     release_failed_io,
     write_error,
 )
-from ._items import item_handlers, save_args
+from ._items import item_handlers, save_args, save_compiler
 from ._resume import Restored, is_step_folder, read_checkpoint, said_resumed
 from ._retention import metric_fn, retention
 from ._writer import WriterThread, lower_priority, thread_ids
@@ -78,6 +79,13 @@ class CheckpointFolder:
                 f"({error.strerror}); choose a folder you can write to"
             ) from None
 
+    def prepare(self, snapshot: Snapshot) -> None:
+        """Compile the copy a save of snapshots shaped as `snapshot` makes, on
+        the writer thread while training goes on: the first save then copies
+        without compiling (~20-50 ms, ~1% of a short run)."""
+        if single_process():  # (across processes, saves run in step)
+            self._writer.submit(functools.partial(_compile, save_compiler(snapshot)))
+
     def raise_failed(self) -> None:
         """Raise the error of a save that has failed by now (without waiting
         for one still being written): a failed save stops training."""
@@ -94,13 +102,14 @@ class CheckpointFolder:
             The step folder it is (being) written to.
         """
         step = snapshot.progress.step
+        # At most one snapshot waits for the writer (each holds a copy of
+        # the state); a failed save raises here. (First: the copy's compile,
+        # `prepare`, may still be running there.)
+        self._raise_once(self._writer.wait())
         # Taken now, at the step boundary: the JSON part, and a copy of the
         # arrays queued on the devices (the next step donates the originals).
         args = save_args(snapshot)
         numbers = None if metrics is None else scalar_metrics(metrics)
-        # At most one snapshot waits for the writer (each holds a copy of
-        # the state); a failed save raises here.
-        self._raise_once(self._writer.wait())
         if not single_process():
             # Orbax synchronises processes with collectives of its own, which
             # must run in the same order as training's on every process.
@@ -262,6 +271,15 @@ class CheckpointFolder:
     def _empty_trash(self) -> None:
         """Remove the steps orbax has retired (by then no longer listed)."""
         shutil.rmtree(self.directory / TRASH, ignore_errors=True)
+
+
+def _compile(compile_pack: Callable[[], None]) -> None:
+    """Run `compile_pack`; a failure is not a failed save: the save's own
+    copy compiles again, on the training thread, and raises it there."""
+    try:
+        compile_pack()
+    except Exception:
+        logger.debug("compiling a checkpoint's copy ahead of the save failed")
 
 
 def _children(folder: Path) -> list[Path]:

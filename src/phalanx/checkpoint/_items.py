@@ -13,6 +13,7 @@ never mistaken for a checkpoint.
 """
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -27,7 +28,7 @@ from .._state._sums import FLAGS, EpochSums
 from .._version import __version__
 from ..strategies._placement import named
 from ._leaf_spec import LeafSpec, check_same_specs, leaf_specs
-from ._packing import Layout, pack, packed_sizes, unpack
+from ._packing import Layout, pack, pack_compiler, packed_sizes, unpack
 from ._settings import check_same_settings
 
 
@@ -94,6 +95,26 @@ def _replicated(leaves: list[jax.Array]) -> NamedSharding:
     return named(sharding.mesh, P())
 
 
+def _packing_args(
+    arrays: list[jax.Array],
+) -> tuple[list[int], list[jax.Array], list[jax.Array], NamedSharding]:
+    """Which of `arrays` are split over devices (saved one by one), the
+    others (packed), the split ones, and where packed arrays live."""
+    split = [i for i, x in enumerate(arrays) if not x.sharding.is_fully_replicated]
+    return (
+        split,
+        [x for i, x in enumerate(arrays) if i not in split],
+        [arrays[i] for i in split],
+        _replicated(arrays),
+    )
+
+
+def save_compiler(snapshot: Snapshot) -> Callable[[], None]:
+    """A function compiling what `save_args` runs on the devices for
+    snapshots shaped as `snapshot` (see `pack_compiler`)."""
+    return pack_compiler(*_packing_args(_arrays(snapshot)[0])[1:])
+
+
 def save_args(snapshot: Snapshot) -> ocp.args.Composite:
     """`snapshot` as orbax save args.
 
@@ -101,12 +122,8 @@ def save_args(snapshot: Snapshot) -> ocp.args.Composite:
     step donates the run's own buffers); everything else is read now.
     """
     arrays, spec = _arrays(snapshot)
-    split = [i for i, x in enumerate(arrays) if not x.sharding.is_fully_replicated]
-    packed, kept = pack(
-        [x for i, x in enumerate(arrays) if i not in split],
-        [arrays[i] for i in split],
-        _replicated(arrays),
-    )
+    split, leaves, others, replicated = _packing_args(arrays)
+    packed, kept = pack(leaves, others, replicated)
     tree = {**packed, **{f"leaf_{i}": x for i, x in zip(split, kept, strict=True)}}
     host = {
         "format": FORMAT,
