@@ -13,6 +13,7 @@ never mistaken for a checkpoint.
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,12 @@ FORMAT = 4
 
 
 def _is_key(leaf: Any) -> bool:
-    return jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    return _is_key_dtype(leaf.dtype)
+
+
+@functools.cache
+def _is_key_dtype(dtype: Any) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 def _state_leaves(snapshot: Snapshot) -> list[jax.Array]:

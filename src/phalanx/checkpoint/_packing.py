@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Sharding
 from jaxtyping import Array, Shaped
 
@@ -71,7 +72,9 @@ def _copier(kept: tuple[Sharding, ...]):
 
 def pack(
     leaves: list[Array], others: list[Array], replicated: Sharding
-) -> tuple[dict[str, Shaped[Array, " size"]], list[Array]]:
+) -> tuple[
+    dict[str, Shaped[Array, " size"] | Shaped[np.ndarray, " size"]], list[Array]
+]:
     """`leaves` (replicated over `replicated`'s devices) raveled and
     concatenated in order, one array per dtype, and copies of `others` laid
     out as they are: new buffers, so the originals may be donated afterwards.
@@ -84,8 +87,30 @@ def pack(
     # Each replicated leaf's copy on the first device of its mesh (the state's
     # arrays share one mesh): a view, no transfer.
     local = [x.addressable_data(0) for x in leaves]
-    packed = _local_packer(local[0].sharding)(local) if local else {}
-    return packed, _copier(kept)(others) if others else []
+    copies = _copier(kept)(others) if others else []
+    if not local:
+        return {}, copies
+    if _on_host(replicated):
+        return _host_packed(local), copies
+    return _local_packer(local[0].sharding)(local), copies
+
+
+@functools.cache
+def _on_host(sharding: Sharding) -> bool:
+    """Whether `sharding`'s devices are the host's CPU (their memory is the
+    host's: NumPy copies it as well as they do, with no program to compile)."""
+    return all(device.platform == "cpu" for device in sharding.device_set)
+
+
+def _host_packed(leaves: list[Array]) -> dict[str, np.ndarray]:
+    """`leaves` (on one CPU device) raveled and concatenated by NumPy, one
+    array per dtype: new host buffers. Each leaf is read once it is computed
+    (at an epoch's end it is; a save after a step still running waits for
+    it)."""
+    groups: dict[np.dtype, list[np.ndarray]] = {}
+    for leaf in leaves:
+        groups.setdefault(leaf.dtype, []).append(np.asarray(leaf).reshape(-1))
+    return {str(dtype): np.concatenate(parts) for dtype, parts in groups.items()}
 
 
 def pack_compiler(
@@ -102,7 +127,7 @@ def pack_compiler(
             (_packer(replicated, kept), (_abstract(leaves), _abstract(others)))
         )
     else:
-        if leaves:
+        if leaves and not _on_host(replicated):
             device = leaves[0].addressable_data(0).sharding
             calls.append((_local_packer(device), (_abstract(leaves, device),)))
         if others:
