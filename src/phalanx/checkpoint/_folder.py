@@ -168,6 +168,9 @@ class CheckpointFolder:
             self._threads = threads
             if commit:
                 manager.wait_until_finished()
+                # The step this save retired, removed now, between saves: not
+                # on the way of the next (the one a fit's end waits for).
+                self._empty_trash()
         except Exception as error:
             raise self._write_failed(step, error) from error
 
