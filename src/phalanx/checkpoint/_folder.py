@@ -29,7 +29,7 @@ from ._errors import (
     release_failed_io,
     write_error,
 )
-from ._items import item_handlers, save_args, save_compiler
+from ._items import SaveItems, item_handlers, save_compiler, save_items
 from ._resume import Restored, is_step_folder, read_checkpoint, said_resumed
 from ._retention import metric_fn, retention
 from ._writer import WriterThread, lower_priority, thread_ids
@@ -108,14 +108,14 @@ class CheckpointFolder:
         self._raise_once(self._writer.wait())
         # Taken now, at the step boundary: the JSON part, and a copy of the
         # arrays queued on the devices (the next step donates the originals).
-        args = save_args(snapshot)
+        items = save_items(snapshot)
         numbers = None if metrics is None else scalar_metrics(metrics)
         if not single_process():
             # Orbax synchronises processes with collectives of its own, which
             # must run in the same order as training's on every process.
-            self._write(step, args, numbers, commit=False)
+            self._write(step, items, numbers, commit=False)
         else:
-            write = functools.partial(self._write, step, args, numbers, commit=True)
+            write = functools.partial(self._write, step, items, numbers, commit=True)
             self._writer.submit(write)
         if wait:
             self.wait()
@@ -124,7 +124,7 @@ class CheckpointFolder:
     def _write(
         self,
         step: int,
-        args: ocp.args.Composite,
+        items: SaveItems,
         metrics: dict[str, float] | None,
         *,
         commit: bool,
@@ -160,7 +160,7 @@ class CheckpointFolder:
                 # none, orbax logs "Requested `tracked_metric`; did not
                 # provide metrics." at every such save once it tracks a best.
                 metrics = {}
-            manager.save(step, args=args, metrics=metrics, force=True)
+            manager.save(step, args=items.orbax_args(), metrics=metrics, force=True)
             # Orbax's writer threads (those started since the manager was
             # made) yield the cores to training; threads they start inherit it.
             threads = thread_ids()

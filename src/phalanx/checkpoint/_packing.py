@@ -102,15 +102,43 @@ def _on_host(sharding: Sharding) -> bool:
     return all(device.platform == "cpu" for device in sharding.device_set)
 
 
+# The key of the one array of bytes a host pack makes (`BYTES` in its
+# checkpoint's "packed" entry).
+BYTES = "bytes"
+
+
 def _host_packed(leaves: list[Array]) -> dict[str, np.ndarray]:
-    """`leaves` (on one CPU device) raveled and concatenated by NumPy, one
-    array per dtype: new host buffers. Each leaf is read once it is computed
-    (at an epoch's end it is; a save after a step still running waits for
-    it)."""
-    groups: dict[np.dtype, list[np.ndarray]] = {}
-    for leaf in leaves:
-        groups.setdefault(leaf.dtype, []).append(np.asarray(leaf).reshape(-1))
-    return {str(dtype): np.concatenate(parts) for dtype, parts in groups.items()}
+    """`leaves` (on one CPU device) as one array of their bytes, in order: a
+    new host buffer, whatever their dtypes. One array where per-dtype packing
+    makes several (parameters, key, step): orbax's work per save, and the
+    files it writes and syncs, grow with the arrays, not with their bytes
+    (~5 ms less per save of a small state). Each leaf is read once it is
+    computed (at an epoch's end it is; a save after a step still running
+    waits for it)."""
+    return {
+        BYTES: np.concatenate(
+            [np.asarray(x).reshape(-1).view(np.uint8) for x in leaves]
+        )
+    }
+
+
+def packed_bytes(layout: Layout) -> int:
+    """The length of the array of bytes `leaves` of `layout` pack into."""
+    return sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in layout)
+
+
+def unpack_bytes(
+    packed: np.ndarray, layout: Layout, shardings: tuple[Sharding, ...]
+) -> list[Array]:
+    """The leaves a host pack packed into `packed` (on the host), given their
+    shapes and dtypes in order, each laid out as `shardings` say."""
+    leaves, start = [], 0
+    for shape, dtype in layout:
+        kind = np.dtype(dtype)
+        end = start + math.prod(shape) * kind.itemsize
+        leaves.append(packed[start:end].view(kind).reshape(shape))
+        start = end
+    return jax.device_put(leaves, list(shardings))
 
 
 def pack_compiler(

@@ -1,0 +1,113 @@
+"""How a save copies the state: packed to bytes by NumPy on CPU devices, by
+dtype in one compiled call elsewhere (forced here); both restore to the bit,
+and checkpoints of format 4 (packed by dtype) still resume."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import phalanx as px
+from helpers import RaiseAt, make_data, make_model, max_abs_diff
+from phalanx.checkpoint import _packing
+from phalanx.checkpoint._packing import (
+    BYTES,
+    pack,
+    pack_compiler,
+    packed_bytes,
+    unpack_bytes,
+)
+
+
+def odd_leaves() -> list[jax.Array]:
+    """One leaf of each kind of dtype a state may hold, replicated over 8
+    devices: random bits (NaNs and all), a 0-d one, bools, a key's data."""
+    mesh = jax.make_mesh((8,), ("data",))
+    bits = np.random.default_rng(0).integers(0, 2**32, size=64, dtype=np.uint32)
+    host = [
+        bits[:12].view(np.float32).reshape(3, 4),
+        bits[12:13].view(np.float32).reshape(()),
+        bits[13:18].view(jnp.bfloat16),
+        bits[18:20].view(np.int8),
+        bits[20:23] % 2 == 0,
+        bits[23:25],
+        bits[25:29].view(np.int32).reshape(2, 2),
+        bits[29:32].view(np.float16),
+    ]
+    return [jax.device_put(x, NamedSharding(mesh, P())) for x in host]
+
+
+def as_bits(x) -> np.ndarray:
+    x = np.asarray(x)
+    return x.reshape(-1).view(np.uint8)
+
+
+def test_a_host_pack_is_one_array_of_bytes_and_unpacks_to_the_bit():
+    leaves = odd_leaves()
+    replicated = leaves[0].sharding
+    packed, kept = pack(leaves, [], replicated)
+    layout = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+    assert list(packed) == [BYTES] and kept == []
+    assert isinstance(packed[BYTES], np.ndarray)
+    assert packed[BYTES].shape == (packed_bytes(layout),)
+    back = unpack_bytes(packed[BYTES], layout, (replicated,) * len(leaves))
+    for old, new in zip(leaves, back, strict=True):
+        assert new.dtype == old.dtype and new.shape == old.shape
+        assert new.sharding == replicated
+        np.testing.assert_array_equal(as_bits(new), as_bits(old))
+
+
+def test_a_device_pack_is_compiled_ahead_and_copies(monkeypatch):
+    # Where the devices are not the host's CPU: one array per dtype, made by
+    # one compiled call on the first device, which `pack_compiler` compiles.
+    monkeypatch.setattr(_packing, "_on_host", lambda sharding: False)
+    leaves = odd_leaves()
+    replicated = leaves[0].sharding
+    pack_compiler(leaves, [], replicated)()
+    packed, _ = pack(leaves, [], replicated)
+    assert sorted(packed) == sorted({str(x.dtype) for x in leaves})
+    floats = jnp.concatenate([leaves[0].ravel(), leaves[1].ravel()])
+    np.testing.assert_array_equal(as_bits(packed["float32"]), as_bits(floats))
+    assert len(packed["float32"].sharding.device_set) == 1
+
+
+def run(directory, *, crash=None, resume=None):
+    x, y = make_data(100, seed=3)
+    loader = px.data.ArrayLoader((x, y), 16, seed=1)  # 7 steps per epoch
+    callbacks = [px.callbacks.Checkpoint(directory, every_n_steps=5)]
+    if crash is not None:
+        callbacks.insert(0, RaiseAt(crash))
+    trainer = px.DataParallelTrainer(
+        make_model(),
+        optax.adam(1e-2),
+        strategy=px.ShardingStrategy(8),
+        callbacks=callbacks,
+    )
+    if crash is None:
+        trainer.fit(loader, epochs=2, resume=resume)
+    else:
+        with pytest.raises(RuntimeError, match=f"boom at step {crash}"):
+            trainer.fit(loader, epochs=2, resume=resume)
+    return trainer
+
+
+@pytest.mark.parametrize("written", ["bytes", "by dtype", "format 4"])
+def test_a_mid_epoch_checkpoint_resumes_to_the_bit(tmp_path, monkeypatch, written):
+    # Step 5 is mid-epoch: the epoch's sums are saved with the state.
+    with monkeypatch.context() as patch:
+        if written != "bytes":
+            patch.setattr(_packing, "_on_host", lambda sharding: False)
+        run(tmp_path, crash=6)
+    metadata = tmp_path / "5" / "host" / "metadata"
+    host = json.loads(metadata.read_text())
+    assert host.get("packed") == ("bytes" if written == "bytes" else None)
+    if written == "format 4":  # what phalanx wrote before format 5
+        metadata.write_text(json.dumps({**host, "format": 4}))
+    resumed = run(tmp_path, resume="latest")
+    straight = run(tmp_path / "straight")
+    assert max_abs_diff(resumed.model, straight.model) == 0
+    assert resumed.history.epochs == straight.history.epochs
