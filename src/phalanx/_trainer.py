@@ -384,6 +384,11 @@ class DataParallelTrainer(Generic[_Model]):
             learning_rate=next_rate(self.optimizer, state.opt_state).value,
         )
         self._layout = state_layout(self.strategy, state)
+        # The last `TrainState` built from the run's arrays, and those arrays:
+        # the hooks of one step read it several times (the learning-rate
+        # monitor, then a checkpoint's snapshot), ~0.2 ms each to build. The
+        # next step donates the arrays, so it keeps no memory alive.
+        self._built: tuple[list[jax.Array], TrainState[_Model]] | None = None
         shardings = self._layout.shardings
         # The run (state and progress): its one home, in and between fits.
         self._slot = RunSlot(
@@ -590,7 +595,14 @@ class DataParallelTrainer(Generic[_Model]):
     @property
     def state(self) -> TrainState[_Model]:
         """The current `TrainState` (device arrays, laid out by the strategy)."""
-        return self._layout.unflatten(self._slot.run.leaves)
+        return self._state_of(self._slot.run.leaves)
+
+    def _state_of(self, leaves: list[jax.Array]) -> TrainState[_Model]:
+        """The `TrainState` of the run's arrays `leaves`, built once."""
+        built = self._built
+        if built is None or built[0] is not leaves:
+            built = self._built = (leaves, self._layout.unflatten(leaves))
+        return built[1]
 
     @state.setter
     def state(self, state: TrainState[_Model]) -> None:
@@ -630,7 +642,7 @@ class DataParallelTrainer(Generic[_Model]):
         """
         fit, run = self._fit, self._slot.run
         return Snapshot(
-            state=self._layout.unflatten(run.leaves),
+            state=self._state_of(run.leaves),
             progress=run.progress,
             history=self.history.state_dict(),
             data=None if fit is None else fit.data_state(),

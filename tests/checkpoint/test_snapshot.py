@@ -90,3 +90,15 @@ def test_a_snapshot_mid_epoch_continues_its_epoch():
     assert second.progress.step == 4
     assert max_abs_diff(second.model, straight.model) == 0
     assert second.history["loss"] == straight.history["loss"]
+
+
+def test_the_state_is_built_once_per_step():
+    # The hooks of one step read it several times (a learning-rate monitor,
+    # a checkpoint's snapshot): one TrainState, a new one after each step.
+    straight = trainer()
+    straight.fit(batches(), epochs=1)
+    before = straight.state
+    assert straight.state is before and straight.snapshot().state is before
+    straight.fit(batches(), epochs=2)
+    assert straight.state is not before
+    assert int(jax.device_get(straight.state.step)) == 6  # 2 steps an epoch
