@@ -28,7 +28,7 @@ from .._state._snapshot import Snapshot
 from .._state._sums import FLAGS, EpochSums
 from .._version import __version__
 from ..strategies._placement import named
-from ._leaf_spec import LeafSpec, check_same_specs, leaf_specs
+from ._leaf_spec import LeafSpec, array_specs, check_same_specs
 from ._packing import (
     BYTES,
     Layout,
@@ -63,40 +63,18 @@ def _is_key_dtype(dtype: Any) -> bool:
 
 
 def _state_leaves(snapshot: Snapshot) -> list[jax.Array]:
-    return _flat_state(snapshot.state)[0]
+    return array_specs(snapshot.state)[0]
 
 
 def _spec(snapshot: Snapshot) -> list[LeafSpec]:
     """[path, shape, dtype] of every array of the snapshot's state."""
-    return _flat_state(snapshot.state)[1]
-
-
-# The specs of the states seen, by structure: a save reads them from here,
-# not from the paths again (~0.1 ms a save on a small model).
-_SPECS: dict[Any, list[LeafSpec]] = {}
-
-
-def _flat_state(state: Any) -> tuple[list[jax.Array], list[LeafSpec]]:
-    """The state's arrays in flattening order (as `leaf_specs` lists them),
-    and their specs (made once per structure, shapes and dtypes)."""
-    leaves, treedef = jax.tree.flatten(state)
-    arrays = [x for x in leaves if eqx.is_array(x)]
-    try:
-        key = (treedef, tuple((x.shape, x.dtype) for x in arrays))
-        spec = _SPECS.get(key)
-    except TypeError:  # a static field that cannot be hashed
-        return arrays, leaf_specs(state)[1]
-    if spec is None:
-        if len(_SPECS) >= 16:  # many trainers in one process: bounded
-            _SPECS.clear()
-        spec = _SPECS[key] = leaf_specs(state)[1]
-    return arrays, spec
+    return array_specs(snapshot.state)[1]
 
 
 def _arrays(snapshot: Snapshot) -> tuple[list[jax.Array], list[LeafSpec]]:
     """The state's arrays (keys as key data), then the epoch's sums; and the
     state's spec."""
-    leaves, spec = _flat_state(snapshot.state)
+    leaves, spec = array_specs(snapshot.state)
     arrays = [jax.random.key_data(x) if _is_key(x) else x for x in leaves]
     return [*arrays, *(snapshot.progress.sums or ())], spec
 

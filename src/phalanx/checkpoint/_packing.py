@@ -1,19 +1,25 @@
-"""Many arrays as one flat array per dtype, and back.
+"""Many arrays as few flat ones, and back.
 
 A training state is dozens of small arrays; orbax spends most of a save's
-CPU time on each array's bookkeeping (metadata, TensorStore specs, files),
-not on its bytes. Packing the state's replicated arrays into one array per
-dtype before a save makes the background writer's work nearly independent
-of the model's depth. Arrays split over devices are not packed (packing
-would gather them): they are copied as they lie and saved one by one. Both
-directions run on the devices, in one compiled call each.
+CPU time on each array's bookkeeping (metadata, TensorStore specs, files
+written and synced), not on its bytes. Packing the state's replicated arrays
+before a save makes the background writer's work nearly independent of the
+model's depth. Arrays split over devices are not packed (packing would
+gather them): they are copied as they lie and saved one by one.
 
-In a single-process run the replicated arrays are packed from one device's
-copy, onto that device: the same bytes (every device holds them whole), and
-a call on one device instead of all of them (on 8 CPU devices, ~20 us
-instead of ~400-650 us of the training thread's time per save; orbax writes
-one replica either way). Across processes every process must hand orbax
-the same global arrays: there they are packed onto the whole mesh.
+How, by where the state lives:
+
+- CPU devices, one process: one host array of the leaves' bytes, made by
+  NumPy from the first device's copy (every device holds the whole array):
+  no program to compile or dispatch, and one array for orbax to write
+  whatever the dtypes. Restored by viewing the bytes as each leaf's dtype.
+- Accelerators, one process: one array per dtype, made on the first device
+  by one compiled call (~20 us to dispatch, where a call over 8 devices
+  took ~400-650 us), compiled ahead of the first save (`pack_compiler`).
+- Several processes: one array per dtype, replicated over the whole mesh
+  (every process must hand orbax the same global arrays).
+
+Arrays packed by dtype are unpacked on the devices, in one compiled call.
 """
 
 import functools
@@ -70,17 +76,21 @@ def _copier(kept: tuple[Sharding, ...]):
     return jax.jit(copy, out_shardings=list(kept))
 
 
+# Packed arrays: on the devices (by dtype) or on the host (`BYTES`).
+Packed = dict[str, Shaped[Array, " size"] | Shaped[np.ndarray, " size"]]
+
+
 def pack(
     leaves: list[Array], others: list[Array], replicated: Sharding
-) -> tuple[
-    dict[str, Shaped[Array, " size"] | Shaped[np.ndarray, " size"]], list[Array]
-]:
+) -> tuple[Packed, list[Array]]:
     """`leaves` (replicated over `replicated`'s devices) raveled and
-    concatenated in order, one array per dtype, and copies of `others` laid
-    out as they are: new buffers, so the originals may be donated afterwards.
+    concatenated in order, and copies of `others` laid out as they are: new
+    buffers, so the originals may be donated afterwards.
 
-    The packed arrays lie on one device where every device is this
-    process's, else replicated as `replicated` says."""
+    On CPU devices (in one process) the packed leaves are one host array of
+    their bytes, under `BYTES`; elsewhere one array per dtype, on one device
+    where every device is this process's, else replicated as `replicated`
+    says."""
     kept = tuple(x.sharding for x in others)
     if not replicated.is_fully_addressable:
         return _packer(replicated, kept)(leaves, others)
@@ -107,7 +117,7 @@ def _on_host(sharding: Sharding) -> bool:
 BYTES = "bytes"
 
 
-def _host_packed(leaves: list[Array]) -> dict[str, np.ndarray]:
+def _host_packed(leaves: list[Array]) -> Packed:
     """`leaves` (on one CPU device) as one array of their bytes, in order: a
     new host buffer, whatever their dtypes. One array where per-dtype packing
     makes several (parameters, key, step): orbax's work per save, and the
