@@ -13,14 +13,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import phalanx as px
 from helpers import RaiseAt, make_data, make_model, max_abs_diff
-from phalanx.checkpoint import _packing
-from phalanx.checkpoint._packing import (
-    BYTES,
-    pack,
-    pack_compiler,
-    packed_bytes,
-    unpack_bytes,
-)
+from phalanx.checkpoint import _items, _packing
+from phalanx.checkpoint._bytes import BYTES, DeviceParts, packed_bytes, unpack_bytes
+from phalanx.checkpoint._packing import pack, pack_compiler
 
 
 def odd_leaves() -> list[jax.Array]:
@@ -46,13 +41,13 @@ def as_bits(x) -> np.ndarray:
     return x.reshape(-1).view(np.uint8)
 
 
-def test_a_host_pack_is_one_array_of_bytes_and_unpacks_to_the_bit():
+def test_a_pack_is_one_array_of_bytes_and_unpacks_to_the_bit():
     leaves = odd_leaves()
     replicated = leaves[0].sharding
     packed, kept = pack(leaves, [], replicated)
     layout = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
     assert list(packed) == [BYTES] and kept == []
-    assert isinstance(packed[BYTES], np.ndarray)
+    assert isinstance(packed[BYTES], np.ndarray)  # small, on CPU: by NumPy
     assert packed[BYTES].shape == (packed_bytes(layout),)
     back = unpack_bytes(packed[BYTES], layout, (replicated,) * len(leaves))
     for old, new in zip(leaves, back, strict=True):
@@ -61,18 +56,28 @@ def test_a_host_pack_is_one_array_of_bytes_and_unpacks_to_the_bit():
         np.testing.assert_array_equal(as_bits(new), as_bits(old))
 
 
-def test_a_device_pack_is_compiled_ahead_and_copies(monkeypatch):
-    # Where the devices are not the host's CPU: one array per dtype, made by
-    # one compiled call on the first device, which `pack_compiler` compiles.
-    monkeypatch.setattr(_packing, "_on_host", lambda sharding: False)
+@pytest.mark.parametrize("why", ["accelerator", "large"])
+def test_a_pack_on_the_device_is_compiled_ahead_and_reads_the_same_bytes(
+    monkeypatch, why
+):
+    # Not a small state on CPU devices: packed by dtype on the first device
+    # (compiled by `pack_compiler`, not waited for), read into the same bytes
+    # on the writer thread.
     leaves = odd_leaves()
     replicated = leaves[0].sharding
+    on_host = pack(leaves, [], replicated)[0][BYTES]
+    if why == "accelerator":
+        monkeypatch.setattr(_packing, "_on_host", lambda sharding: False)
+    else:
+        monkeypatch.setattr(_packing, "HOST_COPY_BYTES", 16)
     pack_compiler(leaves, [], replicated)()
     packed, _ = pack(leaves, [], replicated)
-    assert sorted(packed) == sorted({str(x.dtype) for x in leaves})
-    floats = jnp.concatenate([leaves[0].ravel(), leaves[1].ravel()])
-    np.testing.assert_array_equal(as_bits(packed["float32"]), as_bits(floats))
-    assert len(packed["float32"].sharding.device_set) == 1
+    parts = packed[BYTES]
+    assert isinstance(parts, DeviceParts)
+    kinds = [str(x.dtype) for x in parts.parts]
+    assert kinds == list(dict.fromkeys(str(x.dtype) for x in leaves))
+    assert all(len(x.sharding.device_set) == 1 for x in parts.parts)
+    np.testing.assert_array_equal(parts.read(), on_host)
 
 
 def run(directory, *, crash=None, resume=None):
@@ -95,19 +100,28 @@ def run(directory, *, crash=None, resume=None):
     return trainer
 
 
-@pytest.mark.parametrize("written", ["bytes", "by dtype", "format 4"])
+@pytest.mark.parametrize("written", ["on the host", "on a device", "format 4"])
 def test_a_mid_epoch_checkpoint_resumes_to_the_bit(tmp_path, monkeypatch, written):
     # Step 5 is mid-epoch: the epoch's sums are saved with the state.
     with monkeypatch.context() as patch:
-        if written != "bytes":
+        if written == "on a device":
             patch.setattr(_packing, "_on_host", lambda sharding: False)
+        if written == "format 4":  # as phalanx wrote before: arrays by dtype
+            patch.setattr(_items, "pack", by_dtype)
         run(tmp_path, crash=6)
     metadata = tmp_path / "5" / "host" / "metadata"
     host = json.loads(metadata.read_text())
-    assert host.get("packed") == ("bytes" if written == "bytes" else None)
-    if written == "format 4":  # what phalanx wrote before format 5
+    assert host.get("packed") == (None if written == "format 4" else "bytes")
+    if written == "format 4":
         metadata.write_text(json.dumps({**host, "format": 4}))
     resumed = run(tmp_path, resume="latest")
     straight = run(tmp_path / "straight")
     assert max_abs_diff(resumed.model, straight.model) == 0
     assert resumed.history.epochs == straight.history.epochs
+
+
+def by_dtype(leaves, others, replicated):
+    """Packs as phalanx did before format 5 (and does across processes):
+    one array per dtype."""
+    kept = tuple(x.sharding for x in others)
+    return _packing._packer(replicated, kept)(leaves, others)

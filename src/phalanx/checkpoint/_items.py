@@ -28,17 +28,9 @@ from .._state._snapshot import Snapshot
 from .._state._sums import FLAGS, EpochSums
 from .._version import __version__
 from ..strategies._placement import named
+from ._bytes import BYTES, DeviceParts, packed_bytes, unpack_bytes
 from ._leaf_spec import LeafSpec, array_specs, check_same_specs
-from ._packing import (
-    BYTES,
-    Layout,
-    pack,
-    pack_compiler,
-    packed_bytes,
-    packed_sizes,
-    unpack,
-    unpack_bytes,
-)
+from ._packing import Layout, pack, pack_compiler, packed_sizes, unpack
 from ._settings import check_same_settings
 
 
@@ -119,10 +111,15 @@ class SaveItems(NamedTuple):
     host: dict[str, Any]
 
     def orbax_args(self) -> ocp.args.Composite:
-        """These items as orbax save args (made on the writer thread: orbax
-        checks what it is given, ~40 us of Python)."""
+        """These items as orbax save args, made on the writer thread: arrays
+        packed on a device are read into bytes there, and orbax checks what
+        it is given (~40 us of Python)."""
+        arrays = {
+            k: v.read() if isinstance(v, DeviceParts) else v
+            for k, v in self.arrays.items()
+        }
         return ocp.args.Composite(
-            arrays=ocp.args.PyTreeSave(self.arrays),
+            arrays=ocp.args.PyTreeSave(arrays),
             host=ocp.args.JsonSave(self.host),
         )
 

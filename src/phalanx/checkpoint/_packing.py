@@ -9,17 +9,15 @@ gather them): they are copied as they lie and saved one by one.
 
 How, by where the state lives:
 
-- CPU devices, one process: one host array of the leaves' bytes, made by
-  NumPy from the first device's copy (every device holds the whole array):
-  no program to compile or dispatch, and one array for orbax to write
-  whatever the dtypes. Restored by viewing the bytes as each leaf's dtype.
-- Accelerators, one process: one array per dtype, made on the first device
-  by one compiled call (~20 us to dispatch, where a call over 8 devices
-  took ~400-650 us), compiled ahead of the first save (`pack_compiler`).
+- One process: the replicated arrays' bytes, one host array (`_bytes.py`),
+  copied from the first device's copy (every device holds the whole array):
+  by NumPy for a small state on CPU devices (no program to compile or
+  dispatch), else by one compiled call on that device (~20 us to dispatch,
+  where a call over 8 devices took ~400-650 us), compiled ahead of the first
+  save (`pack_compiler`) and read into bytes by the writer thread.
 - Several processes: one array per dtype, replicated over the whole mesh
-  (every process must hand orbax the same global arrays).
-
-Arrays packed by dtype are unpacked on the devices, in one compiled call.
+  (every process must hand orbax the same global arrays); unpacked on the
+  devices, in one compiled call.
 """
 
 import functools
@@ -32,6 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Sharding
 from jaxtyping import Array, Shaped
+
+from ._bytes import BYTES, HOST_COPY_BYTES, DeviceParts, host_bytes
 
 
 Layout = tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype) of each leaf
@@ -62,8 +62,10 @@ def _packer(replicated: Sharding, kept: tuple[Sharding, ...]):
 
 @functools.cache
 def _local_packer(device: Sharding):
-    def pack(leaves: list[Array]) -> dict[str, Array]:
-        return _grouped(leaves)
+    def pack(leaves: list[Array]) -> list[Array]:
+        # A list: in the order the leaves first show each dtype, as their
+        # bytes are (a dict's come back in the order of its sorted keys).
+        return list(_grouped(leaves).values())
 
     return jax.jit(pack, out_shardings=device)
 
@@ -76,21 +78,21 @@ def _copier(kept: tuple[Sharding, ...]):
     return jax.jit(copy, out_shardings=list(kept))
 
 
-# Packed arrays: on the devices (by dtype) or on the host (`BYTES`).
-Packed = dict[str, Shaped[Array, " size"] | Shaped[np.ndarray, " size"]]
+# Packed arrays: by dtype (on the devices), or as bytes (`BYTES`): on the
+# host, or on a device to be read into bytes by the writer.
+Packed = dict[str, Shaped[Array, " size"] | Shaped[np.ndarray, " size"] | DeviceParts]
 
 
 def pack(
     leaves: list[Array], others: list[Array], replicated: Sharding
 ) -> tuple[Packed, list[Array]]:
-    """`leaves` (replicated over `replicated`'s devices) raveled and
-    concatenated in order, and copies of `others` laid out as they are: new
-    buffers, so the originals may be donated afterwards.
+    """`leaves` (replicated over `replicated`'s devices) packed, and copies of
+    `others` laid out as they are: new buffers, so the originals may be
+    donated afterwards.
 
-    On CPU devices (in one process) the packed leaves are one host array of
-    their bytes, under `BYTES`; elsewhere one array per dtype, on one device
-    where every device is this process's, else replicated as `replicated`
-    says."""
+    In one process the packed leaves are their bytes (`_bytes.py`), under
+    `BYTES`; across processes one array per dtype, replicated as
+    `replicated` says (every process hands orbax the same global arrays)."""
     kept = tuple(x.sharding for x in others)
     if not replicated.is_fully_addressable:
         return _packer(replicated, kept)(leaves, others)
@@ -100,9 +102,14 @@ def pack(
     copies = _copier(kept)(others) if others else []
     if not local:
         return {}, copies
-    if _on_host(replicated):
-        return _host_packed(local), copies
-    return _local_packer(local[0].sharding)(local), copies
+    if _copied_on_host(replicated, local):
+        return {BYTES: host_bytes(local)}, copies
+    return {BYTES: DeviceParts(_local_packer(local[0].sharding)(local))}, copies
+
+
+def _copied_on_host(replicated: Sharding, leaves: list[Array]) -> bool:
+    """Whether `leaves` are copied by NumPy: a small state on CPU devices."""
+    return _on_host(replicated) and sum(x.nbytes for x in leaves) <= HOST_COPY_BYTES
 
 
 @functools.cache
@@ -110,45 +117,6 @@ def _on_host(sharding: Sharding) -> bool:
     """Whether `sharding`'s devices are the host's CPU (their memory is the
     host's: NumPy copies it as well as they do, with no program to compile)."""
     return all(device.platform == "cpu" for device in sharding.device_set)
-
-
-# The key of the one array of bytes a host pack makes (`BYTES` in its
-# checkpoint's "packed" entry).
-BYTES = "bytes"
-
-
-def _host_packed(leaves: list[Array]) -> Packed:
-    """`leaves` (on one CPU device) as one array of their bytes, in order: a
-    new host buffer, whatever their dtypes. One array where per-dtype packing
-    makes several (parameters, key, step): orbax's work per save, and the
-    files it writes and syncs, grow with the arrays, not with their bytes
-    (~5 ms less per save of a small state). Each leaf is read once it is
-    computed (at an epoch's end it is; a save after a step still running
-    waits for it)."""
-    return {
-        BYTES: np.concatenate(
-            [np.asarray(x).reshape(-1).view(np.uint8) for x in leaves]
-        )
-    }
-
-
-def packed_bytes(layout: Layout) -> int:
-    """The length of the array of bytes `leaves` of `layout` pack into."""
-    return sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in layout)
-
-
-def unpack_bytes(
-    packed: np.ndarray, layout: Layout, shardings: tuple[Sharding, ...]
-) -> list[Array]:
-    """The leaves a host pack packed into `packed` (on the host), given their
-    shapes and dtypes in order, each laid out as `shardings` say."""
-    leaves, start = [], 0
-    for shape, dtype in layout:
-        kind = np.dtype(dtype)
-        end = start + math.prod(shape) * kind.itemsize
-        leaves.append(packed[start:end].view(kind).reshape(shape))
-        start = end
-    return jax.device_put(leaves, list(shardings))
 
 
 def pack_compiler(
@@ -165,7 +133,7 @@ def pack_compiler(
             (_packer(replicated, kept), (_abstract(leaves), _abstract(others)))
         )
     else:
-        if leaves and not _on_host(replicated):
+        if leaves and not _copied_on_host(replicated, leaves):
             device = leaves[0].addressable_data(0).sharding
             calls.append((_local_packer(device), (_abstract(leaves, device),)))
         if others:
