@@ -66,11 +66,14 @@ def test_a_pack_on_the_device_is_compiled_ahead_and_reads_the_same_bytes(
     leaves = odd_leaves()
     replicated = leaves[0].sharding
     on_host = pack(leaves, [], replicated)[0][BYTES]
+    assert pack_compiler(leaves, [], replicated) is None  # nothing to compile
     if why == "accelerator":
         monkeypatch.setattr(_packing, "_on_host", lambda sharding: False)
     else:
         monkeypatch.setattr(_packing, "HOST_COPY_BYTES", 16)
-    pack_compiler(leaves, [], replicated)()
+    compile_pack = pack_compiler(leaves, [], replicated)
+    assert compile_pack is not None
+    compile_pack()
     packed, _ = pack(leaves, [], replicated)
     parts = packed[BYTES]
     assert isinstance(parts, DeviceParts)

@@ -83,8 +83,11 @@ class CheckpointFolder:
         """Compile the copy a save of snapshots shaped as `snapshot` makes, on
         the writer thread while training goes on: the first save then copies
         without compiling (~20-50 ms, ~1% of a short run)."""
-        if single_process():  # (across processes, saves run in step)
-            self._writer.submit(functools.partial(_compile, save_compiler(snapshot)))
+        if not single_process():  # (across processes, saves run in step)
+            return
+        compile_pack = save_compiler(snapshot)
+        if compile_pack is not None:
+            self._writer.submit(functools.partial(_compile, compile_pack))
 
     def raise_failed(self) -> None:
         """Raise the error of a save that has failed by now (without waiting

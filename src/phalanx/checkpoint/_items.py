@@ -97,7 +97,7 @@ def _packing_args(
     )
 
 
-def save_compiler(snapshot: Snapshot) -> Callable[[], None]:
+def save_compiler(snapshot: Snapshot) -> Callable[[], None] | None:
     """A function compiling what `save_items` runs on the devices for
     snapshots shaped as `snapshot` (see `pack_compiler`)."""
     return pack_compiler(*_packing_args(_arrays(snapshot)[0])[1:])

@@ -121,11 +121,12 @@ def _on_host(sharding: Sharding) -> bool:
 
 def pack_compiler(
     leaves: list[Array], others: list[Array], replicated: Sharding
-) -> Callable[[], None]:
+) -> Callable[[], None] | None:
     """A function that compiles the calls `pack` makes for arrays shaped and
     laid out as these (read now: it holds no array), so that the first save
     finds them compiled: called on another thread ahead of it, it takes
-    their compile (~20-50 ms) off the training thread."""
+    their compile (~20-50 ms) off the training thread. None where `pack`
+    compiles nothing (a small state on CPU devices)."""
     kept = tuple(x.sharding for x in others)
     calls: list[tuple[Any, tuple[Any, ...]]] = []
     if not replicated.is_fully_addressable:
@@ -138,6 +139,8 @@ def pack_compiler(
             calls.append((_local_packer(device), (_abstract(leaves, device),)))
         if others:
             calls.append((_copier(kept), (_abstract(others),)))
+    if not calls:
+        return None
 
     def compile_pack() -> None:
         for jitted, args in calls:
