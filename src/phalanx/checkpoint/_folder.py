@@ -110,7 +110,8 @@ class CheckpointFolder:
         # `prepare`, may still be running there.)
         self._raise_once(self._writer.wait())
         # Taken now, at the step boundary: the JSON part, and a copy of the
-        # arrays queued on the devices (the next step donates the originals).
+        # arrays (on the host, or queued on a device: the next step donates
+        # the originals).
         items = save_items(snapshot)
         numbers = None if metrics is None else scalar_metrics(metrics)
         if not single_process():
