@@ -43,9 +43,9 @@ TRASH = "retired"
 class CheckpointFolder:
     """The checkpoints of one run, one step folder each, in `directory`.
 
-    Saves are asynchronous: `save` queues a copy of the arrays on the
-    devices and returns, and a writer thread hands it to orbax, which writes
-    while training goes on. They are atomic: a step folder appears only when
+    Saves are asynchronous: `save` copies the arrays (`_packing.py`) and
+    returns, and a writer thread hands the copy to orbax, which writes while
+    training goes on. They are atomic: a step folder appears only when
     complete. The newest `keep` are kept, or with `monitor` the best `keep`
     ranked by it and the newest of any kind. A failed save raises one
     `CheckpointWriteError`, once, at the next call that waits for it.
