@@ -59,6 +59,8 @@ class CheckpointFolder:
         self._manager: ocp.CheckpointManager | None = None
         self._threads: set[int] = set()
         self._writer = WriterThread("phalanx-checkpoint")
+        # How many saves may be pending on the writer (see `save`).
+        self._queue = 1
         # The failed save's error, once raised: closing must not raise it again.
         self._failure: BaseException | None = None
         self._last_step = 0  # the step of the newest save handed to orbax
@@ -92,8 +94,7 @@ class CheckpointFolder:
     def raise_failed(self) -> None:
         """Raise the error of a save that has failed by now (without waiting
         for one still being written): a failed save stops training."""
-        if self._writer.idle:
-            self._raise_once(self._writer.wait())
+        self._raise_once(self._writer.failed())
 
     def save(
         self, snapshot: Snapshot, metrics: HostMetrics | None, *, wait: bool
@@ -105,14 +106,19 @@ class CheckpointFolder:
             The step folder it is (being) written to.
         """
         step = snapshot.progress.step
-        # At most one snapshot waits for the writer (each holds a copy of
-        # the state); a failed save raises here. (First: the copy's compile,
-        # `prepare`, may still be running there.)
-        self._raise_once(self._writer.wait())
+        # Each snapshot waiting for the writer holds a copy of the state: a
+        # small one on the host (~0.5 MB for the default CLI) may wait beside
+        # the one being written, so that a write that runs long (the writer
+        # yields the cores to training and to other processes) does not hold
+        # up the next save; a larger one waits for the one before it. A
+        # failed save raises here. (First: `prepare`'s compile, which may
+        # still be running there.)
+        self._raise_once(self._writer.wait(self._queue - 1))
         # Taken now, at the step boundary: the JSON part, and a copy of the
         # arrays (on the host, or queued on a device: the next step donates
         # the originals).
         items = save_items(snapshot)
+        self._queue = 2 if items.on_host else 1
         numbers = None if metrics is None else scalar_metrics(metrics)
         if not single_process():
             # Orbax synchronises processes with collectives of its own, which

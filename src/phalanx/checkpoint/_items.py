@@ -110,6 +110,12 @@ class SaveItems(NamedTuple):
     arrays: dict[str, Any]
     host: dict[str, Any]
 
+    @property
+    def on_host(self) -> bool:
+        """Whether the arrays were copied to the host (a small state on CPU
+        devices: `HOST_COPY_BYTES` at most)."""
+        return isinstance(self.arrays.get(BYTES), np.ndarray)
+
     def orbax_args(self) -> ocp.args.Composite:
         """These items as orbax save args, made on the writer thread: arrays
         packed on a device are read into bytes there, and orbax checks what
