@@ -57,6 +57,7 @@ from ._engine._summary import ModelSummary, StepMemory, summarize
 from ._metric_names import MetricName
 from ._precision import Precision, PrecisionName, cast_floating, precision_of
 from ._preemption import Preempted, preemption
+from ._state._builder import StateBuilder
 from ._state._clock import PhaseClock
 from ._state._flops import StepFlops
 from ._state._history import History
@@ -384,15 +385,14 @@ class DataParallelTrainer(Generic[_Model]):
             learning_rate=next_rate(self.optimizer, state.opt_state).value,
         )
         self._layout = state_layout(self.strategy, state)
-        # The last `TrainState` built from the run's arrays, and those arrays:
-        # the hooks of one step read it several times (the learning-rate
-        # monitor, then a checkpoint's snapshot), ~0.2 ms each to build. The
-        # next step donates the arrays, so it keeps no memory alive.
-        self._built: tuple[list[jax.Array], TrainState[_Model]] | None = None
         shardings = self._layout.shardings
         # The run (state and progress): its one home, in and between fits.
         self._slot = RunSlot(
             Run(put_state(self._layout.flatten(state), shardings), RunProgress())
+        )
+        # Builds `trainer.state` and snapshots' states from the run's arrays.
+        self._builder = StateBuilder(
+            self._layout.unflatten(self._slot.run.leaves), self._layout.keys
         )
         # Copies the state before a loop donates it, so states handed out stay valid
         # (device_put to a replicated sharding may share the user's own buffer,
@@ -598,11 +598,8 @@ class DataParallelTrainer(Generic[_Model]):
         return self._state_of(self._slot.run.leaves)
 
     def _state_of(self, leaves: list[jax.Array]) -> TrainState[_Model]:
-        """The `TrainState` of the run's arrays `leaves`, built once."""
-        built = self._built
-        if built is None or built[0] is not leaves:
-            built = self._built = (leaves, self._layout.unflatten(leaves))
-        return built[1]
+        """The `TrainState` of the run's arrays `leaves`."""
+        return self._builder.build(leaves)
 
     @state.setter
     def state(self, state: TrainState[_Model]) -> None:
