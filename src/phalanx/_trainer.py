@@ -57,6 +57,7 @@ from ._engine._summary import ModelSummary, StepMemory, summarize
 from ._metric_names import MetricName
 from ._precision import Precision, PrecisionName, cast_floating, precision_of
 from ._preemption import Preempted, preemption
+from ._state._builder import StateBuilder
 from ._state._clock import PhaseClock
 from ._state._flops import StepFlops
 from ._state._history import History
@@ -389,6 +390,10 @@ class DataParallelTrainer(Generic[_Model]):
         self._slot = RunSlot(
             Run(put_state(self._layout.flatten(state), shardings), RunProgress())
         )
+        # Builds `trainer.state` and snapshots' states from the run's arrays.
+        self._builder = StateBuilder(
+            self._layout.unflatten(self._slot.run.leaves), self._layout.keys
+        )
         # Copies the state before a loop donates it, so states handed out stay valid
         # (device_put to a replicated sharding may share the user's own buffer,
         # and donating the result would delete it).
@@ -590,7 +595,11 @@ class DataParallelTrainer(Generic[_Model]):
     @property
     def state(self) -> TrainState[_Model]:
         """The current `TrainState` (device arrays, laid out by the strategy)."""
-        return self._layout.unflatten(self._slot.run.leaves)
+        return self._state_of(self._slot.run.leaves)
+
+    def _state_of(self, leaves: list[jax.Array]) -> TrainState[_Model]:
+        """The `TrainState` of the run's arrays `leaves`."""
+        return self._builder.build(leaves)
 
     @state.setter
     def state(self, state: TrainState[_Model]) -> None:
@@ -630,7 +639,7 @@ class DataParallelTrainer(Generic[_Model]):
         """
         fit, run = self._fit, self._slot.run
         return Snapshot(
-            state=self._layout.unflatten(run.leaves),
+            state=self._state_of(run.leaves),
             progress=run.progress,
             history=self.history.state_dict(),
             data=None if fit is None else fit.data_state(),

@@ -90,3 +90,23 @@ def test_a_snapshot_mid_epoch_continues_its_epoch():
     assert second.progress.step == 4
     assert max_abs_diff(second.model, straight.model) == 0
     assert second.history["loss"] == straight.history["loss"]
+
+
+def test_the_state_is_built_as_the_layout_builds_it():
+    # `trainer.state` fills the arrays into the structure kept once (a key,
+    # an average of the weights, a part-done epoch's state: all of a state).
+    straight = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-2), strategy=px.PmapStrategy(4), ema=0.9
+    )
+    straight.fit(batches(), epochs=1)
+    leaves = straight._slot.run.leaves
+    built, reference = straight.state, straight._layout.unflatten(leaves)
+    assert jax.tree.structure(built) == jax.tree.structure(reference)
+    for new, old in zip(
+        jax.tree.leaves(built), jax.tree.leaves(reference), strict=True
+    ):
+        assert new is old or (
+            jax.dtypes.issubdtype(new.dtype, jax.dtypes.prng_key)
+            and jax.random.key_data(new) is jax.random.key_data(old)
+        )
+    assert straight.snapshot().state.model.layers[0].weight is leaves[1]

@@ -33,8 +33,10 @@ class Checkpoint(Callback, SnapshotStore):
     trainer's counters, plan and history, the data loader's `state_dict`,
     every stateful callback's `state_dict`, and metadata (phalanx version,
     model class, strategy, device count). Saves are asynchronous: a save
-    queues a copy of the arrays on the devices and returns, and a writer
-    thread hands it to orbax, which writes while training goes on. They are
+    copies the arrays (a small state on CPU devices into host memory, else
+    queued on a device, not waited for) and returns, and a writer thread
+    hands the copy to orbax, which writes while training goes on (the cost:
+    "What a save costs" in the checkpoints guide). They are
     atomic: a step folder appears only when complete. The newest `keep` are
     kept, or with `monitor` the best `keep` by it: epoch-end checkpoints,
     or in a fit evaluating every ``eval_every`` steps (an ``eval_`` monitor),
@@ -120,10 +122,10 @@ class Checkpoint(Callback, SnapshotStore):
 
     @override
     def on_fit_start(self, info: StepInfo) -> None:
-        del info
         self._due = False
         self._evaluation = None
         self._folder.start()
+        self._folder.prepare(info.snapshot())
 
     @override
     def on_step_end(self, info: StepInfo) -> None:

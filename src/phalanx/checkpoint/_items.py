@@ -13,7 +13,9 @@ never mistaken for a checkpoint.
 """
 
 import dataclasses
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -26,38 +28,47 @@ from .._state._snapshot import Snapshot
 from .._state._sums import FLAGS, EpochSums
 from .._version import __version__
 from ..strategies._placement import named
-from ._leaf_spec import LeafSpec, check_same_specs, leaf_specs
-from ._packing import Layout, pack, packed_sizes, unpack
+from ._bytes import BYTES, DeviceParts, packed_bytes, unpack_bytes
+from ._leaf_spec import LeafSpec, array_specs, check_same_specs
+from ._packing import Layout, pack, pack_compiler, packed_sizes, unpack
 from ._settings import check_same_settings
 
 
 # Version 2: arrays packed into one array per dtype (_packing.py); 3: a
 # part-done epoch's sums as two vectors (sums, flags) and the sums' names;
-# 4: the state's rate multiplier (`TrainState.lr_scale`) among its arrays.
+# 4: the state's rate multiplier (`TrainState.lr_scale`) among its arrays;
+# 5: on CPU devices, the replicated arrays as one array of their bytes
+# ("packed": "bytes"; else one per dtype, as in 4, which is still read).
 # (Arrays split over devices are saved beside the packed ones, as "leaf_<i>",
 # and listed in "split"; a checkpoint without any reads as before.)
-FORMAT = 4
+FORMAT = 5
+READS = (4, 5)  # the formats this phalanx reads
 
 
 def _is_key(leaf: Any) -> bool:
-    return jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    return _is_key_dtype(leaf.dtype)
+
+
+@functools.cache
+def _is_key_dtype(dtype: Any) -> bool:
+    return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 def _state_leaves(snapshot: Snapshot) -> list[jax.Array]:
-    return jax.tree.leaves(eqx.filter(snapshot.state, eqx.is_array))
+    return array_specs(snapshot.state)[0]
 
 
 def _spec(snapshot: Snapshot) -> list[LeafSpec]:
     """[path, shape, dtype] of every array of the snapshot's state."""
-    return leaf_specs(snapshot.state)[1]
+    return array_specs(snapshot.state)[1]
 
 
-def _arrays(snapshot: Snapshot) -> list[jax.Array]:
-    """The state's arrays (keys as key data), then the epoch's sums."""
-    leaves = [
-        jax.random.key_data(x) if _is_key(x) else x for x in _state_leaves(snapshot)
-    ]
-    return [*leaves, *(snapshot.progress.sums or ())]
+def _arrays(snapshot: Snapshot) -> tuple[list[jax.Array], list[LeafSpec]]:
+    """The state's arrays (keys as key data), then the epoch's sums; and the
+    state's spec."""
+    leaves, spec = array_specs(snapshot.state)
+    arrays = [jax.random.key_data(x) if _is_key(x) else x for x in leaves]
+    return [*arrays, *(snapshot.progress.sums or ())], spec
 
 
 def _replicated(leaves: list[jax.Array]) -> NamedSharding:
@@ -72,19 +83,62 @@ def _replicated(leaves: list[jax.Array]) -> NamedSharding:
     return named(sharding.mesh, P())
 
 
-def save_args(snapshot: Snapshot) -> ocp.args.Composite:
-    """`snapshot` as orbax save args.
-
-    The arrays are copies queued on the devices, not waited for (the next
-    step donates the run's own buffers); everything else is read now.
-    """
-    arrays = _arrays(snapshot)
+def _packing_args(
+    arrays: list[jax.Array],
+) -> tuple[list[int], list[jax.Array], list[jax.Array], NamedSharding]:
+    """Which of `arrays` are split over devices (saved one by one), the
+    others (packed), the split ones, and where packed arrays live."""
     split = [i for i, x in enumerate(arrays) if not x.sharding.is_fully_replicated]
-    packed, kept = pack(
+    return (
+        split,
         [x for i, x in enumerate(arrays) if i not in split],
         [arrays[i] for i in split],
         _replicated(arrays),
     )
+
+
+def save_compiler(snapshot: Snapshot) -> Callable[[], None] | None:
+    """A function compiling what `save_items` runs on the devices for
+    snapshots shaped as `snapshot` (see `pack_compiler`)."""
+    return pack_compiler(*_packing_args(_arrays(snapshot)[0])[1:])
+
+
+class SaveItems(NamedTuple):
+    """A snapshot as it is saved: `arrays` (copies: on the devices, queued
+    and not waited for, or on the host) and `host` (plain data)."""
+
+    arrays: dict[str, Any]
+    host: dict[str, Any]
+
+    @property
+    def on_host(self) -> bool:
+        """Whether the arrays were copied to the host (a small state on CPU
+        devices: `HOST_COPY_BYTES` at most)."""
+        return isinstance(self.arrays.get(BYTES), np.ndarray)
+
+    def orbax_args(self) -> ocp.args.Composite:
+        """These items as orbax save args, made on the writer thread: arrays
+        packed on a device are read into bytes there, and orbax checks what
+        it is given (~40 us of Python)."""
+        arrays = {
+            k: v.read() if isinstance(v, DeviceParts) else v
+            for k, v in self.arrays.items()
+        }
+        return ocp.args.Composite(
+            arrays=ocp.args.PyTreeSave(arrays),
+            host=ocp.args.JsonSave(self.host),
+        )
+
+
+def save_items(snapshot: Snapshot) -> SaveItems:
+    """What a save of `snapshot` writes, taken now.
+
+    The arrays are copies (the next step donates the run's own buffers);
+    everything else is read now.
+    """
+    arrays, spec = _arrays(snapshot)
+    split, leaves, others, replicated = _packing_args(arrays)
+    packed, kept = pack(leaves, others, replicated)
     tree = {**packed, **{f"leaf_{i}": x for i, x in zip(split, kept, strict=True)}}
     host = {
         "format": FORMAT,
@@ -92,7 +146,7 @@ def save_args(snapshot: Snapshot) -> ocp.args.Composite:
         "model": type(snapshot.state.model).__name__,
         "strategy": snapshot.strategy,
         "devices": snapshot.devices,
-        "spec": _spec(snapshot),
+        "spec": spec,
         **snapshot.progress.state_dict(),
         "history": snapshot.history,
         "data": snapshot.data,
@@ -102,10 +156,9 @@ def save_args(snapshot: Snapshot) -> ocp.args.Composite:
     }
     if split:
         host["split"] = split
-    return ocp.args.Composite(
-        arrays=ocp.args.PyTreeSave(tree),
-        host=ocp.args.JsonSave(host),
-    )
+    if BYTES in packed:
+        host["packed"] = BYTES
+    return SaveItems(tree, host)
 
 
 def item_handlers() -> dict[str, ocp.CheckpointHandler]:
@@ -130,12 +183,12 @@ def check_compatible(like: Snapshot, host: dict, where: str) -> None:
     naming the first setting that shapes updates where the trainer differs
     from the checkpointed run (`check_same_settings`), or the first leaf
     where the architectures differ."""
-    if host.get("format") != FORMAT:
+    if host.get("format") not in READS:
         raise ValueError(
             f"checkpoint {where} was written by phalanx {host.get('phalanx')} in "
             f"checkpoint format {host.get('format', 1)}; this phalanx "
-            f"({__version__}) reads format {FORMAT}: resume it with the phalanx "
-            "that wrote it, or start again"
+            f"({__version__}) reads formats {READS[0]} to {FORMAT}: resume it with "
+            "the phalanx that wrote it, or start again"
         )
     # (Absent from checkpoints written before settings were kept.)
     check_same_settings(like.settings, host.get("settings", {}), f"checkpoint {where}")
@@ -165,32 +218,45 @@ def read_arrays(
         shardings += [replicated, replicated]
     split = set(host.get("split", ()))
     packed_layout = tuple(s for i, s in enumerate(shapes) if i not in split)
+    packed_shardings = tuple(s for i, s in enumerate(shardings) if i not in split)
+    in_bytes = host.get("packed") == BYTES
     like_tree: dict[str, Any] = {
-        dtype: jax.ShapeDtypeStruct((size,), np.dtype(dtype), sharding=replicated)
-        for dtype, size in packed_sizes(packed_layout).items()
-    }
-    for i in sorted(split):
-        shape, dtype = shapes[i]
-        like_tree[f"leaf_{i}"] = jax.ShapeDtypeStruct(
-            shape, np.dtype(dtype), sharding=shardings[i]
+        f"leaf_{i}": jax.ShapeDtypeStruct(
+            shapes[i][0], np.dtype(shapes[i][1]), sharding=shardings[i]
         )
+        for i in sorted(split)
+    }
+    if not in_bytes:
+        like_tree |= {
+            dtype: jax.ShapeDtypeStruct((size,), np.dtype(dtype), sharding=replicated)
+            for dtype, size in packed_sizes(packed_layout).items()
+        }
+    restore_args = ocp.checkpoint_utils.construct_restore_args(like_tree)
+    if in_bytes and packed_layout:  # read onto the host, then laid out
+        like_tree[BYTES] = np.zeros((0,), np.uint8)
+        restore_args[BYTES] = ocp.RestoreArgs(restore_type=np.ndarray)
     restored = manager.restore(
         step,
         args=ocp.args.Composite(
-            arrays=ocp.args.PyTreeRestore(
-                like_tree,
-                restore_args=ocp.checkpoint_utils.construct_restore_args(like_tree),
-            )
+            arrays=ocp.args.PyTreeRestore(like_tree, restore_args=restore_args)
         ),
     )["arrays"]
-    packed = {k: v for k, v in restored.items() if not k.startswith("leaf_")}
-    unpacked = iter(
-        unpack(
-            packed,
-            packed_layout,
-            tuple(s for i, s in enumerate(shardings) if i not in split),
+    if in_bytes:
+        size = packed_bytes(packed_layout)
+        if packed_layout and restored[BYTES].shape != (size,):
+            raise ValueError(
+                f"holds {restored[BYTES].shape[0]} bytes of packed arrays where "
+                f"its spec says {size}"
+            )
+        leaves = (
+            unpack_bytes(restored[BYTES], packed_layout, packed_shardings)
+            if packed_layout
+            else []
         )
-    )
+    else:
+        packed = {k: v for k, v in restored.items() if not k.startswith("leaf_")}
+        leaves = unpack(packed, packed_layout, packed_shardings)
+    unpacked = iter(leaves)
     return [
         restored[f"leaf_{i}"] if i in split else next(unpacked)
         for i in range(len(shapes))

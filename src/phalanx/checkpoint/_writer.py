@@ -2,8 +2,8 @@
 
 `WriterThread` runs the writes handed to it one after another, on a thread of
 its own, so that training goes on while a save waits for the devices and
-hands the arrays to orbax; at most one write waits at a time (each holds a
-copy of the state). Orbax then writes from threads of its own (Python
+hands the arrays to orbax; the caller bounds how many wait at a time (each
+holds a copy of the state). Orbax then writes from threads of its own (Python
 threads and TensorStore's ``ts_pool_worker`` pool). On a host where training
 keeps every core busy, a writer at normal priority preempts the XLA threads
 of the step in flight, and one stalled XLA thread stalls the whole step:
@@ -14,6 +14,7 @@ no-op elsewhere). This module knows nothing of what is written.
 
 import os
 import sys
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import final
@@ -48,34 +49,40 @@ def lower_priority(threads: set[int]) -> None:
 @final
 class WriterThread:
     """One thread running writes in the order they are handed over (started
-    at the first); the caller waits for one before handing over the next."""
+    at the first); the caller bounds how many are pending (`wait`)."""
 
     def __init__(self, name: str):
         self._name = name
         self._executor: ThreadPoolExecutor | None = None
-        self._pending: Future[None] | None = None
+        self._pending: deque[Future[None]] = deque()  # oldest first
 
     def submit(self, write: Callable[[], None]) -> None:
-        """Run `write` on the thread (after `wait` for the one before)."""
+        """Run `write` on the thread, after those handed over before."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, self._name)
-        self._pending = self._executor.submit(write)
+        self._pending.append(self._executor.submit(write))
 
-    @property
-    def idle(self) -> bool:
-        """Whether the write handed over last has ended (or there is none):
-        `wait` then returns at once."""
-        return self._pending is None or self._pending.done()
+    def failed(self) -> BaseException | None:
+        """Without waiting: the error of the first write that has ended in
+        one (those that have ended are forgotten, up to it)."""
+        pending = self._pending
+        while pending and pending[0].done():
+            error = pending.popleft().exception()
+            if error is not None:
+                return error
+        return None
 
-    def wait(self) -> BaseException | None:
-        """Wait for the write handed over last; its error, if it failed."""
-        if self._pending is None:
-            return None
-        pending, self._pending = self._pending, None
-        return pending.exception()
+    def wait(self, pending: int = 0) -> BaseException | None:
+        """Wait until at most `pending` writes are left (the newest); the
+        error of the first of those waited for that failed, if any."""
+        first = None
+        while len(self._pending) > pending:
+            error = self._pending.popleft().exception()
+            first = first or error
+        return first
 
     def shutdown(self) -> None:
-        """End the thread (once its write is done); a next write starts one."""
+        """End the thread (once its writes are done); a next write starts one."""
         if self._executor is not None:
             self._executor.shutdown()
             self._executor = None
