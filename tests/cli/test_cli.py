@@ -445,8 +445,6 @@ def test_eval_every_writes_eval_rows(tmp_path, steps_per_epoch):
     for phase in ("step", "compile", "data", "eval", "checkpoint", "callbacks"):
         assert re.search(rf"^\W*{phase}\s", table, flags=re.M), (phase, table)
     assert "compile: train step, batch f32[64,64] i32[64]" in table
-    # The callbacks, each by name (the table shows the costliest five).
-    assert "callback: " in table
     run = tmp_path / "RUN"
     assert sorted(os.listdir(run)) == [
         "checkpoints", "config.toml", "metrics.csv", "metrics.jsonl",
@@ -454,7 +452,10 @@ def test_eval_every_writes_eval_rows(tmp_path, steps_per_epoch):
     ]  # fmt: skip
     record = json.loads((run / "timeline.json").read_text())
     assert sum(record["phases"].values()) == pytest.approx(record["wall_s"])
-    assert {"Checkpoint", "ProgressBar", "CSVLogger"} <= set(record["callbacks"])
+    # The table names the callbacks that took the most time (five of them).
+    seconds = record["callbacks"]
+    for name in sorted(seconds, key=seconds.__getitem__, reverse=True)[:5]:
+        assert f"callback: {name}" in table, (name, table)
     named = {"Throughput", "LearningRateMonitor", "Timeline", "ProgressBar"}
     assert named | {"CSVLogger", "JSONLogger", "Checkpoint"} <= set(record["callbacks"])
     assert record["phases"]["eval"] > 0 and record["phases"]["checkpoint"] > 0

@@ -305,11 +305,7 @@ class MeshStrategy(DeviceMeshStrategy):
 
 def _floating(leaf: Any) -> bool:
     """Whether `leaf` is a floating array of at least one dimension."""
-    return (
-        isinstance(leaf, jax.ShapeDtypeStruct | jax.Array)
-        and bool(leaf.shape)
-        and jnp.issubdtype(leaf.dtype, jnp.inexact)
-    )
+    return _trainable(leaf) and bool(leaf.shape)
 
 
 def _trainable(leaf: Any) -> bool:
