@@ -39,7 +39,7 @@ from .._typing import NanPolicy
 from ..metrics._labels import MetricArgumentError
 from ..metrics._named import RESERVED_NAMES
 from ..metrics._statistic import LossResult, Metrics, Statistic, Summed
-from ..strategies import PerDeviceStrategy, Strategy
+from ..strategies import Strategy
 from ._forward import example_keys, forward, infer
 from ._groups import Groups, check_group_losses, group_gradients, own_loss
 from ._layout import StateLayout
@@ -229,22 +229,23 @@ def build_steps(
     cast = precision.cast
     # Under a mixed policy the gradients cross devices as the policy says:
     # per device (one explicit reduction of each device's gradient, in
-    # `precision.reduce`), not where a compiler puts it in a global view.
-    # (One device has nothing to reduce: its global view is its own.)
-    reduce = (
-        strategy.reduce_per_device
-        if precision.mixed
-        and isinstance(strategy, PerDeviceStrategy)
-        and strategy.num_devices > 1
-        else strategy.reduce
+    # `precision.reduce`), not where a compiler puts it in a global view,
+    # where the strategy declares a per-device program. (One device has
+    # nothing to reduce: its global view is its own.)
+    per_device = (
+        strategy.per_device_reduce()
+        if precision.mixed and strategy.num_devices > 1
+        else None
     )
+    reduce = strategy.reduce if per_device is None else per_device
 
     # Where the strategy lays out the reduced gradient (None: as `reduce`
     # leaves it), given where each of the model's arrays lives.
     stored = jax.tree.unflatten(layout.treedef, layout.shardings).model
     grad_shardings = strategy.gradient_shardings(stored)
-    # Where the step computes with each parameter (None: where it lies).
-    use_shardings = strategy.use_shardings(stored)
+    # Where the step computes with each parameter (None: where it lies; a
+    # per-device program gathers each whole over the batch axes itself).
+    use_shardings = strategy.use_shardings(stored) if per_device is None else None
 
     def examples(batch_leaves, weight):
         if batch_check is not None:

@@ -1,8 +1,10 @@
 """The strategy contract: what every strategy answers, and nothing it does.
 
 `Strategy` is the interface the trainer, the compiled steps, the batch
-pipeline, checkpoints and `save_model` talk to; `PerDeviceStrategy` adds the
-per-device program that `AccumulatingStrategy` needs. This module holds no
+pipeline, checkpoints and `save_model` talk to; its capabilities are
+declared on it (`per_device_reduce`), so that no caller asks which class it
+holds. `PerDeviceStrategy` implements the per-device program that
+`AccumulatingStrategy` and mixed precision need. This module holds no
 behaviour: the members built-in strategies share are implemented once in
 `DeviceMeshStrategy` (``_device_mesh.py``), and the concrete ones are final.
 """
@@ -14,12 +16,16 @@ from typing import Any, TypeAlias
 import equinox as eqx
 from jax.sharding import Mesh, Sharding
 from jaxtyping import PyTree
+from typing_extensions import override
 
 
 # ``fn(replicated, carry, examples) -> (sums, carry)``: the work of one slice of
 # examples. ``sums`` are additive over examples (weighted loss, gradients, ...);
 # ``carry`` is model state threaded through the step (e.g. BatchNorm averages).
 LocalFn: TypeAlias = Callable[[Any, Any, Any], tuple[Any, Any]]
+# ``reduce(fn, replicated, carry, examples) -> (sums, carry)``: `Strategy.reduce`'s
+# signature, as `Strategy.per_device_reduce` hands a per-device one out.
+Reduce: TypeAlias = Callable[[LocalFn, Any, Any, Any], tuple[Any, Any]]
 # ``fn(replicated, examples) -> per-example outputs``.
 MapFn: TypeAlias = Callable[[Any, Any], Any]
 # The mesh axes a batch is split over, as collectives take them: one name,
@@ -137,14 +143,38 @@ class Strategy(eqx.Module):
     def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
         """Apply `fn` to every example; outputs stay split as the batch is."""
 
+    def per_device_reduce(self) -> Reduce | None:
+        """The capability to run a slice's work as a per-device program: a
+        function with `reduce`'s signature and contract (the sums of the
+        whole batch, one cross-device reduction) in which `fn` runs on each
+        device's slice, its replicated inputs device-varying, so that the
+        gradients taken inside `fn` are that device's own and cross devices
+        only after `fn` returns.
+
+        None (the default): the strategy has only its `reduce`. A strategy
+        that declares the capability (every `PerDeviceStrategy`) can be
+        wrapped by [`phalanx.AccumulatingStrategy`][], which scans each
+        device's microbatches inside `fn` and so reduces once per update;
+        under a mixed `precision` policy the step reduces with it, so that
+        the gradients cross devices in the policy's `reduce` dtype. Callers
+        ask this method, never the strategy's class.
+        """
+        return None
+
 
 class PerDeviceStrategy(Strategy):
-    """A strategy that can also run a slice's work as a per-device program.
+    """A strategy that can also run a slice's work as a per-device program:
+    it declares the capability (`per_device_reduce`) by implementing
+    `reduce_per_device`.
 
     [`phalanx.AccumulatingStrategy`][] wraps one of these: it scans each
     device's microbatches inside `fn`, and the wrapped strategy adds up the
     devices' sums once afterwards.
     """
+
+    @override
+    def per_device_reduce(self) -> Reduce:
+        return self.reduce_per_device
 
     @abc.abstractmethod
     def reduce_per_device(
