@@ -105,7 +105,9 @@ def reductions_in_loops(hlo: str) -> list[str]:
 def compiled(strategy: px.Strategy) -> str:
     """The compiled HLO of a train step of the test model under `strategy`."""
     trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2), strategy=strategy)
-    return trainer.lower(make_data(64)).compile().as_text()
+    text = trainer.lower(make_data(64)).compile().as_text()
+    assert text is not None
+    return text
 
 
 @functools.cache

@@ -1,7 +1,11 @@
 """The strategy registry is the one list of strategies: a strategy added to it
 alone appears in the default `assert_equivalent` set-ups, the command line's
-choices and the tests' strategy matrix; and each entry declares what its
-strategy does (its class, whether it accumulates)."""
+choices, the tests' strategy matrix and the composition design; and each
+entry declares what its strategy does (its class, whether it accumulates)."""
+
+import argparse
+import importlib
+from pathlib import Path
 
 import jax
 import pytest
@@ -17,6 +21,7 @@ from phalanx.cli._main import check_arguments
 from phalanx.cli._parser import build_parser
 from phalanx.cli._train import make_strategy
 from phalanx.strategies._names import strategy_name
+from phalanx.strategies._strategy import AxisName
 from phalanx.testing._setups import default_setups
 
 
@@ -25,7 +30,7 @@ class RowsStrategy(px.strategies.DeviceMeshStrategy):
     named "rows", state replicated, every step per device."""
 
     mesh: Mesh
-    axis_name: str
+    axis_name: AxisName
     deterministic: bool
 
     def __init__(self, devices=None):
@@ -72,9 +77,13 @@ def test_a_registered_strategy_is_in_the_default_setups(with_rows):
 
 
 def test_a_registered_strategy_is_a_cli_choice(with_rows):
-    train = build_parser()._subparsers._group_actions[0].choices["train"]  # pyright: ignore[reportOptionalMemberAccess]
+    (commands,) = [
+        a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ]
+    train = commands.choices["train"]
     (action,) = [a for a in train._actions if "--strategy" in a.option_strings]
-    assert "rows" in action.choices and "RowsStrategy (a test's own)" in action.help
+    assert action.choices is not None and "rows" in action.choices
+    assert "RowsStrategy (a test's own)" in str(action.help)
     args = cli_args("--strategy", "rows", "--microbatches", "2")
     check_arguments(args)
     built = make_strategy(args, jax.devices()[:4])
@@ -92,6 +101,13 @@ def test_a_registered_strategy_is_in_the_test_matrix(with_rows):
     made = helpers.make_strategy("rows+acc2", 8)
     assert isinstance(made, px.AccumulatingStrategy)
     assert isinstance(made.inner, RowsStrategy)
+
+
+def test_a_registered_strategy_is_in_the_composition_design(with_rows, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "compose"))
+    combinations = importlib.import_module("combinations")
+    assert "rows" in combinations.strategy_names()
+    assert isinstance(combinations.strategy("rows"), RowsStrategy)
 
 
 def test_without_the_entry_nothing_lists_it():
