@@ -47,12 +47,19 @@ class Strategy(eqx.Module):
     - how a slice's work becomes a global result, with exactly one
       cross-device reduction per update: `reduce` (and `map` for outputs).
 
+    What a strategy can do beyond that it declares on itself
+    (`per_device_reduce`); callers ask the declaration, never the class.
+
     The base class carries no behaviour. Concrete strategies:
     [`phalanx.ShardingStrategy`][], [`phalanx.PmapStrategy`][],
-    [`phalanx.FullyShardedStrategy`][] and [`phalanx.AccumulatingStrategy`][].
-    A new one implements the abstract members below, or, on a named device
-    mesh, the fewer ones of [`phalanx.strategies.DeviceMeshStrategy`][]
-    (see ``docs/architecture.md``).
+    [`phalanx.FullyShardedStrategy`][], [`phalanx.MeshStrategy`][] and
+    [`phalanx.AccumulatingStrategy`][]; phalanx lists them once, in its
+    strategy registry (``strategies/_registry.py``), which the command
+    line, `phalanx.testing.assert_equivalent`'s default set-ups and the
+    tests read. A new one implements the abstract members below, or, on a
+    named device mesh, the fewer ones of
+    [`phalanx.strategies.DeviceMeshStrategy`][] (see
+    ``docs/architecture.md``).
     """
 
     mesh: eqx.AbstractVar[Mesh]
