@@ -1,9 +1,11 @@
 """Shared test data, a hand-written reference trainer, and tree comparison."""
 
+import functools as ft
 import json
 import pathlib
 import re
 import struct
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -16,16 +18,10 @@ from typing_extensions import override
 import phalanx as px
 from phalanx.callbacks._wandb_log import transaction_log
 from phalanx.cli._launch import _GLOO_NOTE
+from phalanx.strategies._registry import Options, Registered, registered
 
 
 IN, CLASSES, HIDDEN = 5, 3, (8,)
-# One of each strategy, for tests that must hold under all of them.
-STRATEGIES = {
-    "sharding": lambda: px.ShardingStrategy(8),
-    "pmap": lambda: px.PmapStrategy(8),
-    "accumulating": lambda: px.AccumulatingStrategy(px.PmapStrategy(4), 2),
-    "fsdp": lambda: px.FullyShardedStrategy(8, min_size=1),
-}
 
 
 def make_data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -181,28 +177,80 @@ class RaiseAt(px.Callback):
             raise RuntimeError(f"boom at step {info.step}")
 
 
-KINDS = ("sharding", "pmap", "sharding+acc2", "sharding+acc4", "pmap+acc2", "pmap+acc4")
+# The strategy test matrix, from the strategy registry (a strategy registered
+# there is in it): each registered strategy and its variants ("zero2": a
+# FullyShardedStrategy splitting the optimizer state only), alone and over 2
+# and 4 microbatches ("fsdp+acc2"), each with min_size=1 where it splits the
+# state (the test model's leaves are tiny). KINDS keep the state whole on
+# every device, SHARDED_KINDS split it.
+ACCUMULATE = (2, 4)
+TINY = Options(min_size=lambda n: 1)
 
 
-# FullyShardedStrategy: "fsdp" splits parameters and optimizer state, "zero2"
-# the optimizer state only (min_size=1: the test model's leaves are tiny).
-SHARDED_KINDS = ("fsdp", "fsdp+acc2", "fsdp+acc4", "zero2", "zero2+acc2", "zero2+acc4")
+def bases(*, split: bool | None = None) -> dict[str, tuple[Registered, Options]]:
+    """Each registered strategy and variant by kind (`split`: only those
+    that split the state, or only those that do not), read when asked."""
+    found = {}
+    for entry in registered():
+        if split is not None and entry.splits_state != split:
+            continue
+        found[entry.name] = (entry, TINY)
+        for name, options in entry.variants.items():
+            found[name] = (entry, TINY._replace(**_given(options)))
+    return found
 
 
-BASES = {
-    "sharding": px.ShardingStrategy,
-    "pmap": px.PmapStrategy,
-    "fsdp": lambda n: px.FullyShardedStrategy(n, min_size=1),
-    "zero2": lambda n: px.FullyShardedStrategy(n, shard="optimizer", min_size=1),
-    # Hybrid sharding: replicated over 2 (where there are 2), split over the rest.
-    "mesh": lambda n: px.MeshStrategy(n, data=min(n, 2), fsdp=-1, min_size=1),
-}
+def _given(options: Options) -> dict:
+    """The fields of `options` set away from their defaults."""
+    return {
+        field: value
+        for field, value in options._asdict().items()
+        if value != Options._field_defaults[field]
+    }
+
+
+def kinds(*, split: bool | None = None) -> tuple[str, ...]:
+    """The matrix's kinds: every base alone, then over each of ACCUMULATE
+    microbatches where its strategy accumulates."""
+    found = bases(split=split)
+    accumulated = [
+        f"{kind}+acc{k}"
+        for kind, (entry, _) in found.items()
+        if entry.accumulates
+        for k in ACCUMULATE
+    ]
+    return (*found, *accumulated)
+
+
+KINDS = kinds(split=False)
+SHARDED_KINDS = kinds(split=True)
 
 
 def make_strategy(kind: str, devices: int) -> px.Strategy:
     base, _, acc = kind.partition("+")
-    inner = BASES[base](devices)
+    entry, options = bases()[base]
+    inner = entry.build(devices, options)
     return px.AccumulatingStrategy(inner, int(acc[3:])) if acc else inner
+
+
+def fits(kind: str, devices: int) -> bool:
+    """Whether `kind`'s strategy suits `devices` devices (its entry says)."""
+    entry, _ = bases()[kind.partition("+")[0]]
+    return entry.fits(devices)
+
+
+def one_of_each() -> dict[str, Callable[[], px.Strategy]]:
+    """One of each registered strategy on 8 devices, and one accumulating,
+    for tests that must hold under all of them."""
+    made: dict[str, Callable[[], px.Strategy]] = {
+        entry.name: ft.partial(entry.build, 8, TINY) for entry in registered()
+    }
+    made["accumulating"] = lambda: px.AccumulatingStrategy(px.PmapStrategy(4), 2)
+    return made
+
+
+# One of each strategy, for tests that must hold under all of them.
+STRATEGIES = one_of_each()
 
 
 class DropoutMLP(eqx.Module):

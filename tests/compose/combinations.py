@@ -23,12 +23,19 @@ from allpairspy import AllPairs
 from typing_extensions import override
 
 import phalanx as px
+from phalanx.strategies._registry import Options, build as build_strategy, registered
+
+
+def strategy_names() -> tuple[str, ...]:
+    """Every strategy of the registry (read when asked: a registered one is
+    in the design), then two microbatches of the first."""
+    return (*(entry.name for entry in registered()), "accumulating")
 
 
 # Each option's values, the first one "off". The strategies run on all 8
 # devices; the reference (one device) is not among them.
 OPTIONS: dict[str, tuple[Any, ...]] = {
-    "strategy": ("sharding", "pmap", "fully_sharded", "accumulating", "mesh"),
+    "strategy": strategy_names(),
     "precision": ("fp32", "bf16"),
     "steps_per_call": (1, 3),
     "ema": (False, True),
@@ -146,20 +153,23 @@ RULES = [
 ]
 
 
+# The strategies this design sizes for its model; any other registered one
+# is built as the registry builds it.
+SIZED = {
+    # min_size 17: the weights (128 and 64) split, the biases (16, 4) whole.
+    "fsdp": Options(min_size=lambda n: 17),
+}
+
+
 def strategy(name: str) -> px.Strategy:
     """The strategy of a row; ``one_device``: the reference's."""
     if name == "one_device":
         return px.ShardingStrategy(jax.devices()[:1])
-    return {
-        "sharding": lambda: px.ShardingStrategy(8),
-        "pmap": lambda: px.PmapStrategy(8),
-        # min_size 17: the weights (128 and 64) split, the biases (16, 4) whole.
-        "fully_sharded": lambda: px.FullyShardedStrategy(8, min_size=17),
-        "accumulating": lambda: px.AccumulatingStrategy(px.ShardingStrategy(8), 2),
-        "mesh": lambda: px.MeshStrategy(
-            data=2, fsdp=2, tensor=2, rules=RULES, min_size=16
-        ),
-    }[name]()
+    if name == "accumulating":
+        return px.AccumulatingStrategy(strategy(registered()[0].name), 2)
+    if name == "mesh":  # tensor parallelism by RULES, which no option carries
+        return px.MeshStrategy(data=2, fsdp=2, tensor=2, rules=RULES, min_size=16)
+    return build_strategy(name, 8, SIZED.get(name, Options()))
 
 
 class Net(eqx.Module):

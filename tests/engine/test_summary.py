@@ -59,6 +59,7 @@ def test_the_summary_counts_what_the_devices_hold(name):
             "pmap": "PmapStrategy",
             "accumulating": "AccumulatingStrategy(PmapStrategy, microbatches=2)",
             "fsdp": "FullyShardedStrategy",
+            "mesh": "MeshStrategy(data=2, fsdp=4)",
         }[name]
     )
 

@@ -1,8 +1,10 @@
 """One small training run, the same in one process and in several (imported
 by test_multiprocess.py, and run by the processes it launches)."""
 
+import functools as ft
 import os
 import sys
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -11,23 +13,33 @@ import optax
 
 import phalanx as px
 from phalanx.strategies._placement import to_host
+from phalanx.strategies._registry import Options, registered
 
 
-STRATEGIES = {
-    "sharding": lambda n: px.ShardingStrategy(n),
-    "pmap": lambda n: px.PmapStrategy(n),
-    "accumulating": lambda n: px.AccumulatingStrategy(px.ShardingStrategy(n), 2),
-    "fsdp": lambda n: px.FullyShardedStrategy(n, min_size=1),
-    # Hybrid: replicated over data (one position per process), split over
-    # fsdp within each process's two devices.
-    "mesh": lambda n: px.MeshStrategy(n, data=2, fsdp=-1, min_size=1),
-    # The same, summing over devices in a fixed order: bitwise reproducible.
-    "sharding-deterministic": lambda n: px.ShardingStrategy(n, deterministic=True),
-    "pmap-deterministic": lambda n: px.PmapStrategy(n, deterministic=True),
-    "accumulating-deterministic": lambda n: px.AccumulatingStrategy(
-        px.PmapStrategy(n, deterministic=True), 2
-    ),
-}
+def strategies() -> dict[str, Callable[[int | None], px.Strategy]]:
+    """Every registered strategy (min_size 1: the tiny model splits; the
+    mesh hybrid, replicated over data (one position per process), split over
+    fsdp within each process's two devices), two microbatches of the first,
+    and each that can sum over devices in a fixed order (bitwise
+    reproducible) so, alone and accumulating."""
+    tiny = Options(min_size=lambda n: 1)
+    made: dict[str, Callable[[int | None], px.Strategy]] = {
+        entry.name: ft.partial(entry.build, options=tiny) for entry in registered()
+    }
+    first = registered()[0]
+    made["accumulating"] = lambda n: px.AccumulatingStrategy(first.build(n, tiny), 2)
+    fixed = [entry for entry in registered() if "deterministic" in entry.options]
+    for entry in fixed:
+        made[f"{entry.name}-deterministic"] = ft.partial(
+            entry.build, options=Options(deterministic=True)
+        )
+    made["accumulating-deterministic"] = lambda n: px.AccumulatingStrategy(
+        fixed[0].build(n, Options(deterministic=True)), 2
+    )
+    return made
+
+
+STRATEGIES = strategies()
 
 
 # Rows to predict: process 0 passes the first 5, process 1 the other 7.

@@ -17,10 +17,11 @@ bytes as each leaf's dtype, on the host, which is exact for every dtype.
 import math
 from typing import NamedTuple
 
-import jax
 import numpy as np
 from jax.sharding import Sharding
 from jaxtyping import Array
+
+from ..strategies._placement import put_state
 
 
 # The key of the array of bytes among a checkpoint's arrays, and the value
@@ -82,4 +83,4 @@ def unpack_bytes(
             end = start + math.prod(shape) * kind.itemsize
             leaves[i] = packed[start:end].view(kind).reshape(shape)
             start = end
-    return jax.device_put(leaves, list(shardings))
+    return put_state(leaves, shardings)

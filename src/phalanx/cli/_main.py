@@ -16,6 +16,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from ..strategies._registry import lookup, registered
 from ._args import FindLRArgs, TrainArgs, UsageError
 from ._config import resolve_find_lr, resolve_train
 from ._parser import build_parser
@@ -69,16 +70,7 @@ def check_arguments(args: TrainArgs) -> None:
             f"--compile-cache {args.compile_cache} and --no-compile-cache "
             "contradict each other; pass one"
         )
-    if args.shard is not None and args.strategy != "fsdp":
-        raise UsageError(
-            f"--shard {args.shard} splits the state of --strategy fsdp, not of "
-            f"--strategy {args.strategy}; add --strategy fsdp, or drop --shard"
-        )
-    if args.mesh is not None and args.strategy != "mesh":
-        raise UsageError(
-            f"--mesh {args.mesh} sizes the axes of --strategy mesh, not of "
-            f"--strategy {args.strategy}; add --strategy mesh, or drop --mesh"
-        )
+    check_strategy_options(args.strategy, {"shard": args.shard, "mesh": args.mesh})
     if args.mesh is not None:
         check_tensor_axis(args.mesh)
     if args.model_arg and not args.user_model:
@@ -91,6 +83,26 @@ def check_arguments(args: TrainArgs) -> None:
         raise UsageError(
             f"--hidden sets the widths of --model mlp, not of --model {args.model}"
             + ("; pass widths with --model-arg" if args.user_model else "")
+        )
+
+
+# What each strategy-specific option does, for the message refusing it.
+_OPTION_DOES = {"shard": "splits the state", "mesh": "sizes the axes"}
+
+
+def check_strategy_options(strategy: str, given: dict[str, str | None]) -> None:
+    """Refuse a strategy's own option (e.g. --shard) given with a strategy
+    that does not read it, as the strategy registry says."""
+    reads = lookup(strategy).options
+    for option, value in given.items():
+        if value is None or option in reads:
+            continue
+        owners = [entry.name for entry in registered() if option in entry.options]
+        owner = " or ".join(f"--strategy {name}" for name in owners)
+        raise UsageError(
+            f"--{option} {value} {_OPTION_DOES.get(option, 'is an option')} of "
+            f"{owner}, not of --strategy {strategy}; add {owner}, or drop "
+            f"--{option}"
         )
 
 

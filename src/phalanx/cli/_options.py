@@ -7,6 +7,7 @@ strategy and optimizer the training will, and says its options as
 import argparse
 from collections.abc import Callable
 
+from ..strategies._registry import registered
 from ._values import mesh, model, model_arg, positive_float, positive_int, widths
 
 
@@ -56,13 +57,16 @@ def add_model_options(add: Add) -> None:
 def add_device_options(add: Add) -> None:
     """--strategy, --mesh, --shard, --microbatches, --devices, --batch-size
     and --precision: how a step runs."""
+    # The choices are the strategy registry's, read as the parser is built.
+    entries = registered()
+    summaries = [entry.summary for entry in entries]
     add(
         "--strategy",
-        choices=("sharding", "pmap", "fsdp", "mesh"),
-        default="sharding",
-        help="ShardingStrategy (jit over sharded arrays), PmapStrategy "
-        "(per-device program), FullyShardedStrategy (the state split over "
-        "the devices) or MeshStrategy (a data x fsdp x tensor mesh: --mesh)",
+        choices=tuple(entry.name for entry in entries),
+        default=entries[0].name,
+        help=" or ".join([", ".join(summaries[:-1]), summaries[-1]])
+        if len(summaries) > 1
+        else summaries[0],
     )
     add(
         "--mesh",

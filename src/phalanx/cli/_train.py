@@ -16,14 +16,8 @@ from .._trainer import DataParallelTrainer
 from ..callbacks._base import Callback
 from ..callbacks._peak_flops import peak_flops
 from ..data import ArrayLoader
-from ..strategies import (
-    AccumulatingStrategy,
-    FullyShardedStrategy,
-    MeshStrategy,
-    PmapStrategy,
-    ShardingStrategy,
-    Strategy,
-)
+from ..strategies import Strategy
+from ..strategies._registry import Options, build, lookup
 from ._args import TrainArgs, UsageError, write_config
 from ._folder import RunFolder
 from ._model import (
@@ -144,28 +138,26 @@ def make_plot(path: Path) -> list[cb.PlotHistory]:
 
 
 def make_strategy(args: "TrainArgs", devices: list[Any]) -> Strategy:
-    """The strategy the options ask for, on `devices`.
+    """The strategy the options ask for, on `devices`: the registered
+    strategy named by --strategy, with the options it reads (--shard,
+    --mesh), wrapped for --microbatches.
 
     Raises:
         UsageError: --mesh sizes that do not fit the devices.
     """
-    if args.strategy == "fsdp":
-        inner = FullyShardedStrategy(devices, shard=args.shard or "all")
-    elif args.strategy == "mesh":
-        try:
-            sizes = mesh_sizes(args.mesh or "data=-1")
-            inner = MeshStrategy(
-                devices, data=sizes["data"], fsdp=sizes["fsdp"], tensor=sizes["tensor"]
-            )
-        except ValueError as error:  # sizes that do not fit the devices
-            raise UsageError(f"--mesh {args.mesh}: {error}") from None
-    elif args.strategy == "pmap":
-        inner = PmapStrategy(devices)
-    else:
-        inner = ShardingStrategy(devices)
-    if args.microbatches > 1:
-        return AccumulatingStrategy(inner, args.microbatches)
-    return inner
+    entry = lookup(args.strategy)
+    reads_mesh = "mesh" in entry.options
+    options = Options(
+        shard=args.shard,
+        # --strategy mesh without --mesh: data parallel over every device.
+        mesh=mesh_sizes(args.mesh or "data=-1") if reads_mesh else None,
+    )
+    try:
+        return build(args.strategy, devices, options, args.microbatches)
+    except ValueError as error:  # sizes that do not fit the devices
+        if not reads_mesh:
+            raise
+        raise UsageError(f"--mesh {args.mesh}: {error}") from None
 
 
 def train_and_report(

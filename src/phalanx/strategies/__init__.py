@@ -1,12 +1,14 @@
 """How a training step runs across devices: the strategy contract, the mesh
-strategy base, the built-in strategies, and models built in their shards
-(re-exports only)."""
+strategy base, the built-in strategies, their registry, and models built in
+their shards.
 
-from ._accumulating import AccumulatingStrategy as AccumulatingStrategy
-from ._build import sharded_model as sharded_model
-from ._device_mesh import DeviceMeshStrategy as DeviceMeshStrategy
-from ._fully_sharded import FullyShardedStrategy as FullyShardedStrategy
-from ._mesh_strategy import MeshStrategy as MeshStrategy
-from ._pmap import PmapStrategy as PmapStrategy
-from ._sharding import ShardingStrategy as ShardingStrategy
-from ._strategy import PerDeviceStrategy as PerDeviceStrategy, Strategy as Strategy
+The public names are those of ``__init__.pyi``, each imported on first use
+(`lazy_loader`, as the top-level package): the strategy registry
+(``_registry.py``) is read by the command line's parser, which must answer
+``phalanx train --help`` without starting JAX.
+"""
+
+import lazy_loader
+
+
+__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)

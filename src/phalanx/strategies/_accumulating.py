@@ -1,6 +1,8 @@
 """`AccumulatingStrategy`: gradient accumulation as a wrapper around any
-per-device strategy. The wrapper delegates the mesh, the layout and the one reduction
-to the strategy it holds; it only scans each device's microbatches."""
+strategy that declares a per-device program (`Strategy.per_device_reduce`).
+The wrapper delegates the mesh, the layout and the one reduction to the
+strategy it holds; it only scans each device's microbatches, so the
+microbatches' gradients add up on each device and cross devices once."""
 
 from typing import Any, final
 
@@ -12,7 +14,7 @@ from typing_extensions import override
 
 from .._typing import validates_own_arguments
 from .._validate import is_int
-from ._strategy import AxisName, LocalFn, MapFn, PerDeviceStrategy, Strategy
+from ._strategy import AxisName, LocalFn, MapFn, Reduce, Strategy
 
 
 @final
@@ -36,15 +38,22 @@ class AccumulatingStrategy(Strategy):
         ```
     """
 
-    inner: PerDeviceStrategy
+    inner: Strategy
     microbatches: int
 
     @validates_own_arguments
-    def __init__(self, inner: PerDeviceStrategy, microbatches: int):
+    def __init__(self, inner: Strategy, microbatches: int):
         """
         Args:
-            inner: the strategy that places arrays and reduces across devices.
+            inner: the strategy that places arrays and reduces across
+                devices; it must declare a per-device program
+                (`per_device_reduce`), as every built-in strategy does.
             microbatches: how many parts each device's slice is split into.
+
+        Raises:
+            TypeError: `inner` is an `AccumulatingStrategy`, or declares no
+                per-device program; `microbatches` is not an int.
+            ValueError: `microbatches` < 1.
         """
         if isinstance(inner, AccumulatingStrategy):
             raise TypeError(
@@ -53,10 +62,11 @@ class AccumulatingStrategy(Strategy):
                 f"AccumulatingStrategy(inner.inner, microbatches={inner.microbatches}"
                 " * k)"
             )
-        if not isinstance(inner, PerDeviceStrategy):
+        if not isinstance(inner, Strategy) or inner.per_device_reduce() is None:
             raise TypeError(
                 f"inner={inner!r} is not a phalanx strategy that runs per device "
-                "(a PerDeviceStrategy); wrap one, e.g. "
+                "(its per_device_reduce() is None: a global program would "
+                "reduce once per microbatch); wrap one that does, e.g. "
                 "AccumulatingStrategy(px.ShardingStrategy(), microbatches=4)"
             )
         if not is_int(microbatches):
@@ -101,16 +111,26 @@ class AccumulatingStrategy(Strategy):
         return self.inner.gradient_shardings(params)
 
     @override
-    def use_shardings(self, params: PyTree[Any]) -> PyTree[Sharding] | None:
-        return self.inner.use_shardings(params)
+    def use_shardings(self, params: PyTree[Any]) -> None:
+        """None: the inner strategy's per-device program gathers each
+        parameter whole over the batch axes before the microbatches."""
+        del params
+        return None
 
     @override
     def reduce(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:
-        return self.inner.reduce_per_device(
-            self._accumulate(fn), replicated, carry, examples
-        )
+        """Each device scans its microbatches, adding their sums; the inner
+        strategy's per-device program then reduces the devices' totals once."""
+        reduce = self.inner.per_device_reduce()
+        assert reduce is not None, "checked when built"
+        return reduce(self._accumulate(fn), replicated, carry, examples)
+
+    @override
+    def per_device_reduce(self) -> Reduce:
+        """`reduce`: it already runs per device."""
+        return self.reduce
 
     @override
     def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:

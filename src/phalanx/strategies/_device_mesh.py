@@ -7,7 +7,8 @@ array of the parameters and optimizer state is split (`state_spec`). From
 these come the device count, the batch's sharding and padding multiple, the
 state's shardings, and the per-device program with its one reduction. The
 concrete strategies (`ShardingStrategy`, `PmapStrategy`,
-`FullyShardedStrategy`) only add how their step runs (`reduce`, `map`). This
+`FullyShardedStrategy`, `MeshStrategy`) only add how their step runs
+(`reduce`, `map`; `MeshStrategy` its own per-device program too). This
 module places no arrays and compiles nothing.
 """
 

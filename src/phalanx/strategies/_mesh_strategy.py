@@ -27,7 +27,7 @@ from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh
 from ._example_sums import examples_summed_by_dots
 from ._follow import follow_parameters
 from ._fully_sharded import split_by_size
-from ._per_device import spec_axes
+from ._per_device import shard_map_reduce, spec_axes
 from ._placement import named
 from ._rules import CheckedRule, Rule, RuleBook, check_rules, path_name
 from ._strategy import AxisName, LocalFn, MapFn
@@ -74,8 +74,12 @@ class MeshStrategy(DeviceMeshStrategy):
     and ``data`` goes across hosts.
 
     The step is one program in the global view: the compiler places the
-    collectives, so under a mixed `precision` policy the gradients cross
-    devices where it puts them, not per device as under the 1-D strategies.
+    collectives. The strategy also has a per-device program
+    (`reduce_per_device`, each device its slice in `jax.shard_map` over the
+    batch axes, one reduction after): [`phalanx.AccumulatingStrategy`][]
+    wraps it to reduce once per update, and under a mixed `precision`
+    policy the gradients cross devices there, in the policy's `reduce`
+    dtype, as under the 1-D strategies.
 
     Example:
         ```python
@@ -254,8 +258,29 @@ class MeshStrategy(DeviceMeshStrategy):
     def reduce_per_device(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:
-        """The global program: a layout by path has no per-device form here."""
-        return self.reduce(fn, replicated, carry, examples)
+        """`fn` on each device's slice, in `jax.shard_map` manual over the
+        batch axes (``data`` and ``fsdp``; ``tensor`` stays automatic, so
+        the compiler still splits the work over it as the rules say).
+
+        Each parameter enters gathered whole over the batch axes (the
+        compiler gathers it from wherever the rules put it, once, before
+        `fn`), and the devices' sums leave in one all-reduce over the batch
+        axes; the step then lays each gradient out as its parameter (a
+        slice of the sum: no further collective). Under
+        `AccumulatingStrategy` that is one reduction per update, however
+        many microbatches `fn` scans: the per-device contract held truly,
+        not the global program under its name. (A split gradient is summed
+        whole, not reduce-scattered: the rules' layout is by path, which
+        the sums' tree does not carry. XLA:CPU lowers the global program's
+        reduction of a split gradient to an all-reduce and a slice too.)
+        With ``tensor > 1`` grouped convolutions' weight gradients are
+        computed as dot products, as in `reduce`.
+        """
+        if self.mesh.shape["tensor"] > 1:
+            fn = examples_summed_by_dots(fn)
+        return shard_map_reduce(
+            self.mesh, self.batch_axes, fn, replicated, carry, examples
+        )
 
     def _model_spec(
         self, book: RuleBook, path: str, leaf: Any, stacked: bool = False

@@ -1,4 +1,6 @@
-"""Putting arrays where a strategy says they go.
+"""Putting arrays where a strategy says they go: the one place outside
+`data/` that calls `jax.device_put` (checkpoints, the engine's accumulators
+and totals, and `phalanx.testing` place through the functions here).
 
 The one module that knows a run may span several processes: in one process
 every device is addressable and `jax.device_put` places anything; in
@@ -13,9 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding
+from jaxtyping import PyTree
 
 
 def single_process() -> bool:
@@ -76,6 +80,35 @@ def put_state(leaves: Sequence[Any], shardings: Sequence[Sharding]) -> list[jax.
     if single_process():
         return jax.device_put(list(leaves), list(shardings))
     return [_global(x, s) for x, s in zip(leaves, shardings, strict=True)]
+
+
+def put_replicated(tree: PyTree, mesh: Mesh) -> PyTree:
+    """Place host values or arrays (the same in every process) as a full
+    copy on every device of `mesh`, in one dispatch: an epoch's zeroed sums
+    and flags, an evaluation's sums."""
+    return jax.device_put(tree, replicated(mesh))
+
+
+def replicated_copies(arrays: Sequence[jax.Array], mesh: Mesh) -> list[jax.Array]:
+    """Copies of `arrays`, replicated on every device of `mesh`.
+
+    Copies: `jax.device_put` of an array already there may share its buffer,
+    and a step that donates the result would delete the original.
+    """
+    return jax.device_put([jnp.copy(x) for x in arrays], replicated(mesh))
+
+
+def replicated_float32(values: float | Sequence[float], mesh: Mesh) -> jax.Array:
+    """A float32 scalar (or vector, for several values) replicated on every
+    device of `mesh`: a batch's total weight, the totals of stacked steps."""
+    return jax.device_put(np.asarray(values, np.float32), replicated(mesh))
+
+
+def on_device(tree: PyTree, device: Any) -> PyTree:
+    """Every array of `tree` (device arrays anywhere, or host values) on one
+    `device`: where a one-device reference computes with another set-up's
+    results."""
+    return jax.device_put(tree, device)
 
 
 def put_batch(

@@ -1,8 +1,10 @@
 """The strategy contract: what every strategy answers, and nothing it does.
 
 `Strategy` is the interface the trainer, the compiled steps, the batch
-pipeline, checkpoints and `save_model` talk to; `PerDeviceStrategy` adds the
-per-device program that `AccumulatingStrategy` needs. This module holds no
+pipeline, checkpoints and `save_model` talk to; its capabilities are
+declared on it (`per_device_reduce`), so that no caller asks which class it
+holds. `PerDeviceStrategy` implements the per-device program that
+`AccumulatingStrategy` and mixed precision need. This module holds no
 behaviour: the members built-in strategies share are implemented once in
 `DeviceMeshStrategy` (``_device_mesh.py``), and the concrete ones are final.
 """
@@ -14,12 +16,16 @@ from typing import Any, TypeAlias
 import equinox as eqx
 from jax.sharding import Mesh, Sharding
 from jaxtyping import PyTree
+from typing_extensions import override
 
 
 # ``fn(replicated, carry, examples) -> (sums, carry)``: the work of one slice of
 # examples. ``sums`` are additive over examples (weighted loss, gradients, ...);
 # ``carry`` is model state threaded through the step (e.g. BatchNorm averages).
 LocalFn: TypeAlias = Callable[[Any, Any, Any], tuple[Any, Any]]
+# ``reduce(fn, replicated, carry, examples) -> (sums, carry)``: `Strategy.reduce`'s
+# signature, as `Strategy.per_device_reduce` hands a per-device one out.
+Reduce: TypeAlias = Callable[[LocalFn, Any, Any, Any], tuple[Any, Any]]
 # ``fn(replicated, examples) -> per-example outputs``.
 MapFn: TypeAlias = Callable[[Any, Any], Any]
 # The mesh axes a batch is split over, as collectives take them: one name,
@@ -41,12 +47,19 @@ class Strategy(eqx.Module):
     - how a slice's work becomes a global result, with exactly one
       cross-device reduction per update: `reduce` (and `map` for outputs).
 
+    What a strategy can do beyond that it declares on itself
+    (`per_device_reduce`); callers ask the declaration, never the class.
+
     The base class carries no behaviour. Concrete strategies:
     [`phalanx.ShardingStrategy`][], [`phalanx.PmapStrategy`][],
-    [`phalanx.FullyShardedStrategy`][] and [`phalanx.AccumulatingStrategy`][].
-    A new one implements the abstract members below, or, on a named device
-    mesh, the fewer ones of [`phalanx.strategies.DeviceMeshStrategy`][]
-    (see ``docs/architecture.md``).
+    [`phalanx.FullyShardedStrategy`][], [`phalanx.MeshStrategy`][] and
+    [`phalanx.AccumulatingStrategy`][]; phalanx lists them once, in its
+    strategy registry (``strategies/_registry.py``), which the command
+    line, `phalanx.testing.assert_equivalent`'s default set-ups and the
+    tests read. A new one implements the abstract members below, or, on a
+    named device mesh, the fewer ones of
+    [`phalanx.strategies.DeviceMeshStrategy`][] (see
+    ``docs/architecture.md``).
     """
 
     mesh: eqx.AbstractVar[Mesh]
@@ -137,14 +150,38 @@ class Strategy(eqx.Module):
     def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
         """Apply `fn` to every example; outputs stay split as the batch is."""
 
+    def per_device_reduce(self) -> Reduce | None:
+        """The capability to run a slice's work as a per-device program: a
+        function with `reduce`'s signature and contract (the sums of the
+        whole batch, one cross-device reduction) in which `fn` runs on each
+        device's slice, its replicated inputs device-varying, so that the
+        gradients taken inside `fn` are that device's own and cross devices
+        only after `fn` returns.
+
+        None (the default): the strategy has only its `reduce`. A strategy
+        that declares the capability (every `PerDeviceStrategy`) can be
+        wrapped by [`phalanx.AccumulatingStrategy`][], which scans each
+        device's microbatches inside `fn` and so reduces once per update;
+        under a mixed `precision` policy the step reduces with it, so that
+        the gradients cross devices in the policy's `reduce` dtype. Callers
+        ask this method, never the strategy's class.
+        """
+        return None
+
 
 class PerDeviceStrategy(Strategy):
-    """A strategy that can also run a slice's work as a per-device program.
+    """A strategy that can also run a slice's work as a per-device program:
+    it declares the capability (`per_device_reduce`) by implementing
+    `reduce_per_device`.
 
     [`phalanx.AccumulatingStrategy`][] wraps one of these: it scans each
     device's microbatches inside `fn`, and the wrapped strategy adds up the
     devices' sums once afterwards.
     """
+
+    @override
+    def per_device_reduce(self) -> Reduce:
+        return self.reduce_per_device
 
     @abc.abstractmethod
     def reduce_per_device(

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from .._state._train_state import TrainState
+from ..strategies._placement import on_device
 from ._compare import Allowance, named_leaves
 
 
@@ -51,7 +52,7 @@ def update_allowances(optimizer: optax.GradientTransformation) -> Allowances:
     ) -> dict[str, Allowance]:
         params = eqx.filter(state.model, eqx.is_inexact_array)
         # On the reference's device: the set-up's gradient comes over.
-        arguments = jax.device_put(
+        arguments = on_device(
             (state.opt_state, params, want, jax.device_get(have), zero),
             jax.devices()[0],
         )

@@ -2,6 +2,7 @@
 it replays to each: checked arguments, and default set-ups that exercise
 the user's own model (the fully sharded one splits its leaves for real)."""
 
+import functools as ft
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 from .. import strategies as st
 from ..strategies import Strategy
 from ..strategies._names import strategy_name
+from ..strategies._registry import Options, registered
 
 
 def replayable(batches: object) -> list[Any]:
@@ -62,35 +64,49 @@ def setups(strategies: object, params: list[jax.Array]) -> list[tuple[str, Strat
 
 
 def default_setups(params: list[jax.Array]) -> list[tuple[str, Strategy]]:
-    """`ShardingStrategy`, `PmapStrategy`, two microbatches of a
-    `ShardingStrategy`, a `FullyShardedStrategy` whose `min_size` splits
-    about half of this model's parameter leaves, on all local devices; and,
-    on an even count of at least 4, hybrid sharding: a `MeshStrategy`
-    replicating over 2 and splitting the same way over the rest."""
+    """One set-up of each registered strategy that fits the local device
+    count (`phalanx.strategies` registry, read now: a strategy registered
+    there is compared too), on all local devices, and two microbatches of
+    the first that accumulates. A strategy that splits the state gets a
+    `min_size` that splits about half of this model's parameter leaves over
+    the devices it splits them over: with the built-in registry,
+    `ShardingStrategy`, `PmapStrategy`, `FullyShardedStrategy` and, on an
+    even count of at least 4, hybrid sharding (a `MeshStrategy` replicating
+    over 2 and splitting over the rest), then
+    `AccumulatingStrategy(ShardingStrategy, microbatches=2)`."""
     n = jax.device_count()
-    min_size = fsdp_min_size(params, n)
-    named = [
-        (f"ShardingStrategy on {n} devices", st.ShardingStrategy()),
-        (f"PmapStrategy on {n} devices", st.PmapStrategy()),
-        (
-            f"AccumulatingStrategy(ShardingStrategy, microbatches=2) on {n} devices",
-            st.AccumulatingStrategy(st.ShardingStrategy(), 2),
-        ),
-        (
-            f"FullyShardedStrategy(min_size={min_size}) on {n} devices",
-            st.FullyShardedStrategy(min_size=min_size),
-        ),
-    ]
-    if n >= 4 and n % 2 == 0:
-        within = fsdp_min_size(params, n // 2)
-        named.append(
-            (
-                f"MeshStrategy(data=2, fsdp={n // 2}, min_size={within}) on {n} "
-                "devices",
-                st.MeshStrategy(data=2, fsdp=n // 2, min_size=within),
-            )
-        )
+    named: list[tuple[str, Strategy]] = []
+    accumulated = None
+    for entry in registered():
+        if not entry.fits(n):
+            continue
+        sizes: list[int] = []
+        options = Options()
+        if entry.splits_state:
+            options = Options(min_size=ft.partial(_min_size, params, sizes))
+        strategy = entry.build(None, options)
+        named.append((_setup_name(strategy, sizes[-1] if sizes else None, n), strategy))
+        if accumulated is None and entry.accumulates:
+            accumulated = st.AccumulatingStrategy(strategy, 2)
+    if accumulated is not None:
+        named.append((_setup_name(accumulated, None, n), accumulated))
     return named
+
+
+def _min_size(params: list[jax.Array], given: list[int], devices: int) -> int:
+    """`fsdp_min_size` for state split over `devices`, recorded in `given`
+    (the set-up's name shows it)."""
+    given.append(fsdp_min_size(params, devices))
+    return given[-1]
+
+
+def _setup_name(strategy: Strategy, min_size: int | None, n: int) -> str:
+    """``"<strategy_name> on n devices"``, with the `min_size` it was given."""
+    name = strategy_name(strategy)
+    if min_size is not None:
+        shown = f"min_size={min_size}"
+        name = f"{name[:-1]}, {shown})" if name.endswith(")") else f"{name}({shown})"
+    return f"{name} on {n} devices"
 
 
 def fsdp_min_size(params: list[jax.Array], devices: int) -> int:
