@@ -212,7 +212,7 @@ def cli_args(*args: str) -> TrainArgs:
     return TrainArgs.from_options(vars(build_parser().parse_args(["train", *args])))
 
 
-def state_arrays(trainer: px.DataParallelTrainer) -> list[np.ndarray]:
+def state_arrays(trainer: px.callbacks.TrainerLike) -> list[np.ndarray]:
     """Every array of the trainer's state (parameters, optimizer state, step,
     PRNG key data) on the host."""
     return host_arrays(trainer.state)
