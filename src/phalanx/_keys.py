@@ -12,7 +12,7 @@ before it is asked to.
 
 import inspect
 from collections.abc import Callable
-from typing import Protocol, TypeAlias, TypeVar
+from typing import Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from jaxtyping import PRNGKeyArray
 
@@ -21,6 +21,9 @@ _T = TypeVar("_T")
 _T_co = TypeVar("_T_co", covariant=True)
 
 
+# Runtime-checkable: the jaxtyping import hook (the tests') hands the
+# annotations it wraps to beartype, which refuses a protocol it cannot check.
+@runtime_checkable
 class KeyByName(Protocol[_T_co]):
     """A builder that takes its key by name only, as Equinox's layers do
     (``functools.partial(eqx.nn.Linear, 64, 64)``)."""
