@@ -88,7 +88,7 @@ class LowerRate(px.Callback):
         if name is not None:
             state = info.state
             hyperparams = state.opt_state
-            assert isinstance(hyperparams, optax.InjectHyperparamsState)
+            assert isinstance(hyperparams, optax.InjectStatefulHyperparamsState)
             info.trainer.state = eqx.tree_at(
                 lambda s: s.opt_state.hyperparams[name],
                 state,
