@@ -58,7 +58,7 @@ TIMINGS = ("examples_per_sec", "steps_per_sec", "tflops_per_sec", "mfu", "goodpu
 
 # phalanx's slow-step alarm, on a run that other work on the machine slowed
 # down (in CI, the other test workers share its two cores). The alarm's own
-# tests judge it (tests/engine/test_alarms.py); elsewhere such lines report
+# tests judge it (tests/telemetry/test_alarms.py); elsewhere such lines report
 # the machine's load, not the code under test.
 SLOW_STEPS = "phalanx: slow steps: "
 
@@ -212,7 +212,7 @@ def cli_args(*args: str) -> TrainArgs:
     return TrainArgs.from_options(vars(build_parser().parse_args(["train", *args])))
 
 
-def state_arrays(trainer: px.DataParallelTrainer) -> list[np.ndarray]:
+def state_arrays(trainer: px.callbacks.TrainerLike) -> list[np.ndarray]:
     """Every array of the trainer's state (parameters, optimizer state, step,
     PRNG key data) on the host."""
     return host_arrays(trainer.state)

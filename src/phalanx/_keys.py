@@ -12,12 +12,27 @@ before it is asked to.
 
 import inspect
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from jaxtyping import PRNGKeyArray
 
 
 _T = TypeVar("_T")
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+# Runtime-checkable: the jaxtyping import hook (the tests') hands the
+# annotations it wraps to beartype, which refuses a protocol it cannot check.
+@runtime_checkable
+class KeyByName(Protocol[_T_co]):
+    """A builder that takes its key by name only, as Equinox's layers do
+    (``functools.partial(eqx.nn.Linear, 64, 64)``)."""
+
+    def __call__(self, *, key: PRNGKeyArray) -> _T_co: ...
+
+
+# A user's builder of a `_T` from a key, either way it may take it.
+Builder: TypeAlias = Callable[[PRNGKeyArray], _T] | KeyByName[_T]
 
 
 def with_key(fn: Callable[..., _T], name: str) -> Callable[[PRNGKeyArray], _T]:

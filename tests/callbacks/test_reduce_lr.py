@@ -38,7 +38,7 @@ OPTIMIZERS = {
 
 def base_rate(kind: str, step: int) -> float:
     """The optimizer's own rate for the update after `step` updates."""
-    return float(SCHEDULE(step)) if kind == "schedule" else 0.1
+    return float(np.asarray(SCHEDULE(step))) if kind == "schedule" else 0.1
 
 
 class Scripted(px.Callback):

@@ -16,6 +16,7 @@ import json
 import os
 import pathlib
 import sys
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -100,7 +101,9 @@ def main(root: pathlib.Path) -> None:
     ):
         folder = root / name
         trainer = train(folder, resume=resume)
-        np.savez(folder / "state.npz", **host_state(trainer))
+        # Any: numpy types **kwargs as possibly its own allow_pickle=.
+        state: dict[str, Any] = host_state(trainer)
+        np.savez(folder / "state.npz", **state)
         (folder / "history.json").write_text(json.dumps(trainer.history.state_dict()))
 
 

@@ -18,6 +18,7 @@ from typing_extensions import override
 
 import phalanx as px
 from helpers import RaiseAt, StopAt, make_data, make_model, max_abs_diff
+from phalanx._preemption import Preempted
 from phalanx.checkpoint._errors import OrbaxErrorFilter, write_error
 from phalanx.checkpoint._folder import CheckpointFolder
 
@@ -25,7 +26,9 @@ from phalanx.checkpoint._folder import CheckpointFolder
 def run(directory, *, strategy=None, crash=None, resume=None, epochs=3, every=5):
     x, y = make_data(100, seed=3)
     loader = px.data.ArrayLoader((x, y), 16, seed=1)  # 7 steps per epoch
-    callbacks = [px.callbacks.Checkpoint(directory, every_n_steps=every)]
+    callbacks: list[px.Callback] = [
+        px.callbacks.Checkpoint(directory, every_n_steps=every)
+    ]
     if crash is not None:
         callbacks.insert(0, RaiseAt(crash))  # a killed process: no save on the way out
     trainer = px.DataParallelTrainer(
@@ -263,6 +266,7 @@ def test_sigterm_saves_at_the_step_boundary(tmp_path, straight):
     )
     with pytest.raises(KeyboardInterrupt, match="SIGTERM") as info:
         trainer.fit(loader, epochs=3)
+    assert isinstance(info.value, Preempted)
     assert info.value.exit_code == 143
     assert "9" in os.listdir(tmp_path)
     resumed, _ = run(tmp_path, resume="latest")

@@ -3,6 +3,7 @@
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -28,7 +29,9 @@ def test_round_trip_is_exact(tmp_path, trained):
     assert max_abs_diff(loaded, trained.model) == 0
     x, _ = make_data(4)
     np.testing.assert_allclose(
-        np.asarray(jax.vmap(loaded)(x)), np.asarray(trained.predict(x)), atol=1e-6
+        np.asarray(jax.vmap(loaded)(jnp.asarray(x))),
+        np.asarray(trained.predict(x)),
+        atol=1e-6,
     )
     # Nothing else is left next to it (the temporary file was renamed).
     assert os.listdir(tmp_path) == ["model.npz"]

@@ -47,9 +47,10 @@ def test_a_pack_is_one_array_of_bytes_and_unpacks_to_the_bit():
     packed, kept = pack(leaves, [], replicated)
     layout = tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
     assert list(packed) == [BYTES] and kept == []
-    assert isinstance(packed[BYTES], np.ndarray)  # small, on CPU: by NumPy
-    assert packed[BYTES].shape == (packed_bytes(layout),)
-    back = unpack_bytes(packed[BYTES], layout, (replicated,) * len(leaves))
+    data = packed[BYTES]
+    assert isinstance(data, np.ndarray)  # small, on CPU: by NumPy
+    assert data.shape == (packed_bytes(layout),)
+    back = unpack_bytes(data, layout, (replicated,) * len(leaves))
     for old, new in zip(leaves, back, strict=True):
         assert new.dtype == old.dtype and new.shape == old.shape
         assert new.sharding == replicated
@@ -86,7 +87,7 @@ def test_a_pack_on_the_device_is_compiled_ahead_and_reads_the_same_bytes(
 def run(directory, *, crash=None, resume=None):
     x, y = make_data(100, seed=3)
     loader = px.data.ArrayLoader((x, y), 16, seed=1)  # 7 steps per epoch
-    callbacks = [px.callbacks.Checkpoint(directory, every_n_steps=5)]
+    callbacks: list[px.Callback] = [px.callbacks.Checkpoint(directory, every_n_steps=5)]
     if crash is not None:
         callbacks.insert(0, RaiseAt(crash))
     trainer = px.DataParallelTrainer(

@@ -291,7 +291,7 @@ def test_traced_batch_check_is_in_the_step_only_when_on(monkeypatch, checks):
             ["microbatches=0", ">= 1"],
         ),
         (
-            lambda: px.AccumulatingStrategy(px.PmapStrategy(), 2.0),
+            lambda: px.AccumulatingStrategy(px.PmapStrategy(), 2.0),  # pyright: ignore[reportArgumentType]
             TypeError,
             ["microbatches=2.0", "int"],
         ),
@@ -302,7 +302,8 @@ def test_traced_batch_check_is_in_the_step_only_when_on(monkeypatch, checks):
         ),
         (
             lambda: px.AccumulatingStrategy(
-                px.AccumulatingStrategy(px.PmapStrategy(), 2), 3
+                px.AccumulatingStrategy(px.PmapStrategy(), 2),  # pyright: ignore[reportArgumentType]
+                3,
             ),
             TypeError,
             ["microbatches=2 * k"],

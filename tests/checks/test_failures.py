@@ -114,28 +114,30 @@ def test_evaluate_on_data_of_zero_total_weight_is_refused():
 
 # --- item 7: hooks that return the wrong thing --------------------------------
 
+# Each hook below returns the wrong type on purpose (what pyright is told).
+
 
 class LossNone(px.DataParallelTrainer):
     @override
-    def loss(self, model, outputs, targets):
+    def loss(self, model, outputs, targets):  # pyright: ignore[reportIncompatibleMethodOverride]
         return None  # pyright: ignore[reportReturnType]
 
 
 class MetricFloat(px.DataParallelTrainer):
     @override
-    def metrics(self, outputs, targets):
+    def metrics(self, outputs, targets):  # pyright: ignore[reportIncompatibleMethodOverride]
         return {"half": 0.5}  # pyright: ignore[reportReturnType]
 
 
 class MetricList(px.DataParallelTrainer):
     @override
-    def metrics(self, outputs, targets):
+    def metrics(self, outputs, targets):  # pyright: ignore[reportIncompatibleMethodOverride]
         return [outputs[:, 0]]  # pyright: ignore[reportReturnType]
 
 
 class SplitThree(px.DataParallelTrainer):
     @override
-    def split_batch(self, batch):
+    def split_batch(self, batch):  # pyright: ignore[reportIncompatibleMethodOverride]
         return batch[0], batch[1], batch[1]  # pyright: ignore[reportReturnType]
 
 
@@ -286,9 +288,9 @@ def test_keras_style_fit_x_y_says_how_to_pass_batches():
     x, y = make_data(16)
     trainer = trainer_of()
     with pytest.raises(TypeError, match=r"fit\(\) got 2 .* as in Keras' fit\(x, y\)"):
-        trainer.fit(x, y)
+        trainer.fit(x, y)  # pyright: ignore[reportCallIssue]
     with pytest.raises(TypeError, match=r"evaluate\(\) got 2 .* Keras' evaluate\(x, y"):
-        trainer.evaluate(x, y)
+        trainer.evaluate(x, y)  # pyright: ignore[reportCallIssue]
     assert_refused(trainer, (x, y), TypeError, ["data=(x, y) is one batch", "[(x, y)]"])
     assert_refused(trainer, x, TypeError, ["one array of shape (16, 5)", "ArrayLoader"])
     with pytest.raises(TypeError, match=r"data=\(x, y, sample_weight\) is one batch"):

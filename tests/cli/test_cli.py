@@ -196,12 +196,13 @@ def test_run_prints_table_and_test_accuracy(default_run, steps_per_epoch):
     # Progress while it works: a plain line every LOG_EVERY steps (captured
     # stdout is no terminal), each before its epoch's table row.
     total = EPOCHS * steps_per_epoch
-    progress = [
-        (index, PROGRESS_LINE.fullmatch(line))
-        for index, line in enumerate(lines)
-        if line.startswith("epoch ") and " step " in line
-    ]
-    assert progress and all(match for _, match in progress), progress
+    progress: list[tuple[int, re.Match[str]]] = []
+    for index, line in enumerate(lines):
+        if line.startswith("epoch ") and " step " in line:
+            match = PROGRESS_LINE.fullmatch(line)
+            assert match, line
+            progress.append((index, match))
+    assert progress, lines
     steps = [int(match.group(3)) for _, match in progress]
     assert steps == list(range(LOG_EVERY, total + 1, LOG_EVERY))
     row_index = [i for i, line in enumerate(lines) if re.match(r"\s+\d+/\d+\s", line)]

@@ -147,7 +147,9 @@ def cli_state(cwd: pathlib.Path, run: pathlib.Path, step: int) -> list[np.ndarra
 @pytest.mark.slow
 def test_user_cnn_and_dataset_train_from_the_command_line(cnn_run):
     run, result = cnn_run
-    accuracy = float(re.search(r"test accuracy (\d\.\d+)", result.lines[-1])[1])
+    found = re.search(r"test accuracy (\d\.\d+)", result.lines[-1])
+    assert found, result.output()
+    accuracy = float(found[1])
     assert accuracy > 0.9, result.output()
     assert result.lines[0].startswith("phalanx: CNN (mod:cnn) 8x8 -> 10 on mod:load")
     # The summary's short form, with the model's real parameter count.

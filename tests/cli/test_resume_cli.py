@@ -58,6 +58,7 @@ from cli_runs import (
     state_arrays,
 )
 from helpers import RaiseAt, make_data, make_model
+from phalanx._preemption import Preempted
 from phalanx.cli import main
 
 
@@ -102,7 +103,7 @@ def test_sigkill_then_resume_is_exact(tmp_path, straight, reference, restore, po
     assert code == -signal.SIGKILL, killed.output()
 
     steps, latest = listed(folder)
-    assert latest in expected, (steps, killed.output())
+    assert latest is not None and latest in expected, (steps, killed.output())
     assert same_arrays(restore(folder, latest), reference[latest])
     host = host_state(folder, latest)
     assert (host["step"], host["epoch"]) == (latest, latest // STEPS_PER_EPOCH)
@@ -211,6 +212,7 @@ def test_steps_per_call_stops_at_a_call_boundary_and_resumes(
     code = stopped.signal_when(lambda run: run.progress() >= 30, signal.SIGTERM)
     assert code == 143, stopped.output()
     _, step = listed(folder)
+    assert step is not None
     assert step - STEPS_PER_EPOCH in (4, 8, 12, 16, 20, 23), step
     close = np.testing.assert_allclose
     for got, want in zip(restore(folder, step), reference[step], strict=True):
@@ -246,7 +248,7 @@ def assert_checkpoints_sound(
     others = [n for n in names if not n.isdigit()]
     temporary = re.compile(r"\d+\.orbax-checkpoint-tmp(-\d+)?|retired")
     assert all(temporary.fullmatch(n) for n in others), names
-    assert steps and latest == steps[-1]
+    assert steps and latest is not None and latest == steps[-1]
     for step in steps:
         values = restore(folder, step)
         assert same_arrays(values, reference[step]), f"step {step} differs"
@@ -345,6 +347,7 @@ def test_sigterm_at_an_epochs_last_step_resumes_exactly(tmp_path, reference_run)
     trainer, loader = cli_trainer([Term(), checkpoint])
     with pytest.raises(KeyboardInterrupt, match="SIGTERM") as stop:
         trainer.fit(loader, epochs=EPOCHS)
+    assert isinstance(stop.value, Preempted)
     assert stop.value.exit_code == 143
     assert listed(tmp_path) == ([STEPS_PER_EPOCH], STEPS_PER_EPOCH)
     host = host_state(tmp_path, STEPS_PER_EPOCH)

@@ -290,7 +290,7 @@ def check_plateau(combo: Combination, run: Outcome, plain: Outcome) -> None:
         )
     rates = [metrics["lr"] for metrics in run.epochs]
     expected = [
-        float(schedule()(BATCHES * (epoch + 1))) * FACTOR**epoch
+        float(np.asarray(schedule()(BATCHES * (epoch + 1)))) * FACTOR**epoch
         for epoch in range(EPOCHS)
     ]
     np.testing.assert_allclose(rates, expected, rtol=1e-5, err_msg=combo.name)

@@ -218,7 +218,7 @@ class ComposeTrainer(px.DataParallelTrainer[Net]):
 
     @override
     def metrics(self, outputs: Any, targets: Any) -> Any:
-        metrics = super().metrics(outputs, targets)
+        metrics = dict(super().metrics(outputs, targets))
         if self.f1:
             metrics["f1"] = px.metrics.f1(outputs, targets, num_classes=CLASSES)
         return metrics

@@ -139,7 +139,9 @@ def train(
             )
         )
     trainer = build(combo, callbacks)
-    fit = dict(epochs=EPOCHS, eval_data=EVAL, eval_every=combo.eval_every)
+    fit: dict[str, Any] = dict(
+        epochs=EPOCHS, eval_data=EVAL, eval_every=combo.eval_every
+    )
     if crash:
         with pytest.raises(RuntimeError, match=f"boom at step {CRASH}"):
             trainer.fit(TRAIN, **fit)

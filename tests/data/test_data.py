@@ -4,6 +4,7 @@ iterables the trainer takes as they are, and the digits and MNIST loaders."""
 import gc
 import gzip
 import hashlib
+from collections.abc import Iterator
 
 import jax
 import numpy as np
@@ -22,8 +23,15 @@ def ids_loader(n: int, batch_size: int, **kwargs) -> ArrayLoader:
     return ArrayLoader((ids, ids**2), batch_size, **kwargs)
 
 
+def tuples(loader: ArrayLoader) -> Iterator[tuple[np.ndarray, ...]]:
+    """The batches of a loader given a tuple of arrays (so tuples too)."""
+    for batch in loader:
+        assert isinstance(batch, tuple)
+        yield batch
+
+
 def epoch_of(loader: ArrayLoader) -> list[tuple[np.ndarray, ...]]:
-    return [tuple(part.copy() for part in batch) for batch in loader]
+    return [tuple(part.copy() for part in batch) for batch in tuples(loader)]
 
 
 def global_batches(n: int, batch_size: int, processes: int, epochs: int, **kwargs):
@@ -78,7 +86,9 @@ def test_len_is_batches_per_epoch():
 def test_order_is_reproducible_and_new_each_epoch():
     def order(**kwargs) -> list[list[int]]:
         loader = ids_loader(50, 10, **kwargs)
-        return [np.concatenate([b[0] for b in loader]).tolist() for _ in range(3)]
+        return [
+            np.concatenate([b[0] for b in tuples(loader)]).tolist() for _ in range(3)
+        ]
 
     first = order(seed=3)
     assert order(seed=3) == first
@@ -94,12 +104,12 @@ def test_iteration_continues_where_it_stopped():
     reference = epoch_of(ids_loader(40, 8))
     loader = ids_loader(40, 8)
     seen = []
-    for batch in loader:
+    for batch in tuples(loader):
         seen.append(batch[0].copy())
         if len(seen) == 2:
             break
     assert loader.state_dict() == {"epoch": 0, "position": 2}
-    seen += [batch[0] for batch in loader]
+    seen += [batch[0] for batch in tuples(loader)]
     assert loader.state_dict() == {"epoch": 1, "position": 0}
     assert [s.tolist() for s in seen] == [r[0].tolist() for r in reference]
 
@@ -109,7 +119,7 @@ def test_state_dict_resumes_exactly(stop_after):
     def stream(loader: ArrayLoader, count: int) -> list[list[int]]:
         out = []
         while len(out) < count:
-            for batch in loader:
+            for batch in tuples(loader):
                 out.append(batch[0].tolist())
                 if len(out) == count:
                     break
@@ -129,7 +139,7 @@ def test_state_dict_resumes_exactly(stop_after):
 def test_batches_are_aligned_for_use_in_place(shuffle):
     # 64-byte aligned host arrays become CPU device arrays without a copy.
     x, y = make_data(50)
-    batches = list(ArrayLoader((x, y), 16, shuffle=shuffle, seed=0))
+    batches = list(tuples(ArrayLoader((x, y), 16, shuffle=shuffle, seed=0)))
     for batch in batches:
         assert all(leaf.ctypes.data % 64 == 0 for leaf in batch)
         assert all(leaf.flags.c_contiguous for leaf in batch)
@@ -190,7 +200,7 @@ def test_beyond_the_limit_batches_get_fresh_memory():
 def test_dict_arrays_yield_dicts_with_sample_weight():
     x, y = make_data(10)
     loader = ArrayLoader({"x": x, "y": y}, 4, shuffle=False)
-    batches = list(loader)
+    batches = [b for b in loader if isinstance(b, dict)]  # all of them, 3
     assert [list(b) for b in batches] == [["x", "y", "sample_weight"]] * 3
     np.testing.assert_array_equal(batches[0]["x"], x[:4])
     np.testing.assert_array_equal(batches[2]["sample_weight"], [1, 1, 0, 0])

@@ -104,10 +104,11 @@ class Example(NamedTuple):
         return f"{self.file.relative_to(SRC)}:{self.line}"
 
 
-def _docstrings(tree: ast.Module) -> list[tuple[str, ast.Constant]]:
+def _docstrings(tree: ast.Module) -> list[tuple[str, int, str]]:
     """Every docstring of a module (its own, and its classes', functions'
-    and attributes'), each with the name of what it documents."""
-    found: list[tuple[str, ast.Constant]] = []
+    and attributes'): the name of what it documents, its literal's first
+    line, its text."""
+    found: list[tuple[str, int, str]] = []
 
     def visit(body: list[ast.stmt], owner: str) -> None:
         for statement in body:
@@ -116,7 +117,7 @@ def _docstrings(tree: ast.Module) -> list[tuple[str, ast.Constant]]:
                 and isinstance(statement.value, ast.Constant)
                 and isinstance(statement.value.value, str)
             ):
-                found.append((owner, statement.value))
+                found.append((owner, statement.value.lineno, statement.value.value))
             elif isinstance(statement, ast.ClassDef | ast.FunctionDef):
                 visit(statement.body, f"{owner}.{statement.name}".lstrip("."))
             elif isinstance(statement, ast.If | ast.Try):  # TYPE_CHECKING, ...
@@ -131,10 +132,10 @@ def examples_in(file: Path, source: str | None = None) -> list[Example]:
     `source`). Raises ValueError for a marker with no reason or class."""
     examples = []
     text = file.read_text() if source is None else source
-    for owner, constant in _docstrings(ast.parse(text)):
+    for owner, lineno, docstring in _docstrings(ast.parse(text)):
         # The docstring's lines are the file's from the literal's first one
         # (no docstring here writes a newline as an escape).
-        lines = constant.value.splitlines()
+        lines = docstring.splitlines()
         previous = None  # the last non-blank line outside a block
         i = 0
         while i < len(lines):
@@ -152,7 +153,7 @@ def examples_in(file: Path, source: str | None = None) -> list[Example]:
             if (opening["info"].split() or [""])[0].lower() in ("python", "py"):
                 mark = _MARK.match(previous) if previous else None
                 value = mark["value"].strip() if mark else None
-                where = f"{file}:{constant.lineno + i - 1}"
+                where = f"{file}:{lineno + i - 1}"
                 if mark and not (mark["colon"] and value):
                     raise ValueError(
                         f"{where}: a {mark['kind']} marker needs a "
@@ -163,7 +164,7 @@ def examples_in(file: Path, source: str | None = None) -> list[Example]:
                 examples.append(
                     Example(
                         file,
-                        constant.lineno + i + 1,
+                        lineno + i + 1,
                         owner or "(module)",
                         textwrap.dedent("\n".join(lines[i + 1 : end])),
                         value if kind == "skip" else None,
@@ -197,9 +198,9 @@ def test_examples_are_fenced_python():
     # A doctest (`>>> `) would be shown in the API reference and run by
     # nothing: write examples as ```python blocks, which this file runs.
     for file in sorted(SRC.rglob("*.py")):
-        for owner, constant in _docstrings(ast.parse(file.read_text())):
-            assert not re.search(r"^\s*>>> ", constant.value, re.M), (
-                f"{file}:{constant.lineno} ({owner}): a `>>>` example; write it "
+        for owner, lineno, docstring in _docstrings(ast.parse(file.read_text())):
+            assert not re.search(r"^\s*>>> ", docstring, re.M), (
+                f"{file}:{lineno} ({owner}): a `>>>` example; write it "
                 "as a ```python block (tests/docs/test_docstrings.py runs those)"
             )
 

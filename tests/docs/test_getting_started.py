@@ -70,7 +70,12 @@ def test_every_argument_with_its_default():
             f"{where}: {len(call.args)} positional arguments where the signature "
             f"has {_positional(method)}"
         )
-        shown = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+        shown = {
+            kw.arg: ast.literal_eval(kw.value)
+            for kw in call.keywords
+            if kw.arg is not None  # None: a **mapping
+        }
+        assert len(shown) == len(call.keywords), f"{where}: name each argument"
         expected = _keywords(method)
         # Compared as sets: the block may group arguments by topic.
         assert shown.keys() == expected.keys(), (

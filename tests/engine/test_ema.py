@@ -4,6 +4,7 @@ evaluations and `predict`, saved and resumed bitwise."""
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -88,7 +89,7 @@ def test_evaluations_and_predict_use_the_average(tmp_path, capsys):
     assert trainer.history[-1]["eval_loss"] == averaged.evaluate(BATCHES)["loss"]
     np.testing.assert_array_equal(trainer.predict(X), averaged.predict(X))
     assert not np.array_equal(
-        trainer.predict(X), np.asarray(jax.vmap(trainer.model)(X))
+        trainer.predict(X), np.asarray(jax.vmap(trainer.model)(jnp.asarray(X)))
     )
     px.save_model(tmp_path / "ema.eqx", trainer.ema_model)
     loaded = px.load_model(tmp_path / "ema.eqx", like=make_model())

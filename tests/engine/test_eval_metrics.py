@@ -64,8 +64,8 @@ def test_a_monitor_of_a_metric_only_training_has_is_refused():
 def test_a_bad_eval_metrics_names_its_hook():
     class Bad(px.DataParallelTrainer):
         @override
-        def eval_metrics(self, outputs, targets):
-            return [outputs]
+        def eval_metrics(self, outputs, targets):  # pyright: ignore[reportIncompatibleMethodOverride]
+            return [outputs]  # a list, not a dict: wrong on purpose
 
     x, y = make_data(32)
     with pytest.raises(TypeError, match=r"eval_metrics\(\) returned a list"):

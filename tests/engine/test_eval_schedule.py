@@ -72,6 +72,7 @@ class Evaluations(px.Callback):
             return
         self.events.append(("eval_end", info.step))
         trainer = info.trainer
+        assert isinstance(trainer, px.DataParallelTrainer)  # it has evaluate()
         direct = {}
         for name, data in SETS.items():
             for metric, value in trainer.evaluate(data).items():

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding
 from typing_extensions import override
 
 import phalanx as px
@@ -69,8 +70,11 @@ def test_batches_already_on_devices(name):
             make_model(), optax.adam(1e-2), strategy=STRATEGIES[name]()
         )
         split = trainer.strategy.batch_sharding
+        assert isinstance(split, NamedSharding)
         data = [jax.device_put(b, split) for b in host[:2]] + [host[2]]
-        data[2] = jax.device_put(host[2], split.mesh.devices.flat[0])  # 36 rows
+        devices = split.mesh.devices
+        assert devices is not None
+        data[2] = jax.device_put(host[2], devices.flat[0])  # 36 rows
         with jax.transfer_guard_device_to_host("disallow"):
             trainer.fit(data if on_device else host, epochs=2)
         trained.append(trainer)

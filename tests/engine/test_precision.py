@@ -24,6 +24,7 @@ from helpers import (
     reference_fit,
     sqrt_loss,
 )
+from phalanx._typing import MetricValue
 
 
 BF16 = jnp.bfloat16
@@ -197,7 +198,7 @@ class Record(px.Callback):
     """Each step's loss scale and whether it was skipped."""
 
     def __init__(self):
-        self.steps: list[tuple[float, float]] = []
+        self.steps: list[tuple[MetricValue, MetricValue]] = []
 
     @override
     def on_step_end(self, info):
@@ -287,14 +288,16 @@ def test_fp16_resume_restores_the_scale_exactly(tmp_path):
     with pytest.raises(RuntimeError, match="boom at step 6"):
         run("crashed", RaiseAt(6))  # the newest checkpoint: step 4, scale halved
     resumed = run("crashed", resume="latest")
-    assert float(resumed.state.loss_scale.scale) == px.DynamicScale.INITIAL / 2
+    scale = resumed.state.loss_scale
+    assert scale is not None
+    assert float(scale.scale) == px.DynamicScale.INITIAL / 2
     for a, b in zip(
         jax.tree.leaves(resumed.state.loss_scale),
         jax.tree.leaves(straight.state.loss_scale),
         strict=True,
     ):
         assert a == b
-    assert int(resumed.state.loss_scale.good_steps) == 6
+    assert int(scale.good_steps) == 6
     assert max_abs_diff(resumed.model, straight.model) == 0
 
 

@@ -157,7 +157,7 @@ def test_inference_model_gets_the_model_in_inference_mode_and_no_key():
 def test_an_inference_model_that_is_not_callable_names_the_hook():
     class Broken(px.DataParallelTrainer[px.models.MLP]):
         @override
-        def inference_model(self, model):
+        def inference_model(self, model):  # pyright: ignore[reportIncompatibleMethodOverride]
             return None  # pyright: ignore[reportReturnType]
 
     x, y = make_data(8)

@@ -9,6 +9,7 @@ from typing_extensions import override
 
 import phalanx as px
 from helpers import STRATEGIES, StopAt, make_data, make_model, max_abs_diff, sqrt_loss
+from phalanx._typing import HostMetrics
 
 
 K = 4
@@ -18,7 +19,7 @@ class Record(px.Callback):
     """Every step's number, metrics and `last_in_call`."""
 
     def __init__(self):
-        self.steps: list[tuple[int, dict[str, float], bool]] = []
+        self.steps: list[tuple[int, HostMetrics, bool]] = []
 
     @override
     def on_step_end(self, info: px.StepInfo) -> None:

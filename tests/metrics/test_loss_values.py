@@ -60,7 +60,7 @@ def test_loss_values_are_logged_exactly_under_every_strategy(kind):
 
 def test_a_loss_returning_a_wrong_pair_is_named():
     class Wrong(px.DataParallelTrainer):
-        def loss(self, model, outputs, targets):
+        def loss(self, model, outputs, targets):  # pyright: ignore[reportIncompatibleMethodOverride]
             return parts(outputs, targets)  # a pair of arrays, not (losses, dict)
 
     trainer = Wrong(make_model(), optax.sgd(0.1), progress=False)

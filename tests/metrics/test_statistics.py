@@ -69,7 +69,7 @@ def test_binary_metrics_and_a_statistic_of_ones_own():
         model, optax.sgd(0.0), loss=lambda o, t: o[:, 0] ** 2, progress=False
     )
     got = trainer.evaluate(BINARY)
-    score = np.asarray(jax.vmap(model)(XB))[:, 0]
+    score = np.asarray(jax.vmap(model)(jnp.asarray(XB)))[:, 0]
     pred = (score > 0).astype(int)
     want = {
         "f1": sk.f1_score(YB, pred, sample_weight=WB),
@@ -98,7 +98,12 @@ def test_binary_metrics_and_a_statistic_of_ones_own():
             "num_classes=3",
         ),
         (
-            lambda o, t: px.metrics.precision(o, t, num_classes=3, average="mean"),
+            lambda o, t: px.metrics.precision(
+                o,
+                t,
+                num_classes=3,
+                average="mean",  # pyright: ignore[reportArgumentType]
+            ),
             r"precision: average='mean'; pass one of 'macro', 'micro'",
         ),
         (
@@ -237,7 +242,8 @@ def test_a_confusion_matrix_in_history_loggers_and_checkpoints(
     matrix = trainer.history[-1]["confusion"]
     assert isinstance(matrix, np.ndarray) and matrix.shape == (3, 3)
     assert matrix.sum() == 64  # every example of the epoch, once
-    assert trainer.history[-1]["eval_confusion"].sum() == 16
+    evaluated = trainer.history[-1]["eval_confusion"]
+    assert isinstance(evaluated, np.ndarray) and evaluated.sum() == 16
     # The CSV and TensorBoard files hold numbers only: one line says so, for
     # both loggers, the matrix and its evaluations'.
     header = (tmp_path / "m.csv").read_text().splitlines()[0].split(",")

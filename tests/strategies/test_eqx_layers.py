@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 from typing_extensions import override
 
 import phalanx as px
@@ -261,8 +261,14 @@ def test_a_scalar_parameter_leaves_the_others_moments_laid_out():
     scaled = Scaled(linear, jnp.ones(()), jnp.arange(8))
     strategy = mesh(data=4, tensor=2, rules=[(r"linear\.weight", (None, "tensor"))])
     trainer = px.DataParallelTrainer(scaled, optax.adam(1e-2), strategy=strategy)
-    mu = trainer.state.opt_state[0].mu
-    assert mu.linear.weight.sharding.spec == P(None, "tensor")
+    opt_state = trainer.state.opt_state
+    assert isinstance(opt_state, tuple)
+    adam = opt_state[0]
+    assert isinstance(adam, optax.ScaleByAdamState)
+    mu = adam.mu
+    assert isinstance(mu, Scaled)  # laid out as the parameters
+    sharding = mu.linear.weight.sharding
+    assert isinstance(sharding, NamedSharding) and sharding.spec == P(None, "tensor")
     params = eqx.filter(trainer.state.model, eqx.is_inexact_array)
     assert per_device(trainer.state.opt_state) == 2 * per_device(params)
 
@@ -314,5 +320,6 @@ def test_stacked_layers_gathered_one_at_a_time_are_one_device(remat):
     px.testing.assert_equivalent(make, [(x, y)], strategies=[strategy], steps=2)
     # Each layer is gathered inside the loop: no all-gather of the stack.
     hlo = make(strategy).lower((x, y)).compile().as_text()
+    assert hlo is not None
     gathers = [line for line in hlo.splitlines() if " all-gather(" in line]
     assert gathers and not [line for line in gathers if "f32[3," in line]

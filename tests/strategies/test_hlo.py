@@ -159,6 +159,7 @@ def test_one_all_reduce_per_update(kind):
         make_model(), optax.adam(1e-2), strategy=make_strategy(kind, 8)
     )
     hlo = trainer.lower(make_data(64)).compile().as_text()
+    assert hlo is not None
     assert len(all_reduces(hlo)) == 1, all_reduces(hlo)
     looped = in_loops(hlo)
     for name, body in computations(hlo).items():
@@ -183,6 +184,7 @@ def test_deterministic_reduction_gathers_once_per_update(strategy):
         make_model(), optax.adam(1e-2), strategy=strategy()
     )
     hlo = trainer.lower(make_data(64)).compile().as_text()
+    assert hlo is not None
     gathers = [
         line for line in hlo.splitlines() if re.search(r"\ball-gather(-start)?\(", line)
     ]
@@ -207,6 +209,7 @@ def test_loop_detection_sees_an_all_reduce_in_a_scan():
         return jax.lax.scan(lambda c, row: (c + jnp.sum(row), None), 0.0, x)[0]
 
     hlo = jax.jit(f).lower(x).compile().as_text()
+    assert hlo is not None
     looped = in_loops(hlo)
     assert any(
         all_reduces(body) for n, body in computations(hlo).items() if n in looped

@@ -199,7 +199,7 @@ def test_bad_meshes_and_rules_say_what_to_fix():
     with pytest.raises(ValueError, match=r"not a regular expression"):
         px.MeshStrategy(rules=[("layers[", (None,))])
     with pytest.raises(TypeError, match=r"is not a \(pattern, spec\) pair"):
-        px.MeshStrategy(rules=[("layers",)])
+        px.MeshStrategy(rules=[("layers",)])  # pyright: ignore[reportArgumentType]
     with pytest.raises(ValueError, match=r"names an axis twice"):
         px.MeshStrategy(rules=[("x", ("fsdp", "fsdp"))])
     # Against the model, before anything is placed:
@@ -341,7 +341,7 @@ def test_sharded_model_takes_a_builder_of_key_by_name_as_equinox_models():
     for a, b in zip(host_arrays(by_name), host_arrays(by_position), strict=True):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(TypeError, match=r"^make_model=<function .* takes no argument"):
-        px.sharded_model(lambda: Net(key), strategy, key=key)
+        px.sharded_model(lambda: Net(key), strategy, key=key)  # pyright: ignore[reportArgumentType]
 
 
 def test_predict_save_model_and_a_skipped_step_on_a_mesh(tmp_path):

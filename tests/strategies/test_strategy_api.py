@@ -23,6 +23,7 @@ from typing_extensions import override
 import phalanx as px
 from helpers import make_data, make_model, max_abs_diff, reference_fit
 from phalanx.strategies._device_mesh import make_mesh
+from phalanx.strategies._strategy import AxisName
 
 
 @final
@@ -31,7 +32,7 @@ class ShardedOptimizerStrategy(px.Strategy):
     divides over the devices is split along it."""
 
     mesh: Mesh
-    axis_name: str
+    axis_name: AxisName  # one name here
 
     def __init__(self, devices: int):
         self.axis_name = "data"
@@ -188,14 +189,22 @@ def test_the_state_setter_lays_a_state_out_as_the_strategy_says(trained):
 def test_a_strategy_must_give_one_sharding_per_array():
     class Broken(px.Strategy):
         mesh: Mesh
-        axis_name: str = "data"
+        axis_name: AxisName = "data"
 
         def __init__(self):
             self.mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
 
-        num_devices = property(lambda self: 2)
-        batch_sharding = property(lambda self: NamedSharding(self.mesh, P("data")))
-        batch_multiple = property(lambda self: 2)
+        @property
+        def num_devices(self) -> int:
+            return 2
+
+        @property
+        def batch_sharding(self) -> NamedSharding:
+            return NamedSharding(self.mesh, P("data"))
+
+        @property
+        def batch_multiple(self) -> int:
+            return 2
 
         def state_shardings(self, state):
             return NamedSharding(self.mesh, P())  # one, not one per array
@@ -220,8 +229,8 @@ class TwoAxisStrategy(px.strategies.DeviceMeshStrategy):
     array whose leading axis 4 divides split along it over "cols"."""
 
     mesh: Mesh
-    axis_name: tuple[str, ...]
-    deterministic: ClassVar[bool] = False
+    axis_name: AxisName  # a tuple of names here
+    deterministic: ClassVar[bool] = False  # pyright: ignore[reportIncompatibleVariableOverride]
 
     def __init__(self, axis_name: tuple[str, ...] = ("rows", "cols")):
         devices = np.array(jax.devices()[:8]).reshape(2, 4)
@@ -311,6 +320,7 @@ def test_its_collectives_take_axis_name():
         @override
         def loss(self, model, outputs, targets):
             losses = super().loss(model, outputs, targets)
+            assert isinstance(losses, jax.Array)  # the built-in loss's
             axes = self.strategy.axis_name
             total = jax.lax.psum(jnp.sum(losses), axes)
             return losses + jax.lax.stop_gradient(total) * 0
@@ -389,8 +399,8 @@ def test_a_state_spec_that_does_not_divide_is_refused():
     @final
     class Uneven(px.strategies.DeviceMeshStrategy):
         mesh: Mesh
-        axis_name: str = "data"
-        deterministic: ClassVar[bool] = False
+        axis_name: AxisName = "data"
+        deterministic: ClassVar[bool] = False  # pyright: ignore[reportIncompatibleVariableOverride]
 
         def __init__(self):
             self.mesh = Mesh(np.array(jax.devices()[:8]), ("data",))

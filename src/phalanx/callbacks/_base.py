@@ -16,7 +16,8 @@ from .._state._history import History
 from .._state._snapshot import Snapshot
 from .._state._sums import StepSums
 from .._state._train_state import TrainState
-from .._typing import HostMetrics
+from .._typing import HostMetrics, NanPolicy
+from ..strategies import Strategy
 
 
 # The model class of a run: `DataParallelTrainer[M]` is a `TrainerLike[M]`,
@@ -40,6 +41,12 @@ class TrainerLike(Protocol[_Model]):
     # The optax transformation the step applies (read, with the state, for
     # the learning rate it uses).
     optimizer: optax.GradientTransformation
+    # How the run is laid out and stepped, as built (an experiment tracker
+    # records them as the run's config: `callbacks/_hparams.py`).
+    strategy: Strategy
+    steps_per_call: int
+    nan_policy: NanPolicy
+    sync_every: int
 
     @property
     def state(self) -> TrainState[_Model]:

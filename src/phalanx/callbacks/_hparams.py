@@ -8,29 +8,32 @@ from typing import Any, TypeAlias
 import equinox as eqx
 import jax
 
-from .._validate import is_int
+from ._base import TrainerLike
 
 
 # A tracker's hyperparameter value (W&B config, MLflow params).
 Scalar: TypeAlias = str | int | float | bool
 
 
-def hyperparameters(trainer: object) -> dict[str, Scalar]:
+def hyperparameters(trainer: TrainerLike) -> dict[str, Scalar]:
     """The trainer's settings, flat, with dotted names.
 
-    Read defensively (a callback only sees a `TrainerLike`): a setting the
-    trainer lacks is left out. For `phalanx.DataParallelTrainer`:
+    Read from what `TrainerLike` declares (nothing is probed for):
 
     - ``strategy``: the strategy's class name; ``strategy.num_devices``; and
       ``strategy.<field>`` for each scalar field (``strategy.inner`` and its
       fields for a wrapping strategy);
     - ``precision`` (``"fp32"``, ``"bf16"``, ...), ``steps_per_call``,
-      ``nan_policy``, ``sync_every``, and ``seed`` where the trainer has one;
+      ``nan_policy`` and ``sync_every``;
     - ``model``: the model's class name; ``model.parameters``: the number
       of floating-point parameters;
     - ``optimizer_state``: the optax state classes in the optimizer state, in
       order (e.g. ``"ScaleByAdamState"``), or ``"none"``: an optax
       `GradientTransformation` has no readable name, its state does.
+
+    The seed is not among them (a trainer keeps its key, not the seed it was
+    made from): a run records it in the tracker's ``config=``, as
+    ``phalanx train`` does.
 
     Example:
         ```python
@@ -41,31 +44,18 @@ def hyperparameters(trainer: object) -> dict[str, Scalar]:
         #  "model": "MLP", "model.parameters": 67, "optimizer_state": ...}
         ```
     """
-    params: dict[str, Scalar] = {}
-    strategy = getattr(trainer, "strategy", None)
-    if strategy is not None:
-        params.update(_fields("strategy", strategy))
-        devices = getattr(strategy, "num_devices", None)
-        if is_int(devices):
-            params["strategy.num_devices"] = devices
-    precision = getattr(trainer, "precision", None)
-    if precision is not None:
-        describe = getattr(precision, "describe", None)
-        name = describe() if callable(describe) else None
-        params["precision"] = name if isinstance(name, str) else str(precision)
-    for name in ("steps_per_call", "nan_policy", "sync_every", "seed"):
-        value = getattr(trainer, name, None)
-        if isinstance(value, Scalar):
-            params[name] = value
-    state = getattr(trainer, "state", None)
-    model = getattr(state, "model", None)
-    if model is not None:
-        params["model"] = type(model).__name__
-        leaves = jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))
-        params["model.parameters"] = sum(int(leaf.size) for leaf in leaves)
-    if state is not None and hasattr(state, "opt_state"):
-        names = _state_names(state.opt_state)
-        params["optimizer_state"] = ", ".join(names) if names else "none"
+    params = _fields("strategy", trainer.strategy)
+    params["strategy.num_devices"] = trainer.strategy.num_devices
+    params["precision"] = trainer.precision.describe()
+    params["steps_per_call"] = trainer.steps_per_call
+    params["nan_policy"] = trainer.nan_policy
+    params["sync_every"] = trainer.sync_every
+    state = trainer.state
+    params["model"] = type(state.model).__name__
+    leaves = jax.tree.leaves(eqx.filter(state.model, eqx.is_inexact_array))
+    params["model.parameters"] = sum(int(leaf.size) for leaf in leaves)
+    names = _state_names(state.opt_state)
+    params["optimizer_state"] = ", ".join(names) if names else "none"
     return params
 
 
@@ -111,6 +101,9 @@ def _fields(prefix: str, module: object) -> dict[str, Scalar]:
     if not dataclasses.is_dataclass(module):
         return params
     for field in dataclasses.fields(module):
+        # A user's strategy may be a plain dataclass whose ``init=False``
+        # field was never set (an `eqx.Module` refuses that when built):
+        # such a field is left out rather than failing the tracker.
         value = getattr(module, field.name, None)
         name = f"{prefix}.{field.name}"
         if isinstance(value, Scalar):

@@ -78,6 +78,8 @@ class Summed(eqx.Module):
 # What the `metrics` hooks return, and the loss beside its losses: per-example
 # values (averaged like the loss) or statistics, by name.
 Metrics: TypeAlias = Mapping[str, Float[Array, " batch"] | Statistic]
-# What the `loss` hook returns: per-example losses, alone or with values to
-# log (summed the same way as the metrics).
-LossResult: TypeAlias = Float[Array, " batch"] | tuple[Float[Array, " batch"], Metrics]
+# What the `loss` hook returns: per-example losses (under parameter groups,
+# one per group, by group name), alone or with values to log (summed the
+# same way as the metrics).
+Losses: TypeAlias = Float[Array, " batch"] | Mapping[str, Float[Array, " batch"]]
+LossResult: TypeAlias = Losses | tuple[Losses, Metrics]

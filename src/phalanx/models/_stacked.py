@@ -17,7 +17,7 @@ import jax
 import jax.random as jr
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from .._keys import with_key
+from .._keys import Builder, with_key
 from .._stacking import AbstractStacked
 from .._typing import validates_own_arguments
 from .._validate import is_int
@@ -61,7 +61,7 @@ class Stacked(AbstractStacked):
     @validates_own_arguments
     def __init__(
         self,
-        make_layer: Callable[[PRNGKeyArray], eqx.Module],
+        make_layer: Builder[eqx.Module],
         n: int,
         *,
         key: PRNGKeyArray,

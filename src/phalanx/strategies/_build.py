@@ -5,7 +5,6 @@ The model's constructor runs inside `jax.jit` with the strategy's layout as
 its output shardings: each device computes (and holds) only its part.
 """
 
-from collections.abc import Callable
 from typing import TypeVar
 
 import equinox as eqx
@@ -13,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
-from .._keys import with_key
+from .._keys import Builder, with_key
 from .._state._train_state import TrainState
 from .._typing import validates_own_arguments
 from ._strategy import Strategy
@@ -24,7 +23,7 @@ _Model = TypeVar("_Model", bound=eqx.Module)
 
 @validates_own_arguments
 def sharded_model(
-    make_model: Callable[[PRNGKeyArray], _Model],
+    make_model: Builder[_Model],
     strategy: Strategy,
     *,
     key: PRNGKeyArray,

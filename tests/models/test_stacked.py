@@ -152,7 +152,11 @@ def test_make_layer_may_take_its_key_by_name_as_equinox_layers_do():
 
 def test_a_make_layer_that_takes_no_key_is_refused_with_the_fix():
     with pytest.raises(TypeError) as error:
-        px.models.Stacked(lambda: eqx.nn.Identity(), 2, key=jax.random.key(0))
+        px.models.Stacked(
+            lambda: eqx.nn.Identity(),  # pyright: ignore[reportArgumentType]
+            2,
+            key=jax.random.key(0),
+        )
     assert str(error.value).endswith(
         " takes no argument; it is called with a key: pass a function of one, "
         "e.g. lambda key: eqx.nn.Linear(64, 64, key=key), or one taking key= as "

@@ -84,9 +84,11 @@ def test_unusable_folders(tmp_path):
     assert _unusable(tmp_path / "new" / "folder") is None
     assert (tmp_path / "new" / "folder").is_dir()
     assert _unusable(tmp_path / "file") == "a file is where the folder should be"
-    assert _unusable(tmp_path / "file" / "below").startswith("cannot write there")
+    below = _unusable(tmp_path / "file" / "below")
+    assert below is not None and below.startswith("cannot write there")
     # Unwritable even for root (the tests may run as root: no chmod).
-    assert _unusable(pathlib.Path("/proc/phalanx-cache")).startswith("cannot write")
+    proc = _unusable(pathlib.Path("/proc/phalanx-cache"))
+    assert proc is not None and proc.startswith("cannot write")
 
 
 def test_where_the_cache_lives(monkeypatch, tmp_path):

@@ -58,6 +58,7 @@ def test_the_mlp_step_counts_its_matrix_multiplies(microbatches):
     # A batch of 100 is padded to a multiple of 8 × microbatches: its step
     # counts those examples too.
     small = trainer.flops_per_step(batch(100))
+    assert small is not None
     assert (small.size, small.total) == (
         (104, 128)[microbatches > 1],
         analytic(small.size),
@@ -71,13 +72,13 @@ def test_counting_adds_no_compile_to_a_fit():
     # Compiles, whether JAX then finds them in its persistent cache or not.
     names = ("/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses")
 
-    def on_event(name: str, **kwargs) -> None:
-        if name in names:
-            requests.append(name)
+    def on_event(event: str, **kwargs) -> None:
+        if event in names:
+            requests.append(event)
 
-    def on_duration(name: str, secs: float, **kwargs) -> None:
-        if name == "/jax/core/compile/backend_compile_duration":
-            requests.append(name)
+    def on_duration(event: str, duration_secs: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            requests.append(event)
 
     monitoring.register_event_listener(on_event)
     monitoring.register_event_duration_secs_listener(on_duration)
@@ -96,8 +97,10 @@ def test_counting_adds_no_compile_to_a_fit():
         flops = trainer.flops_per_step()
         assert isinstance(flops, px.StepFlops)  # the public type of the count
         assert flops.total == analytic(BATCH)
-        assert trainer.flops_per_step(batch(64)).total == analytic(64)
-        assert trainer.summary().flops.total == analytic(BATCH)
+        other = trainer.flops_per_step(batch(64))
+        assert other is not None and other.total == analytic(64)
+        shown = trainer.summary().flops
+        assert shown is not None and shown.total == analytic(BATCH)
         assert len(requests) == before
     finally:
         monitoring.unregister_event_listener(on_event)
@@ -199,6 +202,6 @@ def test_the_summary_shows_the_step_flops():
     trainer = px.DataParallelTrainer(mlp(), optax.sgd(1e-2))
     assert trainer.summary().flops is None
     summary = trainer.summary(batch())
-    assert summary.flops.total == analytic(BATCH)
+    assert summary.flops is not None and summary.flops.total == analytic(BATCH)
     assert "258 MFLOPs per step (32.2 MFLOPs per device)" in summary.short()
     assert "train step: 258 MFLOPs per step" in str(summary)

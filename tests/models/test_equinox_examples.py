@@ -10,7 +10,9 @@ them, and inference calls BERT with dropout off, as the example does.
 
 # The examples annotate `key: jax.random.PRNGKey | None`, a function or'ed
 # with None: an error where annotations are evaluated when a function is
-# defined (before Python 3.14). Deferred here, as 3.14 defers them.
+# defined (before Python 3.14). Deferred here, as 3.14 defers them; pyright,
+# which wants a class there, is told so on each such line, and the code
+# stays as written.
 from __future__ import annotations
 
 import functools
@@ -50,7 +52,7 @@ class EmbedderBlock(eqx.Module):
         embedding_size: int,
         hidden_size: int,
         dropout_rate: float,
-        key: jax.random.PRNGKey,
+        key: jax.random.PRNGKey,  # pyright: ignore[reportGeneralTypeIssues]
     ):
         token_key, segment_key, position_key = jax.random.split(key, 3)
 
@@ -74,7 +76,7 @@ class EmbedderBlock(eqx.Module):
         position_ids: Int[Array, " seq_len"],
         segment_ids: Int[Array, " seq_len"],
         enable_dropout: bool = False,
-        key: jax.random.PRNGKey | None = None,
+        key: jax.random.PRNGKey | None = None,  # pyright: ignore[reportGeneralTypeIssues]
     ) -> Float[Array, "seq_len hidden_size"]:
         tokens = jax.vmap(self.token_embedder)(token_ids)
         segments = jax.vmap(self.segment_embedder)(segment_ids)
@@ -100,7 +102,7 @@ class FeedForwardBlock(eqx.Module):
         hidden_size: int,
         intermediate_size: int,
         dropout_rate: float,
-        key: jax.random.PRNGKey,
+        key: jax.random.PRNGKey,  # pyright: ignore[reportGeneralTypeIssues]
     ):
         mlp_key, output_key = jax.random.split(key)
         self.mlp = eqx.nn.Linear(
@@ -117,7 +119,7 @@ class FeedForwardBlock(eqx.Module):
         self,
         inputs: Float[Array, " hidden_size"],
         enable_dropout: bool = True,
-        key: jax.random.PRNGKey | None = None,
+        key: jax.random.PRNGKey | None = None,  # pyright: ignore[reportGeneralTypeIssues]
     ) -> Float[Array, " hidden_size"]:
         # Feed-forward.
         hidden = self.mlp(inputs)
@@ -148,7 +150,7 @@ class AttentionBlock(eqx.Module):
         num_heads: int,
         dropout_rate: float,
         attention_dropout_rate: float,
-        key: jax.random.PRNGKey,
+        key: jax.random.PRNGKey,  # pyright: ignore[reportGeneralTypeIssues]
     ):
         self.num_heads = num_heads
         self.attention = eqx.nn.MultiheadAttention(
@@ -169,7 +171,7 @@ class AttentionBlock(eqx.Module):
         inputs: Float[Array, "seq_len hidden_size"],
         mask: Int[Array, " seq_len"] | None,
         enable_dropout: bool = False,
-        key: "jax.random.PRNGKey" = None,  # noqa: UP037 (as written)
+        key: "jax.random.PRNGKey" = None,  # noqa: UP037 (as written)  # pyright: ignore[reportGeneralTypeIssues]
     ) -> Float[Array, "seq_len hidden_size"]:
         if mask is not None:
             mask = self.make_self_attention_mask(mask)
@@ -217,7 +219,7 @@ class TransformerLayer(eqx.Module):
         num_heads: int,
         dropout_rate: float,
         attention_dropout_rate: float,
-        key: jax.random.PRNGKey,
+        key: jax.random.PRNGKey,  # pyright: ignore[reportGeneralTypeIssues]
     ):
         attention_key, ff_key = jax.random.split(key)
 
@@ -241,7 +243,7 @@ class TransformerLayer(eqx.Module):
         mask: Int[Array, " seq_len"] | None = None,
         *,
         enable_dropout: bool = False,
-        key: jax.random.PRNGKey | None = None,
+        key: jax.random.PRNGKey | None = None,  # pyright: ignore[reportGeneralTypeIssues]
     ) -> Float[Array, "seq_len hidden_size"]:
         attn_key, ff_key = (None, None) if key is None else jax.random.split(key)
         attention_output = self.attention_block(
@@ -274,7 +276,7 @@ class Encoder(eqx.Module):
         num_heads: int,
         dropout_rate: float,
         attention_dropout_rate: float,
-        key: jax.random.PRNGKey,
+        key: jax.random.PRNGKey,  # pyright: ignore[reportGeneralTypeIssues]
     ):
         embedder_key, layer_key, pooler_key = jax.random.split(key, num=3)
         self.embedder_block = EmbedderBlock(
@@ -312,7 +314,7 @@ class Encoder(eqx.Module):
         segment_ids: Int[Array, " seq_len"],
         *,
         enable_dropout: bool = False,
-        key: jax.random.PRNGKey | None = None,
+        key: jax.random.PRNGKey | None = None,  # pyright: ignore[reportGeneralTypeIssues]
     ) -> dict[str, Array]:
         emb_key, l_key = (None, None) if key is None else jax.random.split(key)
 
@@ -340,7 +342,8 @@ class Encoder(eqx.Module):
         pooled = self.pooler(first_token_last_layer)
         pooled = jnp.tanh(pooled)
 
-        return {"embeddings": embeddings, "layers": layer_outputs, "pooled": pooled}
+        # (As written: "layers" is a list, where the annotation says Array.)
+        return {"embeddings": embeddings, "layers": layer_outputs, "pooled": pooled}  # pyright: ignore[reportReturnType]
 
 
 class BertClassifier(eqx.Module):
@@ -350,7 +353,7 @@ class BertClassifier(eqx.Module):
     classifier_head: eqx.nn.Linear
     dropout: eqx.nn.Dropout
 
-    def __init__(self, config: Mapping, num_classes: int, key: jax.random.PRNGKey):
+    def __init__(self, config: Mapping, num_classes: int, key: jax.random.PRNGKey):  # pyright: ignore[reportGeneralTypeIssues]
         encoder_key, head_key = jax.random.split(key)
 
         self.encoder = Encoder(
@@ -375,7 +378,7 @@ class BertClassifier(eqx.Module):
         self,
         inputs: dict[str, Int[Array, " seq_len"]],
         enable_dropout: bool = True,
-        key: jax.random.PRNGKey = None,
+        key: jax.random.PRNGKey = None,  # pyright: ignore[reportGeneralTypeIssues]
     ) -> Float[Array, " num_classes"]:
         seq_len = inputs["token_ids"].shape[-1]
         position_ids = jnp.arange(seq_len)
@@ -476,7 +479,10 @@ class BertTrainer(px.DataParallelTrainer[BertClassifier]):
         return functools.partial(model, enable_dropout=False)
 
 
-def bert(strategy, trainer_class=BertTrainer):
+def bert(
+    strategy: px.Strategy,
+    trainer_class: type[px.DataParallelTrainer] = BertTrainer,
+) -> px.DataParallelTrainer:
     classifier = BertClassifier(BERT_CONFIG, num_classes=2, key=jr.key(5678))
     # The example's optimizer, at a learning rate that moves a tiny model.
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3))

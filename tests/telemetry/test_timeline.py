@@ -9,6 +9,7 @@ import time
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 from typing_extensions import override
@@ -86,10 +87,12 @@ class LowerRate(px.Callback):
         name = self.changes.get(info.step)
         if name is not None:
             state = info.state
+            hyperparams = state.opt_state
+            assert isinstance(hyperparams, optax.InjectStatefulHyperparamsState)
             info.trainer.state = eqx.tree_at(
                 lambda s: s.opt_state.hyperparams[name],
                 state,
-                jnp.asarray(0.5 * float(state.opt_state.hyperparams[name])),
+                jnp.asarray(0.5 * float(np.asarray(hyperparams.hyperparams[name]))),
             )
 
 
@@ -150,6 +153,7 @@ def test_a_second_compile_is_counted_and_named():
     )
     trainer.fit(data, epochs=1)
     clock = trainer._clock
+    assert clock is not None
     train = [c for c in clock.compiles if c.name.startswith("train step")]
     assert len(train) == 2
     assert {c.name for c in train} == {"train step, batch f32[16,5] i32[16]"}
