@@ -24,8 +24,8 @@ import jax
 import jax.extend.core as jex
 import jax.numpy as jnp
 
-from .._state._flops import StepFlops
 from .._state._sums import NO_FLAGS
+from .._telemetry._flops import StepFlops
 from ._compiled import StepCompiler, Steps
 
 

@@ -17,7 +17,7 @@ import jax
 
 from .._checks._batch import batch_leaf_names, label_shape_hint
 from .._checks._hooks import HookError, check_split
-from .._state._flops import StepFlops
+from .._telemetry._flops import StepFlops
 from ._compiled import StepCompiler, Steps
 from ._flops import FlopCounter
 from ._pipeline import BatchPipeline, DeviceBatch

@@ -17,7 +17,7 @@ import jax
 from rich.console import Console
 from typing_extensions import override
 
-from .._state._clock import PHASE_MEANINGS, PHASES, PhaseClock
+from .._telemetry._clock import PHASE_MEANINGS, PHASES, PhaseClock
 from .._typing import validates_own_arguments
 from .._validate import boolean
 from ._base import Callback, StepInfo
