@@ -1,4 +1,4 @@
-"""Telemetry: the phase clock, FLOPs, alarms, the GC policy and the peak FLOPs table.
+"""Telemetry: the phase clock, FLOPs, alarms, GC policy, peak FLOPs, compile cache.
 
 The modules here observe a fit (times, counts, warnings); they never change
 what it computes. Importers use the submodules directly; this file only
