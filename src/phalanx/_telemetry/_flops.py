@@ -1,7 +1,28 @@
-"""`StepFlops`: the floating-point operations of one train step, as a value
-(counted by the engine, read by callbacks, the summary and the CLI)."""
+"""The floating-point operations of a train step: `StepFlops` (the value
+read by callbacks, the summary and the CLI), `count_flops` (a jaxpr's count)
+and `FlopCounter` (the count per global step size, remembered).
 
-from typing import NamedTuple
+The engine hands `FlopCounter` a function that traces its train step on
+abstract arguments (nothing is placed, compiled or run), so counting adds
+no compile to a fit.
+
+Why not XLA's `Compiled.cost_analysis()` (measured here, JAX 0.10.2,
+XLA:CPU, the MLP 784-256-128-10 at batch 256, adam, 8 devices; the matrix
+multiplies come to 257.8 MFLOPs): it counts a while loop's body once, known
+trip count or not, so `AccumulatingStrategy(inner, 4)` reported 12.3 MFLOPs
+per device instead of ~36, and a step of `Stacked` layers one layer; its
+count is of each device's partitioned program (36.3 MFLOPs on each of 8
+devices, 290 MFLOPs in all, the replicated optimizer update counted 8
+times); and reading it without compiling the step again needs abstract
+arguments exactly like the call's (a NumPy batch's leaves without a
+sharding, a device batch's with one), or JAX compiles the step once more.
+"""
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax.extend.core as jex
 
 
 class StepFlops(NamedTuple):
@@ -50,3 +71,77 @@ def format_flops(n: float) -> str:
 
 
 _UNITS = (("PFLOPs", 1e15), ("TFLOPs", 1e12), ("GFLOPs", 1e9), ("MFLOPs", 1e6))
+
+
+def count_flops(jaxpr: jex.Jaxpr) -> float:
+    """The operations of `jaxpr`'s matrix multiplies and convolutions (see
+    `StepFlops`), its inner jaxprs included."""
+    total = 0.0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        params = eqn.params
+        if name == "dot_general":
+            (contract, _), _ = params["dimension_numbers"]
+            lhs = _shape(eqn.invars[0])
+            depth = math.prod(lhs[d] for d in contract)
+            total += 2.0 * _size(eqn.outvars[0]) * depth
+        elif name == "conv_general_dilated":
+            rhs = _shape(eqn.invars[1])
+            out_features = rhs[params["dimension_numbers"].rhs_spec[0]]
+            # Each output element: in_features / groups × the window's size.
+            total += 2.0 * _size(eqn.outvars[0]) * math.prod(rhs) / out_features
+        elif name == "scan":
+            total += params["length"] * count_flops(params["jaxpr"].jaxpr)
+        elif name == "cond":
+            total += max(count_flops(branch.jaxpr) for branch in params["branches"])
+        elif name == "shard_map":  # its body sees one device's slice
+            mesh = params["mesh"]
+            copies = math.prod(mesh.shape[a] for a in params["newly_manual_axes"])
+            total += copies * count_flops(_open(params["jaxpr"]))
+        else:  # jit, remat, custom_jvp_call, while (its body once), ...
+            total += sum(count_flops(inner) for inner in _inner(params))
+    return total
+
+
+class FlopCounter:
+    """The FLOPs of a train step, per global step size: each size's count is
+    taken once (from a trace of the step, never compiled or run) and kept."""
+
+    def __init__(self) -> None:
+        self._counts: dict[int, StepFlops] = {}
+
+    def count(
+        self, size: int, devices: int, trace: Callable[[], jex.Jaxpr]
+    ) -> StepFlops:
+        """The FLOPs of the step at `size` examples on `devices` devices;
+        `trace` gives the step's jaxpr at that size where it is not known."""
+        known = self._counts.get(size)
+        if known is None:
+            total = count_flops(trace())
+            known = self._counts[size] = StepFlops(
+                total=total, devices=devices, size=size
+            )
+        return known
+
+
+def _shape(var: Any) -> tuple[int, ...]:
+    return var.aval.shape
+
+
+def _size(var: Any) -> int:
+    return math.prod(_shape(var))
+
+
+def _open(jaxpr: Any) -> jex.Jaxpr:
+    """The open jaxpr of a closed or open one."""
+    return jaxpr.jaxpr if isinstance(jaxpr, jex.ClosedJaxpr) else jaxpr
+
+
+def _inner(params: dict[str, Any]) -> list[jex.Jaxpr]:
+    """The jaxprs among an equation's parameters (alone or in a tuple)."""
+    found = []
+    for value in params.values():
+        for item in value if isinstance(value, tuple | list) else (value,):
+            if isinstance(item, jex.ClosedJaxpr | jex.Jaxpr):
+                found.append(_open(item))
+    return found
