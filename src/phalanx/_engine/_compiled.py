@@ -270,7 +270,14 @@ def _sums_apart(train: Any) -> Any:
     """`train` taking the epoch's sums and flags as two arguments (so that a
     jit can donate the sums alone)."""
 
-    def call(leaves, sums, flags, batch_leaves, weight, total):
+    def call(
+        leaves: list[jax.Array],
+        sums: jax.Array,
+        flags: jax.Array,
+        batch_leaves: list[Any],
+        weight: jax.Array,
+        total: jax.Array,
+    ) -> Any:
         return train(leaves, EpochSums(sums, flags), batch_leaves, weight, total)
 
     return call
