@@ -13,11 +13,11 @@ from . import (
 from ._engine._compiled import StepValues as StepValues
 from ._engine._lr_finder import LRFinderResult as LRFinderResult
 from ._precision import Precision as Precision
-from ._state._flops import StepFlops as StepFlops
 from ._state._history import History as History
 from ._state._progress import RunPlan as RunPlan, RunProgress as RunProgress
 from ._state._snapshot import Snapshot as Snapshot
 from ._state._train_state import DynamicScale as DynamicScale, TrainState as TrainState
+from ._telemetry._flops import StepFlops as StepFlops
 from ._trainer import DataParallelTrainer as DataParallelTrainer
 from ._version import __version__ as __version__
 from .callbacks import Callback as Callback, StepInfo as StepInfo

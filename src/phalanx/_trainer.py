@@ -58,8 +58,6 @@ from ._metric_names import MetricName
 from ._precision import Precision, PrecisionName, cast_floating, precision_of
 from ._preemption import Preempted, preemption
 from ._state._builder import StateBuilder
-from ._state._clock import PhaseClock
-from ._state._flops import StepFlops
 from ._state._history import History
 from ._state._learning_rate import next_rate
 from ._state._progress import RunPlan, RunProgress
@@ -67,6 +65,8 @@ from ._state._run import Run, RunSlot
 from ._state._snapshot import Snapshot
 from ._state._sums import EpochSums, StepSums
 from ._state._train_state import DynamicScale, TrainState
+from ._telemetry._clock import PhaseClock
+from ._telemetry._flops import StepFlops
 from ._typing import (
     ChecksMode,
     EvalSets,

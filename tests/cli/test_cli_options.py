@@ -13,7 +13,7 @@ import pytest
 
 import phalanx as px
 from cli_runs import cli_args, state_arrays
-from phalanx._engine._alarms import SlowSteps
+from phalanx._telemetry._alarms import SlowSteps
 from phalanx.cli._args import PER_COMMAND, RESUMABLE, TrainArgs, UsageError
 from phalanx.cli._config import _WHAT, resolve_train
 from phalanx.cli._main import build_parser, main

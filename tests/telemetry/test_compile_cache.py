@@ -1,4 +1,4 @@
-"""``phalanx train``'s persistent compilation cache (cli/_compile_cache.py):
+"""``phalanx train``'s persistent compilation cache (_telemetry/_compile_cache.py):
 a run writes its compiled programs into the folder and the next identical
 run reads every one of them back; damaged entries, a file where the folder
 should be and a folder that cannot be written are each said in one line,
@@ -14,7 +14,11 @@ import pytest
 
 import forkserver
 from cli_runs import ENV, NOTICE, TIMEOUT, refused, said
-from phalanx.cli._compile_cache import _EntryWarnings, _unusable, compile_cache_dir
+from phalanx._telemetry._compile_cache import (
+    _EntryWarnings,
+    _unusable,
+    compile_cache_dir,
+)
 
 
 TINY = ["--epochs", "1", "--batch-size", "512", "--no-plot", "--logger", "csv"]

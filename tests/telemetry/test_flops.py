@@ -14,7 +14,7 @@ import pytest
 from jax import monitoring
 
 import phalanx as px
-from phalanx.callbacks._peak_flops import peak_flops
+from phalanx._telemetry._peak_flops import peak_flops
 
 
 BATCH = 256

@@ -17,7 +17,12 @@ from .._state._sums import NO_FLAGS, EpochSums, SumLayout, sum_order
 from .._state._train_state import TrainState
 from .._typing import HostMetrics
 from ..metrics._statistic import Summed
-from ..strategies._placement import replicated, stacked
+from ..strategies._placement import (
+    put_replicated,
+    replicated,
+    replicated_copies,
+    stacked,
+)
 from ._forward import InferenceKeyError
 from ._hints import first_batch_hint
 from ._layout import StateLayout
@@ -112,7 +117,8 @@ class StepCompiler:
         if steps_per_call > 1:  # checked before anything is built
             stacked(parts.strategy.batch_sharding)
         self._predict: dict[Any, jax.stages.Wrapped] = {}
-        self._replicated = replicated(parts.strategy.mesh)
+        self._mesh = parts.strategy.mesh
+        self._replicated = replicated(self._mesh)
 
     def build(self, spec: BatchSpec, size: int) -> Steps:
         """The steps for batches of `spec`, checked at a global step of
@@ -254,23 +260,30 @@ class StepCompiler:
     def epoch_sums(self, steps: Steps) -> EpochSums:
         """Zeroed on-device sums of an epoch, and the non-finite step record."""
         zeros = np.zeros(steps.sums.size, np.float32)
-        return EpochSums(*jax.device_put((zeros, NO_FLAGS), self._replicated))
+        return EpochSums(*put_replicated((zeros, NO_FLAGS), self._mesh))
 
     def copy_replicated(self, arrays: list[jax.Array]) -> list[jax.Array]:
         """Copies of `arrays`, replicated on the strategy's devices."""
-        return jax.device_put([jnp.copy(x) for x in arrays], self._replicated)
+        return replicated_copies(arrays, self._mesh)
 
     def eval_sums(self, steps: Steps) -> jax.Array:
         """Zeroed on-device sums of an evaluation."""
         zeros = np.zeros(steps.eval_sums.size, np.float32)
-        return jax.device_put(zeros, self._replicated)
+        return put_replicated(zeros, self._mesh)
 
 
 def _sums_apart(train: Any) -> Any:
     """`train` taking the epoch's sums and flags as two arguments (so that a
     jit can donate the sums alone)."""
 
-    def call(leaves, sums, flags, batch_leaves, weight, total):
+    def call(
+        leaves: list[jax.Array],
+        sums: jax.Array,
+        flags: jax.Array,
+        batch_leaves: list[Any],
+        weight: jax.Array,
+        total: jax.Array,
+    ) -> Any:
         return train(leaves, EpochSums(sums, flags), batch_leaves, weight, total)
 
     return call

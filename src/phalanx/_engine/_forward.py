@@ -46,7 +46,9 @@ def forward(
     normalises over it.
     """
 
-    def one(x, key, state):
+    def one(
+        x: PyTree[Array], key: PRNGKeyArray, state: eqx.nn.State | None
+    ) -> tuple[Any, eqx.nn.State | None]:
         kwargs = {"key": key} if pass_key else {}
         if state is None:
             return model(x, **kwargs), None
@@ -79,7 +81,9 @@ def infer(
     pass_key = takes_key(call)
 
     def over_batch(key: PRNGKeyArray | None) -> Any:
-        def one(x, state):
+        def one(
+            x: PyTree[Array], state: eqx.nn.State | None
+        ) -> tuple[Any, eqx.nn.State | None]:
             kwargs = {"key": key} if pass_key else {}
             if state is None:
                 return call(x, **kwargs), None

@@ -23,19 +23,19 @@ from typing import Any
 import jax
 
 from .._checks._batch import empty_data_message, nonfinite_error
-from .._state._clock import PhaseClock
 from .._state._history import History
 from .._state._progress import RunPlan, RunProgress
 from .._state._run import Run, RunSlot
 from .._state._sums import FLAGS, EpochSums, StepSums
+from .._telemetry._alarms import Recompiles, SlowSteps
+from .._telemetry._clock import PhaseClock
+from .._telemetry._gc import Collector
 from .._typing import EvalSets, GCMode, HostMetrics, NanPolicy
 from ..callbacks._base import StepInfo, TrainerLike
 from ..callbacks._dispatch import Callbacks
 from ..data import Resumable
 from ..strategies._placement import to_host
-from ._alarms import Recompiles, SlowSteps
 from ._feed import Feed
-from ._gc import Collector
 from ._prepare import Preparer
 
 

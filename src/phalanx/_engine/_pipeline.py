@@ -33,6 +33,7 @@ from ..strategies._placement import (
     local_rows,
     put_batch,
     replicated,
+    replicated_float32,
     single_process,
     stacked,
 )
@@ -141,7 +142,8 @@ class BatchPipeline:
         self._weights: Memo[tuple[int, int], jax.Array] = Memo()
         self._totals: Memo[float, jax.Array] = Memo()
         self._split = strategy.batch_sharding
-        self._replicated = replicated(strategy.mesh)
+        self._mesh = strategy.mesh
+        self._replicated = replicated(self._mesh)
         self._device_total = jax.jit(jnp.sum, out_shardings=self._replicated)
         # Stacked weights (by batch count, size and steps) and totals (by
         # value), for several steps' batches.
@@ -198,7 +200,7 @@ class BatchPipeline:
         else:
             total = self._stacked_totals.get_or_make(
                 tuple(known),
-                lambda: jax.device_put(np.array(known, np.float32), self._replicated),
+                lambda: replicated_float32(known, self._mesh),
             )
         return leaves, weight, total
 
@@ -363,7 +365,7 @@ class BatchPipeline:
             return self._device_total(weight), None
         value = float(host if isinstance(host, int) else np.sum(host, dtype=np.float64))
         total = self._totals.get_or_make(  # e.g. every batch size of a pass
-            value, lambda: jax.device_put(np.float32(value), self._replicated)
+            value, lambda: replicated_float32(value, self._mesh)
         )
         return total, value
 

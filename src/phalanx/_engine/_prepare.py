@@ -14,12 +14,14 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.extend.core as jex
+import jax.numpy as jnp
 
 from .._checks._batch import batch_leaf_names, label_shape_hint
 from .._checks._hooks import HookError, check_split
-from .._state._flops import StepFlops
+from .._state._sums import NO_FLAGS
+from .._telemetry._flops import FlopCounter, StepFlops
 from ._compiled import StepCompiler, Steps
-from ._flops import FlopCounter
 from ._pipeline import BatchPipeline, DeviceBatch
 
 
@@ -59,7 +61,7 @@ class Preparer:
         # The first batch's leaves by their paths in the user's batch, for
         # messages about the step's arguments (None before any batch).
         self.batch_names: list[str] | None = None
-        self._flops = FlopCounter(compiler)
+        self._flops = FlopCounter()
 
     def split(self, batch: Any) -> tuple[Any, Any, Any]:
         """``(inputs, targets, sample_weight)`` of a user's batch."""
@@ -123,7 +125,34 @@ class Preparer:
         spec = self.pipeline.spec
         assert spec is not None, "the steps are built for the first batch's spec"
         shapes = list(zip(spec.shapes, spec.dtypes, strict=True))
-        return self._flops.count(self.steps, shapes, size)
+        steps, devices = self.steps, self.compiler.parts.strategy.num_devices
+        return self._flops.count(
+            size, devices, lambda: self._trace(steps, shapes, size)
+        )
+
+    def _trace(self, steps: Steps, shapes: list[Any], size: int) -> jex.Jaxpr:
+        """`steps.train`'s jaxpr on abstract arguments of `size` examples
+        whose leaves have these per-example `shapes` (``(shape, dtype)``
+        pairs): `jax.jit`'s `trace`, the same trace a call makes (taken from
+        JAX's cache where the step has run on a batch of that size), never
+        compiled or run."""
+        layout = self.compiler.layout
+        state = [
+            jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
+            for s, sharding in zip(layout.structs, layout.shardings, strict=True)
+        ]
+        # A NumPy batch's leaves (as `fit` passes one process's host batches:
+        # the trace JAX has cached); the count is the same for device leaves.
+        batch = [jax.ShapeDtypeStruct((size, *shape), dtype) for shape, dtype in shapes]
+        traced = steps.train.trace(
+            state,
+            jax.ShapeDtypeStruct((steps.sums.size,), jnp.float32),
+            jax.ShapeDtypeStruct(NO_FLAGS.shape, NO_FLAGS.dtype),
+            batch,
+            jax.ShapeDtypeStruct((size,), jnp.float32),
+            jax.ShapeDtypeStruct((), jnp.float32),
+        )
+        return traced.jaxpr.jaxpr
 
     def built(self) -> Steps:
         """The steps, which a prepared batch has built."""

@@ -15,8 +15,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from .._state._flops import StepFlops
 from .._state._train_state import TrainState
+from .._telemetry._flops import StepFlops
 from ..strategies import Strategy
 from ..strategies._names import strategy_name
 from ._layout import StateLayout

@@ -10,12 +10,12 @@ import jax
 import optax
 
 from .._precision import Precision
-from .._state._clock import PhaseClock, TimePhase
-from .._state._flops import StepFlops
 from .._state._history import History
 from .._state._snapshot import Snapshot
 from .._state._sums import StepSums
 from .._state._train_state import TrainState
+from .._telemetry._clock import PhaseClock, TimePhase
+from .._telemetry._flops import StepFlops
 from .._typing import HostMetrics, NanPolicy
 from ..strategies import Strategy
 

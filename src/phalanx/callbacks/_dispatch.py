@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._log import logger
-from .._state._clock import PHASES
+from .._telemetry._clock import PHASES
 from ..checkpoint._store import SnapshotStore
 from ._base import Callback, StepInfo, has_state, runs_here
 

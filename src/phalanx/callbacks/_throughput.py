@@ -5,7 +5,7 @@ FLOPs utilisation added to the metrics, and the `RateMeter` that counts them
 Rates are measured on the host between points where the device has caught
 up (a read of the step's metrics), never by timing a dispatch; the FLOPs
 per step are the trainer's count (`flops_per_step`), the peak the device
-table's (`_peak_flops.py`) or the user's. It declares the metrics it adds
+table's (`_telemetry/_peak_flops.py`) or the user's. It declares the metrics it adds
 (`added_metrics`) and changes nothing else of the run.
 """
 
@@ -16,10 +16,10 @@ import numpy as np
 from typing_extensions import override
 
 from .._log import logger
+from .._telemetry._peak_flops import peak_flops as table_peak
 from .._typing import HostMetrics, validates_own_arguments
 from .._validate import finite_at_least, positive_int
 from ._base import Callback, StepInfo
-from ._peak_flops import peak_flops as table_peak
 
 
 # Where `Throughput` says that it has no peak for the device (a program that

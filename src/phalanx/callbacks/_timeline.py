@@ -17,14 +17,14 @@ import jax
 from rich.console import Console
 from typing_extensions import override
 
-from .._state._clock import PHASE_MEANINGS, PHASES, PhaseClock
+from .._telemetry._clock import PHASE_MEANINGS, PHASES, PhaseClock
+from .._telemetry._timeline_views import timeline_table, trace_events
 from .._typing import validates_own_arguments
 from .._validate import boolean
 from ._base import Callback, StepInfo
 from ._budget import TimeBudget
 from ._files import check_file_path
 from ._timeline_record import Fit, continued, earlier_fits, total, write_json
-from ._timeline_views import timeline_table, trace_events
 
 
 # During a fit, `path` is rewritten at most every this many seconds, and in

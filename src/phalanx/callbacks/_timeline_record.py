@@ -13,7 +13,7 @@ import pathlib
 from typing import Any
 
 from .._log import logger
-from .._state._clock import PHASES
+from .._telemetry._clock import PHASES
 from ._files import replace_atomically
 
 

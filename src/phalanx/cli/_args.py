@@ -112,7 +112,7 @@ class TrainArgs:
     eval_every: int | None = None
     # --no-plot: no history.png.
     no_plot: bool = False
-    # --compile-cache DIR, --no-compile-cache (cli/_compile_cache.py).
+    # --compile-cache DIR, --no-compile-cache (_telemetry/_compile_cache.py).
     compile_cache: str | None = None
     no_compile_cache: bool = False
     # --telemetry: the Timeline's table at the end, and RUN_DIR/trace.json.

@@ -132,7 +132,7 @@ def add_optimizer_options(add: Add) -> None:
 
 
 def add_compile_cache_options(add: Add) -> None:
-    """--compile-cache and --no-compile-cache (cli/_compile_cache.py)."""
+    """--compile-cache and --no-compile-cache (_telemetry/_compile_cache.py)."""
     add(
         "--compile-cache",
         default=None,

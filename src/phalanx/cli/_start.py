@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from .._env import COORDINATOR, NUM_PROCESSES
+from .._telemetry._compile_cache import use_compile_cache
 from ._args import TrainArgs, UsageError
-from ._compile_cache import use_compile_cache
 from ._folder import RUN_FILES
 from ._model import is_reference, user_dataset
 

@@ -12,9 +12,9 @@ import optax
 
 from .. import callbacks as cb, models
 from .._checks._device_note import devices_said
+from .._telemetry._peak_flops import peak_flops
 from .._trainer import DataParallelTrainer
 from ..callbacks._base import Callback
-from ..callbacks._peak_flops import peak_flops
 from ..data import ArrayLoader
 from ..strategies import Strategy
 from ..strategies._registry import Options, build, lookup

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from .._state._clock import PHASE_MEANINGS, PhaseClock
+from ._clock import PHASE_MEANINGS, PhaseClock
 
 
 # The callbacks, and the compiles, the table shows at most (the longest).

@@ -1,8 +1,9 @@
-"""The floating-point operations of a train step, counted on its jaxpr.
+"""The floating-point operations of a train step: `StepFlops` (the value
+read by callbacks, the summary and the CLI), `count_flops` (a jaxpr's count)
+and `FlopCounter` (the count per global step size, remembered).
 
-`count_flops` walks a jaxpr; `FlopCounter` traces a trainer's train step
-for a global step size (abstract arguments: nothing is placed, compiled or
-run) and remembers the count per size. It never compiles, so counting adds
+The engine hands `FlopCounter` a function that traces its train step on
+abstract arguments (nothing is placed, compiled or run), so counting adds
 no compile to a fit.
 
 Why not XLA's `Compiled.cost_analysis()` (measured here, JAX 0.10.2,
@@ -18,15 +19,58 @@ sharding, a device batch's with one), or JAX compiles the step once more.
 """
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-import jax
 import jax.extend.core as jex
-import jax.numpy as jnp
 
-from .._state._flops import StepFlops
-from .._state._sums import NO_FLAGS
-from ._compiled import StepCompiler, Steps
+
+class StepFlops(NamedTuple):
+    """The floating-point operations of one train step: its matrix
+    multiplies and convolutions, forward and backward, over the global batch.
+
+    Counted from the step's program (its jaxpr, the program XLA compiles),
+    never run: ``2·m·n·k`` per matrix multiply, ``2`` per multiply-add of a
+    convolution, a ``lax.scan``'s body times its length (microbatches,
+    `Stacked` layers), the larger branch of a ``lax.cond``, a `while_loop`'s
+    body once (its trip count is not known). Elementwise work (activations,
+    the optimizer's update) is left out: as in the ``6·params·tokens``
+    convention, and as in the peak figures of accelerators' matrix units
+    that model FLOPs utilisation divides by.
+
+    Attributes:
+        total: the step's operations over all devices.
+        devices: the devices the step runs on.
+        size: the examples of the global step it was counted for.
+    """
+
+    total: float
+    devices: int
+    size: int
+
+    @property
+    def per_device(self) -> float:
+        """Each device's share: `total` over `devices` (data parallelism
+        splits every multiply evenly; work a device repeats is not counted)."""
+        return self.total / self.devices
+
+    def short(self) -> str:
+        """E.g. ``"258 MFLOPs per step (32.2 MFLOPs per device)"``."""
+        return (
+            f"{format_flops(self.total)} per step "
+            f"({format_flops(self.per_device)} per device)"
+        )
+
+
+def format_flops(n: float) -> str:
+    """`n` operations with a unit, 3 significant figures: ``"258 MFLOPs"``."""
+    for unit, scale in _UNITS:
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.3g} FLOPs"
+
+
+_UNITS = (("PFLOPs", 1e15), ("TFLOPs", 1e12), ("GFLOPs", 1e9), ("MFLOPs", 1e6))
 
 
 def count_flops(jaxpr: jex.Jaxpr) -> float:
@@ -60,45 +104,24 @@ def count_flops(jaxpr: jex.Jaxpr) -> float:
 
 
 class FlopCounter:
-    """The FLOPs of a trainer's train step, per global step size.
+    """The FLOPs of a train step, per global step size: each size's count is
+    taken once (from a trace of the step, never compiled or run) and kept."""
 
-    The step is traced on abstract arguments of that size (`jax.jit`'s
-    `trace`: the same trace a call makes, taken from JAX's cache where the
-    step has run on a batch of that size), never compiled or run.
-    """
-
-    def __init__(self, compiler: StepCompiler):
-        self.compiler = compiler
+    def __init__(self) -> None:
         self._counts: dict[int, StepFlops] = {}
 
-    def count(self, steps: Steps, shapes: list[Any], size: int) -> StepFlops:
-        """The FLOPs of `steps.train` on batches of `size` examples whose
-        leaves have these per-example `shapes` (``(shape, dtype)`` pairs)."""
+    def count(
+        self, size: int, devices: int, trace: Callable[[], jex.Jaxpr]
+    ) -> StepFlops:
+        """The FLOPs of the step at `size` examples on `devices` devices;
+        `trace` gives the step's jaxpr at that size where it is not known."""
         known = self._counts.get(size)
         if known is None:
-            known = self._counts[size] = self._count(steps, shapes, size)
+            total = count_flops(trace())
+            known = self._counts[size] = StepFlops(
+                total=total, devices=devices, size=size
+            )
         return known
-
-    def _count(self, steps: Steps, shapes: list[Any], size: int) -> StepFlops:
-        compiler = self.compiler
-        layout, strategy = compiler.layout, compiler.parts.strategy
-        state = [
-            jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
-            for s, sharding in zip(layout.structs, layout.shardings, strict=True)
-        ]
-        # A NumPy batch's leaves (as `fit` passes one process's host batches:
-        # the trace JAX has cached); the count is the same for device leaves.
-        batch = [jax.ShapeDtypeStruct((size, *shape), dtype) for shape, dtype in shapes]
-        traced = steps.train.trace(
-            state,
-            jax.ShapeDtypeStruct((steps.sums.size,), jnp.float32),
-            jax.ShapeDtypeStruct(NO_FLAGS.shape, NO_FLAGS.dtype),
-            batch,
-            jax.ShapeDtypeStruct((size,), jnp.float32),
-            jax.ShapeDtypeStruct((), jnp.float32),
-        )
-        total = count_flops(traced.jaxpr.jaxpr)
-        return StepFlops(total=total, devices=strategy.num_devices, size=size)
 
 
 def _shape(var: Any) -> tuple[int, ...]:

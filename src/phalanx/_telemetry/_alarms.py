@@ -16,7 +16,7 @@ import statistics
 from typing import Any
 
 from .._log import logger
-from .._state._clock import PhaseClock
+from ._clock import PhaseClock
 
 
 # The phases a window is judged on: the rest are slow by plan.
