@@ -13,7 +13,11 @@ import optax
 
 import phalanx as px
 from phalanx.strategies._placement import to_host
-from phalanx.strategies._registry import Options, registered
+from phalanx.strategies._registry import Options, Registered, registered
+
+
+def _build(entry: Registered, options: Options, devices: int | None) -> px.Strategy:
+    return entry.build(devices, options)
 
 
 def strategies() -> dict[str, Callable[[int | None], px.Strategy]]:
@@ -24,14 +28,14 @@ def strategies() -> dict[str, Callable[[int | None], px.Strategy]]:
     reproducible) so, alone and accumulating."""
     tiny = Options(min_size=lambda n: 1)
     made: dict[str, Callable[[int | None], px.Strategy]] = {
-        entry.name: ft.partial(entry.build, options=tiny) for entry in registered()
+        entry.name: ft.partial(_build, entry, tiny) for entry in registered()
     }
     first = registered()[0]
     made["accumulating"] = lambda n: px.AccumulatingStrategy(first.build(n, tiny), 2)
     fixed = [entry for entry in registered() if "deterministic" in entry.options]
     for entry in fixed:
         made[f"{entry.name}-deterministic"] = ft.partial(
-            entry.build, options=Options(deterministic=True)
+            _build, entry, Options(deterministic=True)
         )
     made["accumulating-deterministic"] = lambda n: px.AccumulatingStrategy(
         fixed[0].build(n, Options(deterministic=True)), 2
