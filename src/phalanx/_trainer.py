@@ -3,7 +3,7 @@ face of a run.
 
 It holds the run's settings, its hooks and its current `Run` (one
 `RunSlot`), and puts the machine of `_engine/` together for each call:
-`fit` hands the run to a `FitLoop` and keeps what it returns; `evaluate`,
+`fit` hands the run to `fit_loop` and keeps what it returns; `evaluate`,
 `predict`, `compute_step` and `lower` use the same `Preparer` and compiled
 `Steps`. It computes nothing itself, and nothing below it reads or writes
 its private fields.
@@ -43,15 +43,17 @@ from ._checks._device_note import note_single_cpu_device
 from ._checks._keras_habits import binds_or_advises
 from ._engine._compiled import StepCompiler, StepValues
 from ._engine._evaluate import evaluate, evaluate_sets
+from ._engine._events import FitEvents
 from ._engine._feed import default_depth
 from ._engine._forward import takes_key
 from ._engine._groups import group_labels, grouped
 from ._engine._layout import state_layout
-from ._engine._loop import FitLoop, LoopSettings
+from ._engine._loop import FitData, LoopParts, LoopSettings, fit_loop, plan as plan_of
 from ._engine._lr_finder import LRFinderResult, base_rate, sweep
 from ._engine._pipeline import BatchPipeline
 from ._engine._predict import predict_rows
 from ._engine._prepare import HostHooks, Preparer
+from ._engine._program import Program, Programs
 from ._engine._step import StepParts
 from ._engine._summary import ModelSummary, StepMemory, summarize
 from ._metric_names import MetricName
@@ -67,6 +69,7 @@ from ._state._sums import EpochSums, StepSums
 from ._state._train_state import DynamicScale, TrainState
 from ._telemetry._clock import PhaseClock
 from ._telemetry._flops import StepFlops
+from ._telemetry._observer import FitTelemetry
 from ._typing import (
     ChecksMode,
     EvalSets,
@@ -403,7 +406,7 @@ class DataParallelTrainer(Generic[_Model]):
         # Whether the next fit continues a restored snapshot's epoch.
         self._restored = False
         # The fit running now (what its callbacks are told comes from it).
-        self._fit: FitLoop | None = None
+        self._fit: FitEvents | None = None
         # The last fit's epochs and steps, for callbacks outside a fit.
         self._totals: tuple[int | None, int | None] = (None, None)
         # The last fit's phase clock (its hooks read it at on_fit_end).
@@ -450,6 +453,10 @@ class DataParallelTrainer(Generic[_Model]):
                 steps_per_call=steps_per_call,
             ),
         )
+
+        # The programs built for the trainer's batches (the first explicitly,
+        # for the first batch any method is given).
+        self._programs = Programs()
 
     # ----------------------------------------------------------------- hooks
 
@@ -800,50 +807,51 @@ class DataParallelTrainer(Generic[_Model]):
             progress=dataclasses.replace(run.progress, plan=plan)
         )
         self.stop_training = False
-        fit = FitLoop(
+        progress = self._slot.progress
+        totals = plan_of(data, progress)
+        check_one_shot(
+            data, sets, progress, total_steps=totals[1], eval_every=eval_every
+        )
+        telemetry = FitTelemetry(clock, gc=self.gc, slow_steps=self.slow_steps)
+        fit = FitEvents(
             self,
-            slot=self._slot,
-            preparer=self._preparer,
-            callbacks=self._callbacks,
-            history=self.history,
-            evaluate=self._evaluate_sets,
-            settings=LoopSettings(
-                self.prefetch,
-                self.sync_every,
-                self.nan_policy,
-                self.steps_per_call,
-                gc=self.gc,
-                slow_steps=self.slow_steps,
-            ),
+            self._callbacks,
+            telemetry,
             data=data,
             eval_sets=sets,
+            totals=totals,
             eval_every=eval_every,
-            # Unknown until the first batch: checked before its step.
-            check_metrics=None
-            if step_metrics is not None and eval_metrics is not None
-            else lambda names, eval_names: monitors(
+            steps_per_call=self.steps_per_call,
+        )
+        parts = LoopParts(
+            self._preparer,
+            self._preparer.compiler,
+            self._layout,
+            self.history,
+            self._evaluate_sets,
+            self._programs,
+        )
+        settings = LoopSettings(
+            self.prefetch, self.sync_every, self.nan_policy, self.steps_per_call
+        )
+        # Metric names unknown until the first batch: checked before its step.
+        check = None
+        if step_metrics is None or eval_metrics is None:
+            check = lambda names, eval_names: monitors(  # noqa: E731
                 step_metrics=names, eval_metrics=eval_names
-            ),
-            clock=clock,
-        )
-        check_one_shot(
-            data,
-            sets,
-            fit.progress,
-            total_steps=fit.total_steps,
-            eval_every=eval_every,
-        )
-        self._fit, self._totals = fit, (fit.max_epochs, fit.total_steps)
-        self._clock = clock
+            )
+        inputs = FitData(data, sets, eval_every, check)
+        self._fit, self._totals, self._clock = fit, totals, clock
         with clock.running():
             try:
                 try:
                     # A callback failing to start (a tracker that cannot
                     # reach its server) lets the others that started close
                     # their files.
-                    self._callbacks.fit_start(fit.info())
+                    self._callbacks.fit_start(self._info())
                     with preemption(fit.preempt):
-                        signum = fit.run().progress.preempted
+                        run = fit_loop(self._slot, inputs, fit, parts, settings)
+                    signum = run.progress.preempted
                     if signum is not None:
                         clock.switch("checkpoint")
                         saved = [
@@ -852,7 +860,7 @@ class DataParallelTrainer(Generic[_Model]):
                         ]
                         raise Preempted(signum, str(saved[0]) if saved else None)
                 except BaseException as error:
-                    self._callbacks.exception(fit.info(), error)
+                    self._callbacks.exception(self._info(), error)
                     raise
             finally:
                 self._fit = None
@@ -873,6 +881,7 @@ class DataParallelTrainer(Generic[_Model]):
         self._callbacks.eval_start(info)
         results = evaluate(
             self._preparer,
+            self._programs,
             self._slot.run.leaves,
             data,
             "data",
@@ -886,6 +895,7 @@ class DataParallelTrainer(Generic[_Model]):
         """Every set's results, prefixed as its metrics are named in `fit`."""
         return evaluate_sets(
             self._preparer,
+            self._programs,
             self._slot.run.leaves,
             sets,
             depth=self.prefetch,
@@ -980,8 +990,15 @@ class DataParallelTrainer(Generic[_Model]):
             trainer.flops_per_step((x[:256], y[:256])).total  # e.g. 2.58e8
             ```
         """
-        size = None if batch is None else self._preparer.size_of(batch, "batch")
-        return self._preparer.flops(size)
+        if batch is None:
+            size = self._preparer.size
+        else:
+            self._program(batch)
+            size = self._preparer.size_of(batch, "batch")
+        program = self._programs.first
+        if program is None or size is None:
+            return None
+        return self._preparer.compiler.flops(program, size)
 
     def lower(self, batch: PyTree) -> jax.stages.Lowered:
         """The train step lowered for `batch`, to inspect what it compiles to.
@@ -991,11 +1008,11 @@ class DataParallelTrainer(Generic[_Model]):
             hlo = trainer.lower((x, y)).compile().as_text()
             ```
         """
+        program = self._program(batch)
         placed = self._preparer.prepare(batch, "batch", None)
-        steps = self._preparer.built()
-        return steps.train.lower(
+        return program.traced.lower(
             self._slot.run.leaves,
-            *self._preparer.compiler.epoch_sums(steps),
+            *self._preparer.compiler.epoch_sums(program),
             placed.leaves,
             placed.weight,
             placed.total,
@@ -1095,9 +1112,10 @@ class DataParallelTrainer(Generic[_Model]):
             trainer.state = values.state  # to take the step after all
             ```
         """
+        program = self._program(batch)
         placed = self._preparer.prepare(batch, "batch", None, train=True)
         return self._preparer.compiler.values(
-            self._preparer.built(),
+            program,
             self._slot.run.leaves,
             placed.leaves,
             placed.weight,
@@ -1118,9 +1136,9 @@ class DataParallelTrainer(Generic[_Model]):
         """A step's metrics' names, ``loss`` first: the default `metrics`
         hook's are known up front, an overriding one's once the first batch
         has been traced (None until then)."""
-        steps = self._preparer.steps
-        if steps is not None:
-            return steps.sums.metric_names
+        program = self._programs.first
+        if program is not None:
+            return program.sums.metric_names
         if type(self).metrics is DataParallelTrainer.metrics:
             return ("loss", *self._metrics)
         return None
@@ -1129,9 +1147,9 @@ class DataParallelTrainer(Generic[_Model]):
         """An evaluation's metrics' names, ``loss`` first: a step's, unless
         the trainer has its own `eval_metrics` (known once the first batch
         has been traced; None until then)."""
-        steps = self._preparer.steps
-        if steps is not None:
-            return steps.eval_sums.metric_names
+        program = self._programs.first
+        if program is not None:
+            return program.eval_sums.metric_names
         if type(self).eval_metrics is DataParallelTrainer.eval_metrics:
             return self._step_metrics()
         return None
@@ -1164,7 +1182,7 @@ class DataParallelTrainer(Generic[_Model]):
     def _info(self, metrics: StepSums | HostMetrics | None = None) -> StepInfo:
         """What a callback is told outside the loop's steps."""
         if self._fit is not None:
-            return self._fit.info(metrics)
+            return self._fit.info(self._slot.progress, metrics)
         progress = self.progress
         max_epochs, total_steps = self._totals
         return StepInfo(
@@ -1178,6 +1196,13 @@ class DataParallelTrainer(Generic[_Model]):
             start_step=progress.plan.start_step,
             clock=self._clock,
         )
+
+    def _program(self, batch: PyTree, where: str = "batch") -> Program:
+        """The trainer's program, built for `batch` if it has none yet."""
+        program = self._programs.first
+        if program is None:
+            program = self._programs.add(self._preparer.build(batch, where))
+        return program
 
     @property
     def _splits_by_default(self) -> bool:

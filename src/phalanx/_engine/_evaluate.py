@@ -14,10 +14,12 @@ from .._checks._batch import empty_data_message
 from .._typing import EvalSets, HostMetrics
 from ._feed import Feed
 from ._prepare import Preparer
+from ._program import Programs
 
 
 def evaluate_sets(
     preparer: Preparer,
+    programs: Programs,
     leaves: list[jax.Array],
     sets: EvalSets,
     *,
@@ -30,7 +32,7 @@ def evaluate_sets(
     for prefix, data in sets:
         where = "eval_data" if prefix == "eval_" else f"eval_data[{prefix[5:-1]!r}]"
         metrics = evaluate(
-            preparer, leaves, data, where, depth=depth, sync_every=sync_every
+            preparer, programs, leaves, data, where, depth=depth, sync_every=sync_every
         )
         results.update({prefix + name: value for name, value in metrics.items()})
     return results
@@ -38,6 +40,7 @@ def evaluate_sets(
 
 def evaluate(
     preparer: Preparer,
+    programs: Programs,
     leaves: list[jax.Array],
     data: Iterable[Any],
     name: str,
@@ -47,25 +50,29 @@ def evaluate(
 ) -> HostMetrics:
     """Loss and metrics over every example of `data` (called `name` in
     errors), from the state's arrays `leaves`: batches prepared `depth`
-    ahead, the host waiting for the device every `sync_every` batches."""
+    ahead, the host waiting for the device every `sync_every` batches. A
+    trainer with no program yet builds one for the first batch."""
     sums: Any = None
-    feed = Feed(
-        preparer,
-        data,
-        depth=depth,
-        where=lambda i: f"batch {i}" if name == "data" else f"{name} batch {i}",
-    )
+
+    def where(i: int) -> str:
+        return f"batch {i}" if name == "data" else f"{name} batch {i}"
+
+    feed = Feed(preparer, data, depth=depth, where=where)
+    program = programs.first
+    if program is None and feed.head is not None:
+        program = programs.add(preparer.build(feed.head, where(0)))
+    compiler = preparer.compiler
     with feed as batches:
         for i, placed in enumerate(batches):
-            steps = preparer.built()
+            assert program is not None
             if sums is None:
-                sums = preparer.compiler.eval_sums(steps)
-            sums = steps.evaluate(leaves, sums, placed.leaves, placed.weight)
+                sums = compiler.eval_sums(program)
+            sums = program.evaluate(leaves, sums, placed.leaves, placed.weight)
             if (i + 1) % sync_every == 0:
                 jax.block_until_ready(sums)
-    if sums is None:
+    if sums is None or program is None:
         raise ValueError(empty_data_message(name))
-    layout = preparer.built().eval_sums
+    layout = program.eval_sums
     host = jax.device_get(sums)
     if host[layout.names.index("weight")] == 0:
         raise ValueError(

@@ -143,10 +143,11 @@ class Feed:
     (the steps of one compiled call): it looks one batch ahead to see the
     size change, so a `Resumable` loader is then always tracked.
 
-    The pass's first batch is prepared on the calling thread: it fixes the
-    pass's step shape (unless `rows` already did: a pass resumed in its
-    middle pads as it did before), validates the first batch of all against
-    the model and builds the steps, and shows where the batches are. Only host
+    The pass's first batch is read on construction (`head`: the caller
+    builds a program for it there when it has none) and prepared on the
+    calling thread on entry: it fixes the pass's step shape (unless `rows`
+    already did: a pass resumed in its middle pads as it did before) and
+    shows where the batches are. Only host
     batches are read ahead: `jax.Array` batches already on the devices cost
     the host next to nothing to prepare.
     """
@@ -174,30 +175,50 @@ class Feed:
             self._loader.state_dict() if self._loader is not None else None
         )
         iterator = iter(data)
-        ahead = depth > 0 and single_process() and (rewinds or iterator is not data)
+        self._ahead = (
+            depth > 0 and single_process() and (rewinds or iterator is not data)
+        )
+        self._depth, self._group = depth, group
         # Provisional: the first batch's state is recorded in case the pass
-        # turns out to be read ahead (settled once that batch is seen).
-        self.tracking = (ahead or group > 1) and rewinds
-        numbered = (
+        # turns out to be read ahead (settled once that batch is prepared).
+        self.tracking = (self._ahead or group > 1) and rewinds
+        self._numbered = (
             (i, batch, self._loader_state())
             for i, batch in enumerate(iterator)
             if i >= skip
         )
-        head = next(numbered, None)
+        self._head = next(self._numbered, None)
+        self._prefetcher: Prefetcher[tuple[DeviceBatch, Any]] | None = None
+        self._batches: Iterator[tuple[DeviceBatch, Any]] = iter(())
+        self._next: tuple[DeviceBatch, Any] | None = None  # looked ahead at
+
+    @property
+    def head(self) -> Any:
+        """The pass's first batch, as the user gave it (None for an empty
+        pass): read, not yet prepared, so that a program can be built for
+        it before any batch is placed."""
+        return None if self._head is None else self._head[1]
+
+    def _start(self) -> None:
+        """Prepare the first batch (on the calling thread) and start reading
+        ahead where that loses nothing."""
+        head = self._head
         opening = [] if head is None else [self._prepare(head)]
         # Batches already on the devices cost the host next to nothing.
-        ahead = ahead and any(
+        ahead = self._ahead and any(
             isinstance(leaf, np.ndarray)
             for placed, _ in opening
             for leaf in placed.leaves
         )
-        self.tracking = (ahead or group > 1) and rewinds
-        self._prefetcher = Prefetcher(numbered, self._prepare, depth) if ahead else None
+        self.tracking = (ahead or self._group > 1) and self._loader is not None
+        numbered = self._numbered
+        if ahead:
+            self._prefetcher = Prefetcher(numbered, self._prepare, self._depth)
         rest = self._prefetcher or map(self._prepare, numbered)
         self._batches = itertools.chain(opening, rest)
-        self._next: tuple[DeviceBatch, Any] | None = None  # looked ahead at
 
     def __enter__(self) -> Iterator["DeviceBatch"]:
+        self._start()
         return self._taken()
 
     def __exit__(self, *exc: object) -> None:

@@ -52,3 +52,14 @@ class RunSlot:
 
     def __init__(self, run: Run):
         self.run = run
+
+    @property
+    def progress(self) -> RunProgress:
+        """The current run's progress."""
+        return self.run.progress
+
+    def advance(self, progress: RunProgress) -> Run:
+        """Replace the current run's progress (its state unchanged); the new
+        run."""
+        self.run = run = self.run.replace(progress=progress)
+        return run

@@ -1,0 +1,316 @@
+"""The compiled program of a fit as one value (`Program`), built explicitly
+from a batch's spec and step size (`build_program`) before any batch of that
+signature is placed or run.
+
+The train step a fit calls first is compiled here, ahead of time, on
+abstract arguments (`jax.jit(...).lower(...).compile()`): the loop then
+calls the compiled executable, whose C++ dispatch costs what a `jax.jit`
+call's fast path does, and a batch of another step size gets a `Program` of
+its own (built, and counted by the recompile alarm, as a new one). Nothing
+here sees the trainer, a host batch or a clock.
+"""
+
+import functools as ft
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .._checks._batch import BatchSpec
+from .._checks._hooks import HookError
+from .._state._sums import NO_FLAGS, EpochSums, SumLayout, sum_order
+from ..metrics._statistic import Summed
+from ..strategies._placement import replicated, stacked
+from ._hints import first_batch_hint
+from ._layout import StateLayout
+from ._step import StepParts, build_steps, several_steps
+
+
+class ProgramParts(NamedTuple):
+    """What every `Program` of a trainer is built from.
+
+    Attributes:
+        step: the step's parts (hooks, optimizer, strategy, precision).
+        layout: how the state travels (structure, shardings, shapes).
+        model, model_state: the model (and its state) the run started from,
+            to explain a first batch that does not fit.
+        traced_checks: check each batch's shapes inside the step too.
+        steps_per_call: the steps of one compiled `Program.train_many` call.
+    """
+
+    step: StepParts
+    layout: StateLayout
+    model: eqx.Module
+    model_state: eqx.nn.State | None
+    traced_checks: bool
+    steps_per_call: int = 1
+
+
+class Program(NamedTuple):
+    """The compiled functions of one batch signature (a `BatchSpec` at a
+    global step of `size` examples) and what is known of them.
+
+    Attributes:
+        spec: what each batch looks like (per example).
+        size: the global step size the train step is compiled for.
+        train: one update, ``train(leaves, sums, flags, batch, weight,
+            total) -> (leaves, sums, flags, step_sums)``; donates the state
+            and the epoch's sums (not its flags: the loop waits on an
+            earlier step's flags while later steps run). Compiled ahead of
+            time where it is the call a fit makes first
+            (``steps_per_call=1``), else a `jax.jit`.
+        train_many: `steps_per_call` updates in one call on batches stacked
+            along a leading steps axis, compiled ahead of time (None with
+            ``steps_per_call=1``).
+        traced: the train step's `jax.jit`, for tracing (FLOPs), lowering
+            (`lower`, `summary`) and calls whose arguments the compiled
+            step was not built for (a state leaf of another type).
+        evaluate: ``evaluate(leaves, sums, batch, weight) -> sums``, the
+            model in inference mode; donates the sums (a `jax.jit`: eval
+            batches come in any size).
+        inspect: the train step with its gradient as an output, keeping its
+            state.
+        sums: the entries of the packed sums: ``"loss"``, ``"weight"``,
+            then the metrics.
+        step_sums: the entries of a train call's step sums: the sums',
+            then ``"skipped"`` and ``"loss_scale"`` where the step reports
+            them.
+        eval_sums: the same of the eval step's sums.
+        outputs: the model's outputs for a batch of the spec, as shapes.
+        arguments: the abstract arguments the first call's step was
+            compiled for (``train``'s, or ``train_many``'s).
+        memory: the compiled first call's memory analysis (its argument,
+            output and temporary bytes per device), where the backend
+            gives one.
+    """
+
+    spec: BatchSpec
+    size: int
+    train: Callable[..., Any]
+    train_many: Callable[..., Any] | None
+    traced: jax.stages.Wrapped
+    evaluate: jax.stages.Wrapped
+    inspect: jax.stages.Wrapped
+    sums: SumLayout
+    step_sums: SumLayout
+    eval_sums: SumLayout
+    outputs: Any
+    arguments: tuple[Any, ...]
+    memory: Any
+
+    @property
+    def kind(self) -> str:
+        """What the program's first call runs, as compiles are named."""
+        many = self.train_many is not None
+        return f"train step x{self.arguments[3][0].shape[0]}" if many else "train step"
+
+
+class Programs:
+    """The programs built so far for a trainer's batches (all of one spec,
+    the first batch's), by step size: what the loop, `evaluate` and
+    `summary` run, built explicitly by whoever first needs one.
+
+    Attributes:
+        first: the first program built (None before any).
+    """
+
+    def __init__(self) -> None:
+        self.first: Program | None = None
+        self._by_size: dict[int, Program] = {}
+
+    def add(self, program: Program) -> Program:
+        """Keep `program` (the first, or that of another step size)."""
+        if self.first is None:
+            self.first = program
+        self._by_size[program.size] = program
+        return program
+
+    def get(self, size: int) -> Program | None:
+        """The program built for a global step of `size` examples, if any."""
+        return self._by_size.get(size)
+
+
+def build_program(parts: ProgramParts, spec: BatchSpec, size: int) -> Program:
+    """The program for batches of `spec` at a global step of `size` examples:
+    the model and loss traced abstractly on such a batch first (so one that
+    does not fit fails with a clear message before anything compiles), then
+    the first call's train step compiled.
+
+    Raises:
+        TypeError, ValueError: the batch does not fit the model or loss.
+    """
+    step, layout = parts.step, parts.layout
+    train, evaluate, probe, inspect = build_steps(
+        step,
+        layout,
+        spec.treedef,
+        spec.traced_check() if parts.traced_checks else None,
+    )
+    shapes = [
+        jax.ShapeDtypeStruct((size, *shape), dtype)
+        for shape, dtype in zip(spec.shapes, spec.dtypes, strict=True)
+    ]
+    weight = jax.ShapeDtypeStruct((size,), jnp.float32)
+    try:
+        outputs, sums = jax.eval_shape(probe, layout.structs, shapes, weight)
+    except HookError:
+        raise  # not the batch's fault: its own message names the hook
+    except (TypeError, ValueError, IndexError) as error:
+        kind = TypeError if isinstance(error, TypeError) else ValueError
+        fix = first_batch_hint(
+            spec, parts.model, parts.model_state, pass_key=step.pass_key, size=size
+        )
+        # The model's own error first: the hint is a guess at its cause.
+        raise kind(
+            f"data: the first batch {spec.describe()} does not fit the model and "
+            f"loss: {error}\nHint: {fix}."
+        ) from error
+    state, split = layout.shardings, step.strategy.batch_sharding
+    rep = replicated(step.strategy.mesh)
+    jitted = jax.jit(
+        _sums_apart(train),
+        donate_argnums=(0, 1),
+        in_shardings=(state, rep, rep, split, split, rep),
+        out_shardings=(state, rep, rep),
+    )
+    packed = sum_layout(sums).size
+    arguments = _arguments(parts, shapes, size, packed, (split, rep), 1)
+    k = parts.steps_per_call
+    if k > 1:
+        stack = stacked(split)
+        many = jax.jit(
+            _sums_apart(several_steps(train)),
+            donate_argnums=(0, 1),
+            in_shardings=(state, rep, rep, stack, stack, rep),
+            out_shardings=(state, rep, rep),
+        )
+        arguments = _arguments(parts, shapes, size, packed, (stack, rep), k)
+        compiled = many.lower(*arguments).compile()
+        first, train_many = jitted, compiled
+    else:
+        compiled = jitted.lower(*arguments).compile()
+        first, train_many = compiled, None
+    layout_of_sums = sum_layout(sums)
+    return Program(
+        spec=spec,
+        size=size,
+        train=first,
+        train_many=train_many,
+        traced=jitted,
+        evaluate=jax.jit(
+            evaluate,
+            donate_argnums=(1,),
+            in_shardings=(state, rep, split, split),
+            out_shardings=rep,
+        ),
+        inspect=jax.jit(
+            _sums_apart(inspect),
+            in_shardings=(state, rep, rep, split, split, rep),
+            out_shardings=(state, None, rep),
+        ),
+        sums=layout_of_sums,
+        step_sums=_step_layout(step, layout_of_sums),
+        eval_sums=_eval_layout(parts, probe, shapes, weight, sums),
+        outputs=outputs,
+        arguments=arguments,
+        memory=compiled.memory_analysis(),
+    )
+
+
+def _arguments(
+    parts: ProgramParts,
+    shapes: list[jax.ShapeDtypeStruct],
+    size: int,
+    sums: int,
+    shardings: tuple[Any, Any],
+    k: int,
+) -> tuple[Any, ...]:
+    """The abstract arguments of a train call of `k` steps (1: one step,
+    unstacked). State leaves are strongly typed: a weakly typed initial
+    leaf is accepted by the compiled step, and every later state is strong.
+    """
+    lead = () if k == 1 else (k,)
+    split, rep = shardings
+    layout = parts.layout
+    state = [
+        jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
+        for s, sharding in zip(layout.structs, layout.shardings, strict=True)
+    ]
+    batch = [
+        jax.ShapeDtypeStruct((*lead, *s.shape), s.dtype, sharding=split) for s in shapes
+    ]
+    return (
+        state,
+        jax.ShapeDtypeStruct((sums,), jnp.float32, sharding=rep),
+        jax.ShapeDtypeStruct(NO_FLAGS.shape, NO_FLAGS.dtype, sharding=rep),
+        batch,
+        jax.ShapeDtypeStruct((*lead, size), jnp.float32, sharding=split),
+        jax.ShapeDtypeStruct(lead, jnp.float32, sharding=rep),
+    )
+
+
+def mismatched(error: BaseException) -> bool:
+    """Whether `error`, raised by calling a compiled step, says its arguments
+    are not those it was compiled for (raised before it runs: nothing was
+    donated)."""
+    text = str(error)
+    return isinstance(error, TypeError | ValueError) and (
+        text.startswith("Argument types differ")
+        or text.startswith("Computation was compiled for input shardings")
+    )
+
+
+def _step_layout(step: StepParts, sums: SumLayout) -> SumLayout:
+    """The entries of a train call's step sums: the sums', then
+    ``"skipped"`` and ``"loss_scale"`` where the step reports them."""
+    dynamic = step.precision.loss_scale == "dynamic"
+    skip = step.nan_policy == "skip" or dynamic
+    extra = ("skipped",) if skip else ()
+    return sums.plus(*extra, *(("loss_scale",) if dynamic else ()))
+
+
+def _eval_layout(
+    parts: ProgramParts, probe: Any, shapes: Any, weight: Any, sums: dict[str, Any]
+) -> SumLayout:
+    """The entries of the eval step's packed sums: the train step's, or
+    those of the trainer's own `eval_metrics` (traced once more)."""
+    if parts.step.eval_metrics is not None:
+        _, sums = jax.eval_shape(
+            ft.partial(probe, inference=True), parts.layout.structs, shapes, weight
+        )
+    return sum_layout(sums)
+
+
+def _sums_apart(train: Any) -> Any:
+    """`train` taking the epoch's sums and flags as two arguments (so that a
+    jit can donate the sums alone)."""
+
+    def call(
+        leaves: list[jax.Array],
+        sums: jax.Array,
+        flags: jax.Array,
+        batch_leaves: list[Any],
+        weight: jax.Array,
+        total: jax.Array,
+    ) -> Any:
+        return train(leaves, EpochSums(sums, flags), batch_leaves, weight, total)
+
+    return call
+
+
+def sum_layout(sums: dict[str, Any]) -> SumLayout:
+    """The entries of packed sums, from the probe's (abstract) per-device
+    sums: a mean's a scalar per device, a statistic's its total."""
+    names, shapes, readers = [], [], []
+    for name in sum_order(sums):
+        entry = sums[name]
+        names.append(name)
+        if isinstance(entry, Summed):
+            shapes.append(tuple(entry.total.shape[1:]))
+            readers.append(entry.read)
+        else:
+            shapes.append(())
+            readers.append(None)
+    return SumLayout(tuple(names), tuple(shapes), tuple(readers))
