@@ -48,7 +48,8 @@ from ._engine._feed import default_depth
 from ._engine._forward import takes_key
 from ._engine._groups import group_labels, grouped
 from ._engine._layout import state_layout
-from ._engine._loop import FitData, LoopParts, LoopSettings, fit_loop, plan as plan_of
+from ._engine._loop import fit_loop
+from ._engine._loop_inputs import FitData, LoopParts, LoopSettings
 from ._engine._lr_finder import LRFinderResult, base_rate, sweep
 from ._engine._pipeline import BatchPipeline
 from ._engine._predict import predict_rows
@@ -62,7 +63,7 @@ from ._preemption import Preempted, preemption
 from ._state._builder import StateBuilder
 from ._state._history import History
 from ._state._learning_rate import next_rate
-from ._state._progress import RunPlan, RunProgress
+from ._state._progress import RunPlan, RunProgress, fit_totals
 from ._state._run import Run, RunSlot
 from ._state._snapshot import Snapshot
 from ._state._sums import EpochSums, StepSums
@@ -808,7 +809,7 @@ class DataParallelTrainer(Generic[_Model]):
         )
         self.stop_training = False
         progress = self._slot.progress
-        totals = plan_of(data, progress)
+        totals = fit_totals(data, progress)
         check_one_shot(
             data, sets, progress, total_steps=totals[1], eval_every=eval_every
         )

@@ -14,81 +14,23 @@ or a callback itself, and reaches through no object it is handed.
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sized
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 
 from .._checks._batch import empty_data_message, nonfinite_error
-from .._state._history import History
-from .._state._progress import RunPlan, RunProgress
+from .._state._progress import RunProgress, resumed_sums_message
 from .._state._run import Run, RunSlot
-from .._state._sums import FLAGS, EpochSums, StepSums
-from .._typing import EvalSets, HostMetrics, NanPolicy
+from .._state._sums import FLAGS, StepSums
+from .._typing import HostMetrics
 from ..data import Resumable
 from ..strategies._placement import to_host
-from ._compiled import StepCompiler
 from ._events import FitEvents
 from ._feed import Feed
-from ._layout import StateLayout
+from ._loop_inputs import FitData, LoopParts, LoopSettings
 from ._pipeline import DeviceBatch
-from ._prepare import Preparer
-from ._program import Program, Programs, mismatched
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopSettings:
-    """How a fit's loop runs (the trainer's settings).
-
-    Attributes:
-        prefetch: batches prepared ahead (see the trainer).
-        sync_every: how often the host waits for the device (see the trainer).
-        nan_policy: what a non-finite gradient does.
-        steps_per_call: steps run by one compiled call (see the trainer).
-    """
-
-    prefetch: int
-    sync_every: int
-    nan_policy: NanPolicy
-    steps_per_call: int = 1
-
-
-class LoopParts(NamedTuple):
-    """What a fit's loop works with (the trainer's parts).
-
-    Attributes:
-        preparer: host batches to device batches; builds programs.
-        compiler: the zeroed sums an epoch starts from.
-        layout: how the state travels (to name and read its leaves).
-        history: where each epoch's logs and evaluation go.
-        evaluate: ``evaluate(sets) -> metrics`` of the current state.
-        programs: the programs built so far (the loop adds those it builds).
-    """
-
-    preparer: Preparer
-    compiler: StepCompiler
-    layout: StateLayout
-    history: History
-    evaluate: Callable[[EvalSets], HostMetrics]
-    programs: Programs
-
-
-class FitData(NamedTuple):
-    """What a fit trains and evaluates on.
-
-    Attributes:
-        data: the training data (re-iterated each epoch).
-        eval_sets: the sets to evaluate (`fit`'s `eval_data`), or None.
-        eval_every: evaluate after every this many steps; None: at epoch
-            ends.
-        check_metrics: called once with a step's and an evaluation's sum
-            names before the first step, where they were not known before
-            the first batch (None: known).
-    """
-
-    data: Iterable[Any]
-    eval_sets: EvalSets | None = None
-    eval_every: int | None = None
-    check_metrics: Callable[[tuple[str, ...], tuple[str, ...]], None] | None = None
+from ._program import Program, mismatched
+from ._signature import named_arguments
 
 
 @dataclasses.dataclass
@@ -121,7 +63,10 @@ def fit_loop(
     the slot), its progress noting the signal (``preempted``)."""
     window = _Window(check_metrics=fit.check_metrics)
     with events:
-        while not (events.stopping() or slot.progress.done()):
+        while not events.stopping():
+            progress = slot.progress
+            if progress.done():
+                break
             _epoch(slot, fit, events, parts, settings, window)
     # (A restored snapshot may carry the signal that stopped its own run.)
     progress = dataclasses.replace(slot.progress, preempted=events.signal)
@@ -176,19 +121,20 @@ def _epoch(
         events.phase("host")
     if events.signal is not None:
         return  # mid-epoch: the checkpoint keeps the epoch's sums
-    epoch_sums = slot.progress.sums
+    progress = slot.progress
+    epoch_sums = progress.sums
     if epoch_sums is None:
         raise ValueError(empty_data_message("data", epoch))
     events.epoch_ending()  # while the device finishes the steps
     events.phase("step")
     fetched = jax.device_get(epoch_sums)
     events.phase("host")
-    events.synced(slot.progress.step)
+    events.synced(progress.step)
     logs = _epoch_logs(slot, parts, fetched)
     if fit.eval_sets is not None and fit.eval_every is None:
         logs.update(_evaluation(slot, fit, events, parts))
-    progress = slot.progress
-    parts.history.append(logs, progress.step)
+    progress, history = slot.progress, parts.history
+    history.append(logs, progress.step)
     slot.advance(progress.next_epoch())
     events.epoch_ended(progress, logs, window.examples)
 
@@ -198,12 +144,11 @@ def _evaluation(
 ) -> HostMetrics:
     """Evaluate every set now (after the slot's step): recorded in the
     history and told to the callbacks, its metrics the same dict."""
-    progress = slot.progress
-    sets = fit.eval_sets
+    progress, sets, history = slot.progress, fit.eval_sets, parts.history
     assert sets is not None
     with events.evaluating(progress):
         metrics = parts.evaluate(sets)
-        parts.history.append_evaluation(progress.step, progress.epoch, metrics)
+        history.append_evaluation(progress.step, progress.epoch, metrics)
         events.evaluated(progress, metrics)
     return metrics
 
@@ -274,10 +219,12 @@ def _pass_progress(
     """`progress` ready for a call of `program`: the epoch's sums known (a
     resumed epoch's checked against the program's), the pass's rows fixed
     by its first batch."""
+    sums = program.sums
+    names = sums.names
     if progress.sums is None:
-        progress = dataclasses.replace(progress, sum_names=program.sums.names)
-    elif progress.sum_names != program.sums.names:
-        raise ValueError(resumed_sums_message(progress, program.sums.names))
+        progress = dataclasses.replace(progress, sum_names=names)
+    elif progress.sum_names != names:
+        raise ValueError(resumed_sums_message(progress, names))
     if progress.pass_rows is None:  # the pass's first batch
         progress = dataclasses.replace(progress, pass_rows=first.size)
     return progress
@@ -295,11 +242,10 @@ def _call(
     """Run `group`'s steps: one call of `k` stacked steps, or one call a
     step; the slot moves after each call. Each step's sums, as
     ``(sums, index in the call's sums or None)``."""
-    leaves = slot.run.leaves
-    epoch_sums = progress.sums
+    run, compiler, preparer = slot.run, parts.compiler, parts.preparer
+    leaves, epoch_sums = run.leaves, progress.sums
     if epoch_sums is None:
-        epoch_sums = parts.compiler.epoch_sums(program)
-    preparer = parts.preparer
+        epoch_sums = compiler.epoch_sums(program)
     if len(group) > 1 and len(group) == k:
         assert program.train_many is not None
         batch, weight, total = preparer.stack(group)
@@ -354,16 +300,16 @@ def _program_for(parts: LoopParts, events: FitEvents, first: DeviceBatch) -> Pro
     if program is None:
         base = programs.first
         assert base is not None, "the pass's first batch built a program"
-        compiles = events.compile_count
-        program = programs.add(parts.preparer.resized(base, first.size))
+        compiles, preparer = events.compile_count, parts.preparer
+        program = programs.add(preparer.resized(base, first.size))
         _compiled(events, parts, program.kind, compiles, program.arguments)
     return program
 
 
 def _build(parts: LoopParts, events: FitEvents, batch: Any, where: str) -> Program:
     """The first program of all, built for the pass's first `batch`."""
-    compiles = events.compile_count
-    program = parts.programs.add(parts.preparer.build(batch, where))
+    compiles, programs, preparer = events.compile_count, parts.programs, parts.preparer
+    program = programs.add(preparer.build(batch, where))
     _compiled(events, parts, program.kind, compiles, program.arguments)
     return program
 
@@ -380,7 +326,8 @@ def _build_from_peek(data: Iterable[Any], parts: LoopParts) -> None:
         if isinstance(data, Resumable):
             data.load_state_dict(state)
     if first is not None:
-        parts.programs.add(parts.preparer.build(first, "batch 0"))
+        programs, preparer = parts.programs, parts.preparer
+        programs.add(preparer.build(first, "batch 0"))
 
 
 def _sync(
@@ -417,23 +364,9 @@ def _compiled(
 ) -> None:
     """A train call compiled (the compiles since `since`), for `args` (its
     arguments, or the abstract ones a program was built for): tell the
-    alarms what they were, each named (types and shardings: readable after
-    donation, no device value)."""
-    leaves, sums, weight, total = args[0], args[1:-3], args[-2], args[-1]
-    batch = jax.tree.leaves(args[-3])
-    named = [*zip(leaf_names(parts.layout.treedef), leaves, strict=True)]
-    named += [
-        (f"the epoch's {f}", x) for f, x in zip(EpochSums._fields, sums, strict=True)
-    ]
-    # By their paths in the user's batch: batch['x'], batch[1], ...
-    batch_names = parts.preparer.batch_names
-    if batch_names is None or len(batch_names) != len(batch):
-        batch_names = [f"the batch's leaf {i}" for i in range(len(batch))]
-    named += [*zip(batch_names, batch, strict=True)]
-    named += [("the batch's example weights", weight)]
-    named += [("the batch's total weight", total)]
-    spec = " ".join(_short(x) for x in batch)
-    arguments = [(name, _typed(x), _sharding(x)) for name, x in named]
+    alarms what they were."""
+    layout, preparer = parts.layout, parts.preparer
+    spec, arguments = named_arguments(args, layout.treedef, preparer.batch_names)
     events.compiled(kind, since, spec, arguments)
 
 
@@ -441,13 +374,15 @@ def _epoch_logs(slot: RunSlot, parts: LoopParts, epoch_sums: Any) -> HostMetrics
     """The epoch's means from its sums, fetched (each divided once by the
     epoch's total weight)."""
     _raise_if_nonfinite(slot, parts, epoch_sums.flags)
-    program = parts.programs.first
+    programs, layout, run = parts.programs, parts.layout, slot.run
+    program = programs.first
     assert program is not None, "an epoch's sums come from a program's steps"
-    average = program.sums.means(epoch_sums.sums)
+    sums, step_sums = program.sums, program.step_sums
+    average = sums.means(epoch_sums.sums)
     logs = {k: average[k] for k in ["loss", *sorted(set(average) - {"loss"})]}
-    if "skipped" in program.step_sums.names:  # skip, or overflows skip too
+    if "skipped" in step_sums.names:  # skip, or overflows skip too
         logs["skipped_steps"] = float(epoch_sums.flags[FLAGS.index("skipped")])
-    scale = parts.layout.unflatten(slot.run.leaves).loss_scale
+    scale = layout.unflatten(run.leaves).loss_scale
     if scale is not None:  # dynamic: the scale the next step will use
         logs["loss_scale"] = float(to_host(scale.scale))
     return logs
@@ -458,53 +393,7 @@ def _raise_if_nonfinite(slot: RunSlot, parts: LoopParts, flags: Any) -> None:
     progress goes back to that step (the state was frozen there)."""
     _, step, leaf = (int(flag) for flag in flags)
     if step >= 0:
+        layout = parts.layout
         run = slot.advance(dataclasses.replace(slot.progress, step=step))
-        model = parts.layout.unflatten(run.leaves).model
+        model = layout.unflatten(run.leaves).model
         raise nonfinite_error(step, leaf, model)
-
-
-def _typed(x: Any) -> str:
-    """An argument leaf's type as JAX keys a compile by it, written the same
-    for a NumPy and a JAX array: ``~`` marks a weak type (``~float32[]``)."""
-    return str(jax.typeof(x))
-
-
-def _short(x: Any) -> str:
-    """A batch leaf's type in short, as JAX writes it: ``f32[64,784]``."""
-    return jax.typeof(x).str_short(short_dtypes=True)
-
-
-def _sharding(x: Any) -> Any:
-    return x.sharding if isinstance(x, jax.Array | jax.ShapeDtypeStruct) else None
-
-
-def leaf_names(treedef: Any) -> list[str]:
-    """The path of each leaf of a state's structure, e.g.
-    ``state.opt_state[0].hyperparams['learning_rate']``."""
-    numbered = jax.tree.unflatten(treedef, range(treedef.num_leaves))
-    paths = jax.tree_util.tree_flatten_with_path(numbered)[0]
-    return [f"state{jax.tree_util.keystr(path)}" for path, _ in paths]
-
-
-def plan(data: Iterable[Any], progress: RunProgress) -> tuple[int | None, int | None]:
-    """A run's epochs, and its steps from its start, where known up front."""
-    run: RunPlan = progress.plan
-    per_epoch = len(data) if isinstance(data, Sized) else None
-    total = None
-    if run.epochs is not None and per_epoch is not None:
-        total = run.start_step + run.epochs * per_epoch
-    if run.steps is not None:
-        end = run.start_step + run.steps
-        total = end if total is None else min(total, end)
-    step = progress.step
-    return run.epochs, None if total is None else max(total, step) - run.start_step
-
-
-def resumed_sums_message(progress: RunProgress, names: tuple[str, ...]) -> str:
-    """Why a run cannot go on summing the epoch it was resumed in."""
-    return (
-        f"resume: the checkpoint was saved in the middle of epoch {progress.epoch} "
-        f"with running sums of {list(progress.sum_names)}, but this trainer's "
-        f"steps sum {list(names)}; resume with the loss and metrics the run "
-        "was saved with (or from a checkpoint saved at an epoch's end)"
-    )

@@ -1,6 +1,7 @@
 """Where a run is, as a value: its counters, its plan, the epoch's sums."""
 
 import dataclasses
+from collections.abc import Iterable, Sized
 from typing import Any
 
 from ._sums import EpochSums
@@ -130,3 +131,29 @@ class RunProgress:
             # (Absent from checkpoints written before it was kept.)
             pass_rows=state.get("pass_rows"),
         )
+
+
+def fit_totals(
+    data: Iterable[Any], progress: RunProgress
+) -> tuple[int | None, int | None]:
+    """A run's epochs, and its steps from its start, where known up front."""
+    run: RunPlan = progress.plan
+    per_epoch = len(data) if isinstance(data, Sized) else None
+    total = None
+    if run.epochs is not None and per_epoch is not None:
+        total = run.start_step + run.epochs * per_epoch
+    if run.steps is not None:
+        end = run.start_step + run.steps
+        total = end if total is None else min(total, end)
+    step = progress.step
+    return run.epochs, None if total is None else max(total, step) - run.start_step
+
+
+def resumed_sums_message(progress: RunProgress, names: tuple[str, ...]) -> str:
+    """Why a run cannot go on summing the epoch it was resumed in."""
+    return (
+        f"resume: the checkpoint was saved in the middle of epoch {progress.epoch} "
+        f"with running sums of {list(progress.sum_names)}, but this trainer's "
+        f"steps sum {list(names)}; resume with the loss and metrics the run "
+        "was saved with (or from a checkpoint saved at an epoch's end)"
+    )
