@@ -1199,10 +1199,12 @@ class DataParallelTrainer(Generic[_Model]):
         )
 
     def _program(self, batch: PyTree, where: str = "batch") -> Program:
-        """The trainer's program, built for `batch` if it has none yet."""
+        """The trainer's program, built for `batch` if it has none yet (to
+        trace, evaluate or inspect with: `fit` compiles its own)."""
         program = self._programs.first
         if program is None:
-            program = self._programs.add(self._preparer.build(batch, where))
+            built = self._preparer.build(batch, where, compile=False)
+            program = self._programs.add(built)
         return program
 
     @property

@@ -138,7 +138,8 @@ def public_names() -> dict[str, set[str]]:
     packages = {"phalanx": SRC / "__init__.pyi"}
     for init in sorted(SRC.glob("*/__init__.py")):
         if not init.parent.name.startswith("_"):
-            packages[f"phalanx.{init.parent.name}"] = init
+            stub = init.with_suffix(".pyi")  # a lazy package's list of names
+            packages[f"phalanx.{init.parent.name}"] = stub if stub.exists() else init
     paths: dict[str, set[str]] = {}
     for package, init in packages.items():
         for name, source in _reexports(init, package).items():

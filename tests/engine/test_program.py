@@ -72,11 +72,18 @@ def test_a_new_step_size_is_a_new_program(compiles):
     assert len(builds) == 2
 
 
-def test_evaluate_first_builds_the_program():
+def test_a_program_to_evaluate_with_is_compiled_by_fit_before_its_step(compiles):
     x, y = make_data(32)
     trainer = px.DataParallelTrainer(
         make_model(), optax.sgd(0.1), strategy=px.ShardingStrategy(8), progress=False
     )
     assert trainer._programs.first is None
     trainer.evaluate([(x, y)])
-    assert trainer._programs.first is not None
+    trainer.flops_per_step((x, y))
+    first = trainer._programs.first
+    assert first is not None and not first.compiled and first.memory is None
+    assert not [stack for stack in compiles if "build_program" in stack]
+    trainer.fit([(x, y)], epochs=1)
+    program = trainer._programs.get(32)
+    assert program is not None and program.compiled
+    assert len([stack for stack in compiles if "build_program" in stack]) == 1

@@ -76,14 +76,14 @@ class StepCompiler:
         self._mesh = parts.strategy.mesh
         self._flops = FlopCounter()
 
-    def build(self, spec: BatchSpec, size: int) -> Program:
+    def build(self, spec: BatchSpec, size: int, *, compile: bool = True) -> Program:
         """The `Program` for batches of `spec` at a global step of `size`
         examples (see `build_program`).
 
         Raises:
             TypeError, ValueError: the batch does not fit the model or loss.
         """
-        return build_program(self.program_parts, spec, size)
+        return build_program(self.program_parts, spec, size, compile=compile)
 
     def values(
         self,

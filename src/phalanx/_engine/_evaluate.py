@@ -60,7 +60,7 @@ def evaluate(
     feed = Feed(preparer, data, depth=depth, where=where)
     program = programs.first
     if program is None and feed.head is not None:
-        program = programs.add(preparer.build(feed.head, where(0)))
+        program = programs.add(preparer.build(feed.head, where(0), compile=False))
     compiler = preparer.compiler
     with feed as batches:
         for i, placed in enumerate(batches):

@@ -297,7 +297,7 @@ def _program_for(parts: LoopParts, events: FitEvents, first: DeviceBatch) -> Pro
     its step size, or one built now (a new signature, counted)."""
     programs = parts.programs
     program = programs.get(first.size)
-    if program is None:
+    if program is None or not program.compiled:
         base = programs.first
         assert base is not None, "the pass's first batch built a program"
         compiles, preparer = events.compile_count, parts.preparer

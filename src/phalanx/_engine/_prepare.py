@@ -86,15 +86,15 @@ class Preparer:
             self.size = size
         return placed
 
-    def build(self, batch: Any, where: str) -> Program:
+    def build(self, batch: Any, where: str, *, compile: bool = True) -> Program:
         """The program for a user's first `batch`, checked against the model
         and loss abstractly: a batch that does not fit is refused before
         anything is placed or compiled; the batch's spec is every later
-        batch's."""
+        batch's. (``compile=False``: see `build_program`.)"""
         parts = self.split(batch)
         first = self.pipeline.first_batch(parts, where)
         try:
-            program = self.compiler.build(first.spec, first.size)
+            program = self.compiler.build(first.spec, first.size, compile=compile)
         except HookError:
             raise  # a hook's own fault, named by its message
         except (TypeError, ValueError) as error:

@@ -83,7 +83,10 @@ class Program(NamedTuple):
             compiled for (``train``'s, or ``train_many``'s).
         memory: the compiled first call's memory analysis (its argument,
             output and temporary bytes per device), where the backend
-            gives one.
+            gives one (None where not compiled).
+        compiled: whether the first call's train step is compiled (ahead
+            of time); a program built to trace or inspect with is not, and
+            `fit` builds its own before its first step.
     """
 
     spec: BatchSpec
@@ -99,6 +102,7 @@ class Program(NamedTuple):
     outputs: Any
     arguments: tuple[Any, ...]
     memory: Any
+    compiled: bool = True
 
     @property
     def kind(self) -> str:
@@ -132,11 +136,15 @@ class Programs:
         return self._by_size.get(size)
 
 
-def build_program(parts: ProgramParts, spec: BatchSpec, size: int) -> Program:
+def build_program(
+    parts: ProgramParts, spec: BatchSpec, size: int, *, compile: bool = True
+) -> Program:
     """The program for batches of `spec` at a global step of `size` examples:
     the model and loss traced abstractly on such a batch first (so one that
     does not fit fails with a clear message before anything compiles), then
-    the first call's train step compiled.
+    the first call's train step compiled (not with ``compile=False``: a
+    program to trace, evaluate or inspect with, its jits compiling on first
+    use; `fit` builds a compiled one before its first step).
 
     Raises:
         TypeError, ValueError: the batch does not fit the model or loss.
@@ -187,11 +195,11 @@ def build_program(parts: ProgramParts, spec: BatchSpec, size: int) -> Program:
             out_shardings=(state, rep, rep),
         )
         arguments = _arguments(parts, shapes, size, packed, (stack, rep), k)
-        compiled = many.lower(*arguments).compile()
-        first, train_many = jitted, compiled
+        compiled = many.lower(*arguments).compile() if compile else None
+        first, train_many = jitted, compiled or many
     else:
-        compiled = jitted.lower(*arguments).compile()
-        first, train_many = compiled, None
+        compiled = jitted.lower(*arguments).compile() if compile else None
+        first, train_many = compiled or jitted, None
     layout_of_sums = sum_layout(sums)
     return Program(
         spec=spec,
@@ -215,7 +223,8 @@ def build_program(parts: ProgramParts, spec: BatchSpec, size: int) -> Program:
         eval_sums=_eval_layout(parts, probe, shapes, weight, sums),
         outputs=outputs,
         arguments=arguments,
-        memory=compiled.memory_analysis(),
+        memory=None if compiled is None else compiled.memory_analysis(),
+        compiled=compiled is not None,
     )
 
 
