@@ -22,9 +22,9 @@ def compiles():
     """The Python stacks (function names) of each XLA compile from now on."""
     stacks: list[list[str]] = []
 
-    def listener(name: str, seconds: float, **kwargs: object) -> None:
-        del seconds, kwargs
-        if name == COMPILE:
+    def listener(event: str, duration_secs: float, **kwargs) -> None:
+        del duration_secs, kwargs
+        if event == COMPILE:
             stacks.append([frame.name for frame in traceback.extract_stack()])
 
     jax.monitoring.register_event_duration_secs_listener(listener)
@@ -67,7 +67,8 @@ def test_a_new_step_size_is_a_new_program(compiles):
     trainer.fit([(x[:16], y[:16])], epochs=1)
     assert trainer._programs.first is first  # the spec's: kept
     other = trainer._programs.get(16)
-    assert other is not None and other is not first and other.spec == first.spec
+    assert first is not None and other is not None and other is not first
+    assert other.spec == first.spec
     builds = [stack for stack in compiles if "build_program" in stack]
     assert len(builds) == 2
 
