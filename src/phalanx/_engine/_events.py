@@ -6,7 +6,7 @@ observers, not in the loop.
 """
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._state._progress import RunProgress
@@ -68,6 +68,9 @@ class FitEvents:
         self._steps_per_call = steps_per_call
         self._feed: Feed | None = None
         self.signal: int | None = None
+        # The loop goes on in a phase (several times a step: telemetry's
+        # own method, no call between).
+        self.phase: Callable[[TimePhase], object] = telemetry.phase
 
     # ------------------------------------------------------------ the run
 
@@ -173,10 +176,8 @@ class FitEvents:
 
     @property
     def compile_count(self) -> int:
-        return self._telemetry.compile_count
-
-    def phase(self, phase: TimePhase) -> None:
-        self._telemetry.phase(phase)
+        """The compiles so far (compared before and after a call)."""
+        return self._clock.compile_count
 
     def pass_started(self, step: int) -> None:
         self._telemetry.pass_started(step)

@@ -5,6 +5,7 @@ policy run where the host waits anyway. The loop tells `FitTelemetry` what
 happened; it never calls a clock, an alarm or the collector itself.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 from .._typing import GCMode
@@ -19,6 +20,8 @@ class FitTelemetry:
 
     Attributes:
         clock: the fit's phase clock.
+        phase: ``phase(name)``: the loop goes on in phase `name` (data,
+            step, host, eval, ...).
     """
 
     def __init__(self, clock: PhaseClock, *, gc: GCMode, slow_steps: float | None):
@@ -31,6 +34,8 @@ class FitTelemetry:
         self._collector = Collector(gc)
         self._slow = SlowSteps(clock, slow_steps)
         self._recompiles = Recompiles()
+        # Told several times a step: the clock's own method, no call between.
+        self.phase: Callable[[TimePhase], float] = clock.switch
 
     def __enter__(self) -> "FitTelemetry":
         self._collector.__enter__()
@@ -43,10 +48,6 @@ class FitTelemetry:
     def compile_count(self) -> int:
         """The compiles seen so far (compared before and after a call)."""
         return self.clock.compile_count
-
-    def phase(self, phase: TimePhase) -> None:
-        """The loop goes on in `phase` (data, step, host, eval, ...)."""
-        self.clock.switch(phase)
 
     def pass_started(self, step: int) -> None:
         """A pass starts after `step`: a new stretch of steps begins."""

@@ -1,0 +1,33 @@
+"""Small files, one concept each (issue 42): no module in `src/` is over
+400 lines, the trainer (the public surface, read as a table of contents)
+over 500; telemetry lives in its own room, not in the engine or the state."""
+
+from pathlib import Path
+
+import phalanx as px
+
+
+SRC = Path(px.__file__).parent
+LIMITS = {"_trainer.py": 500}
+TELEMETRY = ("_clock", "_flops", "_alarms", "_gc", "_peak_flops", "_compile_cache")
+
+
+def test_no_module_outgrows_one_concept():
+    over = {
+        str(path.relative_to(SRC)): lines
+        for path in sorted(SRC.rglob("*.py"))
+        if (lines := len(path.read_text().splitlines()))
+        > LIMITS.get(str(path.relative_to(SRC)), 400)
+    }
+    assert over == {}
+
+
+def test_telemetry_is_in_its_room():
+    misplaced = [
+        str(path.relative_to(SRC))
+        for folder in ("_engine", "_state")
+        for path in (SRC / folder).glob("*.py")
+        if path.stem in TELEMETRY or path.stem.startswith(("_timeline", "_throughput"))
+    ]
+    assert misplaced == []
+    assert all((SRC / "_telemetry" / f"{name}.py").exists() for name in TELEMETRY)
