@@ -170,16 +170,16 @@ def test_bad_batch_is_refused_before_device_work(trainer, monkeypatch):
     with jax.transfer_guard_host_to_device("disallow_explicit"):
         with pytest.raises(TypeError, match=r"x\.reshape\(16, 5\)"):
             trainer.fit([(x[:, :, None], y)], epochs=1)
-    assert trainer._programs.first is None  # nothing built
+    assert trainer._parts.programs.first is None  # nothing built
     trainer.fit([(x, y)], epochs=1)
     before = snapshot(trainer)
 
     def step_ran(*args):
         raise AssertionError("the compiled step ran on a bad batch")
 
-    program = trainer._programs.first
+    program = trainer._parts.programs.first
     assert program is not None
-    trainer._programs.add(program._replace(train=step_ran))
+    trainer._parts.programs.add(program._replace(train=step_ran))
     nan_x = x.copy()
     nan_x[3, 1] = np.nan
     bad = [((x, x), y), (x.astype(np.float64), y), (x, y[:15]), (x, y + CLASSES)]

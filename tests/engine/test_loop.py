@@ -198,7 +198,7 @@ def test_host_batches_travel_with_the_step_call(monkeypatch):
     )
     trainer.fit([(x, y), (x, y, weights)], epochs=1)  # compiles, caches weights
     transfers, calls = [], []
-    device_put, program = jax.device_put, trainer._programs.first
+    device_put, program = jax.device_put, trainer._parts.programs.first
     assert program is not None
     train = program.train
 
@@ -211,7 +211,7 @@ def test_host_batches_travel_with_the_step_call(monkeypatch):
         return train(leaves, sums, flags, batch, weight, total)
 
     monkeypatch.setattr(jax, "device_put", counted)
-    trainer._programs.add(program._replace(train=spied))
+    trainer._parts.programs.add(program._replace(train=spied))
     ones = np.ones(64, np.float32)
     trainer.fit([(x, y), (x, y, weights), (x, y, ones)], epochs=1)
     # The epoch's zeroed sums and the sample weights (the totals are cached).

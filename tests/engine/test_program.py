@@ -49,7 +49,7 @@ def test_the_first_compile_is_the_program_build(compiles, steps_per_call):
     # devices compiles a small program of its own).
     assert len([stack for stack in in_loop if "build_program" in stack]) == 1
     assert not [s for s in in_loop if "_run" in s or "prepare" in s]
-    program = trainer._programs.first
+    program = trainer._parts.programs.first
     assert isinstance(program, Program)
     assert program.size == 16 and program.spec.shapes == ((5,), ())
     assert (program.train_many is not None) == (steps_per_call > 1)
@@ -63,10 +63,10 @@ def test_a_new_step_size_is_a_new_program(compiles):
         make_model(), optax.sgd(0.1), strategy=px.ShardingStrategy(8), progress=False
     )
     trainer.fit([(x[:32], y[:32])], epochs=1)
-    first = trainer._programs.first
+    first = trainer._parts.programs.first
     trainer.fit([(x[:16], y[:16])], epochs=1)
-    assert trainer._programs.first is first  # the spec's: kept
-    other = trainer._programs.get(16)
+    assert trainer._parts.programs.first is first  # the spec's: kept
+    other = trainer._parts.programs.get(16)
     assert first is not None and other is not None and other is not first
     assert other.spec == first.spec
     builds = [stack for stack in compiles if "build_program" in stack]
@@ -78,13 +78,13 @@ def test_a_program_to_evaluate_with_is_compiled_by_fit_before_its_step(compiles)
     trainer = px.DataParallelTrainer(
         make_model(), optax.sgd(0.1), strategy=px.ShardingStrategy(8), progress=False
     )
-    assert trainer._programs.first is None
+    assert trainer._parts.programs.first is None
     trainer.evaluate([(x, y)])
     trainer.flops_per_step((x, y))
-    first = trainer._programs.first
+    first = trainer._parts.programs.first
     assert first is not None and not first.compiled and first.memory is None
     assert not [stack for stack in compiles if "build_program" in stack]
     trainer.fit([(x, y)], epochs=1)
-    program = trainer._programs.get(32)
+    program = trainer._parts.programs.get(32)
     assert program is not None and program.compiled
     assert len([stack for stack in compiles if "build_program" in stack]) == 1

@@ -99,8 +99,8 @@ def test_the_state_is_built_as_the_layout_builds_it():
         make_model(), optax.adam(1e-2), strategy=px.PmapStrategy(4), ema=0.9
     )
     straight.fit(batches(), epochs=1)
-    leaves = straight._slot.run.leaves
-    built, reference = straight.state, straight._layout.unflatten(leaves)
+    leaves = straight._parts.slot.run.leaves
+    built, reference = straight.state, straight._parts.layout.unflatten(leaves)
     assert jax.tree.structure(built) == jax.tree.structure(reference)
     for new, old in zip(
         jax.tree.leaves(built), jax.tree.leaves(reference), strict=True

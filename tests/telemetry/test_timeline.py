@@ -163,7 +163,7 @@ def test_a_second_compile_is_counted_and_named():
         progress=False,
     )
     trainer.fit(data, epochs=2)
-    clock = trainer._clock
+    clock = trainer._parts.current.clock
     assert clock is not None
     train = [c for c in clock.compiles if c.name.startswith("train step")]
     assert [c.name for c in train] == [
@@ -187,7 +187,7 @@ def test_a_weakly_typed_state_leaf_compiles_nothing_more():
         progress=False,
     )
     trainer.fit(batches(6), epochs=1)
-    clock = trainer._clock
+    clock = trainer._parts.current.clock
     assert clock is not None
     train = [c for c in clock.compiles if c.name.startswith("train step")]
     assert [c.name for c in train] == ["train step, batch f32[16,5] i32[16]"]

@@ -22,6 +22,8 @@ import optax
 
 from .._state._learning_rate import next_rate
 from .._state._train_state import TrainState
+from .._typing import validates_own_arguments
+from .._validate import int_at_least, is_real
 
 
 # Lightning's: the loss smoothed exponentially, and the sweep stopped once it
@@ -184,3 +186,49 @@ def _endless(data: Iterable[Any]) -> Iterator[Any]:
             yield batch
         if empty:
             raise ValueError("data has no batch; pass at least one, e.g. [(x, y)]")
+
+
+@validates_own_arguments
+def range_test(
+    state: TrainState,
+    data: Iterable[Any],
+    rates: tuple[float, float, int],
+    *,
+    optimizer: optax.GradientTransformation,
+    compute_step: Callable[[Any], Any],
+    set_state: Callable[[TrainState], None],
+) -> LRFinderResult:
+    """`sweep` from `state` over `steps` rates from `start` to `end` (the
+    `rates` triple, checked here), each step computed by `compute_step`
+    (its `StepValues`); `state` is set back at the end, whatever happens.
+
+    Raises:
+        TypeError: the optimizer's rate cannot be read.
+        ValueError: bad rates or steps (see `DataParallelTrainer.find_lr`).
+    """
+    start, end, steps = rates
+    if not (
+        is_real(start) and is_real(end) and 0 < float(start) < float(end) < math.inf
+    ):
+        raise ValueError(
+            f"start={start!r}, end={end!r} must be rates with 0 < start < "
+            "end, e.g. start=1e-7, end=10.0"
+        )
+    steps = int_at_least("steps", steps, 2, example="100")
+    base_rate(optimizer, state)  # readable: checked before any step
+
+    def step(batch: Any) -> tuple[float, TrainState]:
+        values = compute_step(batch)
+        return float(values.metrics["loss"]), values.state
+
+    try:
+        return sweep(
+            state,
+            data,
+            np.geomspace(float(start), float(end), steps),  # even in log
+            optimizer=optimizer,
+            set_state=set_state,
+            step=step,
+        )
+    finally:
+        set_state(state)

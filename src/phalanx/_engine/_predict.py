@@ -1,6 +1,6 @@
 """`predict`: every row through the compiled predict step, in chunks."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -9,9 +9,12 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Sharding
 
-from .._checks._batch import Leaf
+from .._checks._batch import Leaf, flatten_batch, num_examples
+from .._typing import validates_own_arguments
+from .._validate import optional_positive_int
 from ..strategies._placement import put_batch, single_process
-from ._pipeline import pad
+from ._compiled import StepCompiler
+from ._pipeline import BatchPipeline, pad
 
 
 def predict_rows(
@@ -82,3 +85,42 @@ def predict_across_processes(
             )
     ordered = [piece for process in pieces for piece in process]
     return jax.tree.map(lambda *parts: jnp.asarray(np.concatenate(parts)), *ordered)
+
+
+@validates_own_arguments
+def predict_inputs(
+    x: Any,
+    batch_size: int | None,
+    *,
+    compiler: StepCompiler,
+    pipeline: BatchPipeline,
+    state: list[jax.Array],
+) -> Any:
+    """The model's outputs for every row of `x` (see
+    `DataParallelTrainer.predict`), from the state's arrays `state`.
+
+    Raises:
+        TypeError: `x` is a loader or an iterable of batches.
+        ValueError: bad rows or `batch_size`.
+    """
+    if isinstance(x, Iterable) and not isinstance(
+        x, np.ndarray | jax.Array | tuple | list | dict
+    ):
+        raise TypeError(
+            f"x={type(x).__name__} is a loader or an iterable of batches; "
+            "predict takes the inputs themselves: an array (or pytree of "
+            "arrays) with one row per example, e.g. trainer.predict(x_test); "
+            "for a loader, predict each batch's x and concatenate"
+        )
+    leaves, treedef = flatten_batch(x, "x")
+    num_examples(leaves, treedef, "x")
+    batch_size = optional_positive_int("batch_size", batch_size)
+    strategy = compiler.parts.strategy
+    return predict_rows(
+        compiler.predict(treedef, leaves),
+        state,
+        leaves,
+        batch_size,
+        lambda rows: pipeline.step_size(rows, None),
+        strategy.batch_sharding,
+    )

@@ -1,0 +1,146 @@
+"""What a trainer's methods do with its parts (`TrainerParts`): snapshot
+and restore the run, set its state, build a program to trace or inspect
+with, count a step's FLOPs, lower or compute a step, evaluate, predict.
+Each takes the parts and the values it needs, never the trainer."""
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+import jax
+
+from .._engine._compiled import StepValues
+from .._engine._evaluate import evaluate
+from .._engine._predict import predict_inputs
+from .._engine._program import Program
+from .._state._history import History
+from .._state._run import Run
+from .._state._snapshot import Snapshot
+from .._state._sums import EpochSums
+from .._state._train_state import TrainState
+from .._telemetry._flops import StepFlops
+from .._typing import HostMetrics, validates_own_arguments
+from ..callbacks._dispatch import Callbacks
+from ..checkpoint._resume import eval_positions
+from ..checkpoint._settings import check_same_settings
+from ..strategies._placement import put_state
+from ._parts import TrainerParts, checked_leaves
+
+
+def snapshot_of(
+    parts: TrainerParts, state: TrainState, history: History, callbacks: Callbacks
+) -> Snapshot:
+    """The run as it is now (see `DataParallelTrainer.snapshot`)."""
+    events, strategy = parts.current.events, parts.preparer.compiler.parts.strategy
+    return Snapshot(
+        state=state,
+        progress=parts.slot.progress,
+        history=history.state_dict(),
+        data=None if events is None else events.data_state(),
+        eval_data={} if events is None else eval_positions(events.eval_sets),
+        settings=parts.settings,
+        callbacks=callbacks.state_dicts(),
+        strategy=type(strategy).__name__,
+        devices=strategy.num_devices,
+    )
+
+
+def restore_into(
+    parts: TrainerParts, snapshot: Snapshot, history: History, callbacks: Callbacks
+) -> None:
+    """Continue from `snapshot` (see `DataParallelTrainer.restore`).
+
+    Raises:
+        ValueError: the snapshot is of another model, optimizer or run.
+    """
+    check_same_settings(parts.settings, snapshot.settings, "snapshot")
+    leaves = checked_leaves(parts.layout, snapshot.state)
+    progress = snapshot.progress
+    if progress.sums is not None:  # a fit donates them: keep the snapshot's
+        copies = parts.preparer.compiler.copy_replicated(list(progress.sums))
+        progress = dataclasses.replace(progress, sums=EpochSums(*copies))
+    parts.slot.run = Run(put_state(leaves, parts.layout.shardings), progress)
+    history.load_state_dict(snapshot.history)
+    callbacks.load_state_dicts(snapshot.callbacks)
+    parts.current.restored = True
+
+
+def set_state(parts: TrainerParts, state: TrainState) -> None:
+    """Make `state` (of the trainer's structure) the run's, at its step."""
+    leaves = checked_leaves(parts.layout, state)
+    step = int(jax.device_get(state.step))
+    parts.slot.run = Run(
+        parts.copy(put_state(leaves, parts.layout.shardings)),
+        dataclasses.replace(parts.slot.progress, step=step),
+    )
+
+
+def program_for(parts: TrainerParts, batch: Any) -> Program:
+    """The trainer's program, built for `batch` if it has none yet (to
+    trace, evaluate or inspect with: `fit` compiles its own)."""
+    programs = parts.programs
+    program = programs.first
+    if program is None:
+        program = programs.add(parts.preparer.build(batch, "batch", compile=False))
+    return program
+
+
+def flops_for(parts: TrainerParts, batch: Any) -> StepFlops | None:
+    """The train step's FLOPs for batches like `batch` (None: those last
+    trained on; None before any)."""
+    preparer = parts.preparer
+    size = preparer.size
+    if batch is not None:
+        program_for(parts, batch)
+        size = preparer.size_of(batch, "batch")
+    program = parts.programs.first
+    if program is None or size is None:
+        return None
+    return preparer.compiler.flops(program, size)
+
+
+def lower_for(parts: TrainerParts, batch: Any) -> jax.stages.Lowered:
+    """The train step lowered for `batch`, from the run's state."""
+    program, preparer = program_for(parts, batch), parts.preparer
+    placed = preparer.prepare(batch, "batch", None)
+    sums = preparer.compiler.epoch_sums(program)
+    return program.traced.lower(
+        parts.slot.run.leaves, *sums, placed.leaves, placed.weight, placed.total
+    )
+
+
+def step_values(parts: TrainerParts, batch: Any) -> StepValues:
+    """What a training step on `batch` computes from the run's state."""
+    program, preparer = program_for(parts, batch), parts.preparer
+    placed = preparer.prepare(batch, "batch", None, train=True)
+    return preparer.compiler.values(
+        program, parts.slot.run.leaves, placed.leaves, placed.weight, placed.total
+    )
+
+
+def evaluate_data(
+    parts: TrainerParts, data: Iterable[Any], *, depth: int, sync_every: int
+) -> HostMetrics:
+    """Loss and metrics over every example of `data`, from the run's state."""
+    return evaluate(
+        parts.preparer,
+        parts.programs,
+        parts.slot.run.leaves,
+        data,
+        "data",
+        depth=depth,
+        sync_every=sync_every,
+    )
+
+
+@validates_own_arguments
+def predict_with(parts: TrainerParts, x: Any, batch_size: int | None) -> Any:
+    """The model's outputs for every row of `x`, from the run's state."""
+    preparer = parts.preparer
+    return predict_inputs(
+        x,
+        batch_size,
+        compiler=preparer.compiler,
+        pipeline=preparer.pipeline,
+        state=parts.slot.run.leaves,
+    )
