@@ -12,7 +12,7 @@ from typing import IO, Any, final
 
 from typing_extensions import override
 
-from ._files import replace_atomically
+from .._telemetry._files import replace_atomically
 from ._row_logger import RowLogger
 
 

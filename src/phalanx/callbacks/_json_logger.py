@@ -14,8 +14,8 @@ from typing import IO, Any, final
 import numpy as np
 from typing_extensions import override
 
+from .._telemetry._files import replace_atomically
 from .._validate import is_real
-from ._files import replace_atomically
 from ._row_logger import RowLogger
 
 

@@ -15,12 +15,13 @@ from typing import Any
 from typing_extensions import override
 
 from .._state._history import History
+from .._telemetry._files import replace_atomically
 from .._typing import validates_own_arguments
 from .._validate import finite_at_least
 from ._background import Background
 from ._base import Callback, StepInfo
 from ._budget import TimeBudget
-from ._files import check_file_path, replace_atomically
+from ._files import check_file_path
 from ._plot_curves import curves, eval_names, evaluated_between_epochs, is_eval_of
 
 

@@ -24,12 +24,12 @@ from rich.progress import (
 from rich.text import Text
 from typing_extensions import override
 
+from .._telemetry._rates import RateMeter
 from .._typing import scalar_metrics, validates_own_arguments
 from .._validate import boolean, positive_int
 from ._base import StepInfo
 from ._epoch_table import EpochTable, evaluation_lines
 from ._output import Output
-from ._throughput import RateMeter
 
 
 # Seconds between two reads of the step's metrics by the live bar: each read
@@ -243,7 +243,7 @@ class ProgressBar(Output):
     @override
     def on_eval_start(self, info: StepInfo) -> None:
         if info.eval_every is not None and self.needs_steps:  # between two steps
-            self._window.pause(info)
+            self._window.pause(info.state)
 
     @override
     def on_eval_end(self, info: StepInfo) -> None:

@@ -1,6 +1,6 @@
 """`px.callbacks.Throughput`: examples, steps and FLOPs per second and model
-FLOPs utilisation added to the metrics, and the `RateMeter` that counts them
-(shared with `ProgressBar`).
+FLOPs utilisation added to the metrics, measured by telemetry's
+`RateMeter` and `flops_rates` (`_telemetry/_rates.py`).
 
 Rates are measured on the host between points where the device has caught
 up (a read of the step's metrics), never by timing a dispatch; the FLOPs
@@ -17,6 +17,7 @@ from typing_extensions import override
 
 from .._log import logger
 from .._telemetry._peak_flops import peak_flops as table_peak
+from .._telemetry._rates import RateMeter, check_peak, flops_rates, warn_mfu_over_one
 from .._typing import HostMetrics, validates_own_arguments
 from .._validate import finite_at_least, positive_int
 from ._base import Callback, StepInfo
@@ -25,56 +26,6 @@ from ._base import Callback, StepInfo
 # Where `Throughput` says that it has no peak for the device (a program that
 # says so itself, as ``phalanx train`` does, quiets this logger).
 NOTE = logger.getChild("throughput")
-# The least `peak_flops` taken: 1 GFLOP/s (a peak given in TFLOP/s is below).
-MIN_PEAK = 1e9
-
-
-class RateMeter:
-    """Examples and steps counted on the host since a start time.
-
-    The rates are only real once the device has caught up: read them after a
-    sync (e.g. after reading `StepInfo.metrics`), and restart when the device
-    is idle (an epoch's start follows the previous epoch's fetched sums).
-    """
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.examples = 0
-        self.steps = 0
-        self._paused: float | None = None
-
-    def restart(self) -> None:
-        """Count from zero, from now."""
-        self.start = time.perf_counter()
-        self.examples = 0
-        self.steps = 0
-        self._paused = None
-
-    def pause(self, info: StepInfo) -> None:
-        """Stop the clock once the device has finished the steps so far
-        (while `fit` evaluates between steps: not the steps' pace)."""
-        jax.block_until_ready(info.state)
-        self._paused = time.perf_counter()
-
-    def resume(self) -> None:
-        """Restart the clock `pause` stopped, the time between left out."""
-        if self._paused is not None:
-            self.start += time.perf_counter() - self._paused
-            self._paused = None
-
-    def add(self, examples: int) -> None:
-        """Count one step of `examples` examples."""
-        self.examples += examples
-        self.steps += 1
-
-    def seconds(self) -> float:
-        """Seconds since the start."""
-        return time.perf_counter() - self.start
-
-    def rates(self) -> tuple[float, float]:
-        """``(examples per second, steps per second)`` since the start."""
-        seconds = max(self.seconds(), 1e-9)
-        return self.examples / seconds, self.steps / seconds
 
 
 class Throughput(Callback):
@@ -142,15 +93,8 @@ class Throughput(Callback):
         self.peak_flops = None
         if peak_flops is not None:
             fix = "pass one device's FLOP/s, e.g. peak_flops=989e12, or None"
-            self.peak_flops = finite_at_least("peak_flops", peak_flops, 0.0, hint=fix)
-            if self.peak_flops < MIN_PEAK:
-                # 989 for an H100's 989 TFLOP/s would make every mfu 1e12 times
-                # too large: no accelerator peaks below a GFLOP/s.
-                raise ValueError(
-                    f"peak_flops={peak_flops!r} is under 1e9: it is one device's "
-                    "peak in FLOP/s, not TFLOP/s; pass it in FLOP/s, e.g. 989e12 "
-                    "for an H100's dense bf16 (989 TFLOP/s), or None"
-                )
+            value = finite_at_least("peak_flops", peak_flops, 0.0, hint=fix)
+            self.peak_flops = check_peak(value, peak_flops)
         self._window = RateMeter()
         self._epoch = RateMeter()
         self._peak: float | None = None  # this fit's, per device
@@ -205,7 +149,7 @@ class Throughput(Callback):
     @override
     def on_eval_start(self, info: StepInfo) -> None:
         if info.eval_every is not None:  # between two steps
-            self._window.pause(info)
+            self._window.pause(info.state)
 
     @override
     def on_eval_end(self, info: StepInfo) -> None:
@@ -228,17 +172,12 @@ class Throughput(Callback):
         self._epoch.start += time.perf_counter() - began
         if flops is None:
             return
-        achieved = flops.total * steps
-        metrics["tflops_per_sec"] = achieved / 1e12
-        if self._peak is not None:
-            mfu = metrics["mfu"] = achieved / (self._peak * flops.devices)
-            if mfu > 1 and not self._warned:
-                self._warned = True
-                source = "peak_flops" if self.peak_flops is not None else "the peak"
-                logger.warning(
-                    f"Throughput: mfu {mfu:.3g} is over 1: {achieved:.3g} FLOP/s on "
-                    f"{flops.devices} device(s), more than {source} "
-                    f"{self._peak:.3g} FLOP/s per device allows; the peak is too "
-                    "low: pass one device's peak in FLOP/s, e.g. "
-                    "Throughput(peak_flops=989e12) (said once)"
-                )
+        rates = flops_rates(flops, steps, self._peak)
+        metrics.update(rates)
+        mfu = rates.get("mfu")
+        if mfu is not None and mfu > 1 and not self._warned:
+            self._warned = True
+            assert self._peak is not None
+            achieved = rates["tflops_per_sec"] * 1e12
+            given = self.peak_flops is not None
+            warn_mfu_over_one(mfu, flops, achieved, self._peak, given)

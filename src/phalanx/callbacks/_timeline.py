@@ -17,14 +17,23 @@ import jax
 from rich.console import Console
 from typing_extensions import override
 
-from .._telemetry._clock import PHASE_MEANINGS, PHASES, PhaseClock
+from .._telemetry._clock import PHASES, PhaseClock
+from .._telemetry._timeline_record import (
+    Fit,
+    continued,
+    earlier_fits,
+    epoch_row,
+    fit_record,
+    goodput,
+    total,
+    write_json,
+)
 from .._telemetry._timeline_views import timeline_table, trace_events
 from .._typing import validates_own_arguments
 from .._validate import boolean
 from ._base import Callback, StepInfo
 from ._budget import TimeBudget
 from ._files import check_file_path
-from ._timeline_record import Fit, continued, earlier_fits, total, write_json
 
 
 # During a fit, `path` is rewritten at most every this many seconds, and in
@@ -106,7 +115,7 @@ class Timeline(Callback):
         self.trace = None if trace is None else check_file_path(trace, "trace")
         self.table = boolean("table", table)
         self.keep_earlier = boolean("keep_earlier", keep_earlier)
-        self.epochs: list[dict[str, float]] = []
+        self.epochs: list[dict[str, Any]] = []
         self.earlier: list[Fit] = []
         self._restored: list[Fit] | None = None
         self._started = 0.0
@@ -160,13 +169,12 @@ class Timeline(Callback):
         if self._clock is None:
             return
         totals = self._clock.totals()
-        row = {p: totals[p] - self._last.get(p, 0.0) for p in (*PHASES, "wall")}
-        self._last = totals
+        row, self._last = epoch_row(totals, self._last), totals
         self.epochs.append({"epoch": info.epoch, "step": info.step, **row})
         metrics = info.metrics
         for phase in PHASES:
             metrics[f"time/{phase}"] = row[phase]
-        metrics["goodput"] = row["step"] / row["wall"] if row["wall"] > 0 else 0.0
+        metrics["goodput"] = goodput(row)
         if self._writing and self._writes.due():
             self._write()
 
@@ -208,35 +216,15 @@ class Timeline(Callback):
     def _this(self) -> Fit:
         """The record of the last fit (up to now, if it runs); empty before
         any."""
-        clock = self._clock
-        if clock is None:
+        if self._clock is None:
             return {}
-        now = time.perf_counter()  # both read at one time: they agree
-        totals = clock.totals(now)
-        wall = totals["wall"]
-        by_callback = clock.callback_totals(now)
-        return {
-            "started": self._started,
-            "ended": self._ended,
-            "wall_s": wall,
-            "goodput": totals["step"] / wall if wall > 0 else 0.0,
-            "first_step": self._first_step,
-            "last_step": self._step,
-            "phases": {phase: totals[phase] for phase in PHASES},
-            "callbacks": dict(sorted(by_callback.items(), key=lambda kv: -kv[1])),
-            "meanings": PHASE_MEANINGS,
-            "compiles": [
-                {
-                    "name": c.name,
-                    "function": c.function,
-                    "phase": c.phase,
-                    "seconds": c.seconds,
-                    "at_s": c.at,
-                }
-                for c in clock.compiles
-            ],
-            "epochs": self.epochs,
-        }
+        return fit_record(
+            self._clock,
+            started=self._started,
+            ended=self._ended,
+            steps=(self._first_step, self._step),
+            epochs=self.epochs,
+        )
 
     def _write(self) -> None:
         """Rewrite `path` with the record so far."""

@@ -10,10 +10,11 @@ checkpoint, the file). Nothing here reads a clock or a device.
 import itertools
 import json
 import pathlib
+import time
 from typing import Any
 
 from .._log import logger
-from .._telemetry._clock import PHASES
+from ._clock import PHASE_MEANINGS, PHASES, PhaseClock
 from ._files import replace_atomically
 
 
@@ -115,3 +116,54 @@ def write_json(path: pathlib.Path, data: dict[str, Any]) -> None:
     where syncing took ~5)."""
     text = json.dumps(data).encode()
     replace_atomically(path, lambda file: file.write(text), sync=False)
+
+
+def fit_record(
+    clock: PhaseClock,
+    *,
+    started: float,
+    ended: str | None,
+    steps: tuple[int, int],
+    epochs: list[dict[str, Any]],
+) -> Fit:
+    """The record of a fit as its `clock` has it now: wall time, goodput,
+    the phases, each callback's seconds, every compile, the `epochs`' rows;
+    `started` (wall-clock seconds), how it `ended` (None: it runs), its
+    first and last `steps`."""
+    now = time.perf_counter()  # both read at one time: they agree
+    totals = clock.totals(now)
+    wall = totals["wall"]
+    by_callback = clock.callback_totals(now)
+    return {
+        "started": started,
+        "ended": ended,
+        "wall_s": wall,
+        "goodput": totals["step"] / wall if wall > 0 else 0.0,
+        "first_step": steps[0],
+        "last_step": steps[1],
+        "phases": {phase: totals[phase] for phase in PHASES},
+        "callbacks": dict(sorted(by_callback.items(), key=lambda kv: -kv[1])),
+        "meanings": PHASE_MEANINGS,
+        "compiles": [
+            {
+                "name": c.name,
+                "function": c.function,
+                "phase": c.phase,
+                "seconds": c.seconds,
+                "at_s": c.at,
+            }
+            for c in clock.compiles
+        ],
+        "epochs": epochs,
+    }
+
+
+def epoch_row(totals: dict[str, float], last: dict[str, float]) -> dict[str, float]:
+    """Each phase's seconds (and the wall's) between the clock's `last`
+    totals and these `totals`."""
+    return {p: totals[p] - last.get(p, 0.0) for p in (*PHASES, "wall")}
+
+
+def goodput(row: dict[str, float]) -> float:
+    """The share of a stretch's wall time the device was stepping."""
+    return row["step"] / row["wall"] if row["wall"] > 0 else 0.0
