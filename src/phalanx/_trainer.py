@@ -30,6 +30,7 @@ from ._assembly._operations import (
     restore_into,
     set_state,
     snapshot_of,
+    step_memory,
     step_values,
 )
 from ._assembly._parts import TrainerHooks, assemble, dispatch, info_now
@@ -39,7 +40,7 @@ from ._checks._keras_habits import binds_or_advises
 from ._engine._compiled import StepValues
 from ._engine._feed import default_depth
 from ._engine._lr_finder import LRFinderResult, range_test
-from ._engine._summary import ModelSummary, StepMemory, summarize
+from ._engine._summary import ModelSummary, summarize
 from ._metric_names import MetricName
 from ._precision import Precision, PrecisionName, cast_floating, precision_of
 from ._state._history import History
@@ -424,7 +425,7 @@ class DataParallelTrainer(Generic[_Model]):
         batch, also what a step takes on each device at its peak (``.step``,
         the train step compiled for such batches; nothing runs) and its
         FLOPs (``.flops``, see `flops_per_step`)."""
-        step = None if batch is None else StepMemory.of(self.lower(batch).compile())
+        step = None if batch is None else step_memory(self._parts, batch)
         layout, flops = self._parts.layout, self.flops_per_step(batch)
         return summarize(layout, self.state, self.strategy, step, flops=flops)
 

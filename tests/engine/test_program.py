@@ -88,3 +88,17 @@ def test_a_program_to_evaluate_with_is_compiled_by_fit_before_its_step(compiles)
     program = trainer._parts.programs.get(32)
     assert program is not None and program.compiled
     assert len([stack for stack in compiles if "build_program" in stack]) == 1
+
+
+def test_summary_reads_the_fits_program():
+    x, y = make_data(32)
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.adam(1e-2), strategy=px.ShardingStrategy(8), progress=False
+    )
+    before = trainer.summary((x, y)).step  # compiled from the lowered step
+    trainer.fit([(x, y)], epochs=1)
+    program = trainer._parts.programs.get(32)
+    assert program is not None and program.compiled
+    after = trainer.summary((x, y)).step  # the fit's program's own
+    assert before is not None and after == before
+    assert after.arguments == program.memory.argument_size_in_bytes

@@ -13,6 +13,7 @@ from .._engine._compiled import StepValues
 from .._engine._evaluate import evaluate
 from .._engine._predict import predict_inputs
 from .._engine._program import Program
+from .._engine._summary import StepMemory
 from .._state._history import History
 from .._state._run import Run
 from .._state._snapshot import Snapshot
@@ -144,3 +145,14 @@ def predict_with(parts: TrainerParts, x: Any, batch_size: int | None) -> Any:
         pipeline=preparer.pipeline,
         state=parts.slot.run.leaves,
     )
+
+
+def step_memory(parts: TrainerParts, batch: Any) -> StepMemory | None:
+    """What a train step on batches like `batch` takes on each device: read
+    from the fit's compiled program of that step size where there is one,
+    else compiled from the step lowered for `batch` (nothing runs)."""
+    program_for(parts, batch)
+    program = parts.programs.get(parts.preparer.size_of(batch, "batch"))
+    if program is not None and program.compiled and program.train_many is None:
+        return StepMemory.of_stats(program.memory)
+    return StepMemory.of(lower_for(parts, batch).compile())

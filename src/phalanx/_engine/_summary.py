@@ -73,7 +73,12 @@ class StepMemory:
     @classmethod
     def of(cls, compiled: jax.stages.Compiled) -> "StepMemory | None":
         """The memory of `compiled`; None where the backend does not say."""
-        stats = compiled.memory_analysis()
+        return cls.of_stats(compiled.memory_analysis())
+
+    @classmethod
+    def of_stats(cls, stats: Any) -> "StepMemory | None":
+        """The memory a compiled step's `memory_analysis()` says (None where
+        the backend does not say)."""
         if stats is None:
             return None
         return cls(
