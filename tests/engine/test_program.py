@@ -100,5 +100,5 @@ def test_summary_reads_the_fits_program():
     program = trainer._parts.programs.get(32)
     assert program is not None and program.compiled
     after = trainer.summary((x, y)).step  # the fit's program's own
-    assert before is not None and after == before
+    assert before is not None and after is not None and after == before
     assert after.arguments == program.memory.argument_size_in_bytes
