@@ -188,10 +188,13 @@ def test_examples_are_found():
     # skip marker (as a guard against a parse that silently finds none).
     owners = {(e.file.name, e.owner) for e in EXAMPLES}
     assert ("_trainer.py", "DataParallelTrainer") in owners
-    assert ("_trainer.py", "DataParallelTrainer.compute_step") in owners
+    # Methods' docstrings are read too (their examples would be found).
+    trainer = (SRC / "_trainer.py").read_text()
+    owners_read = {owner for owner, _, _ in _docstrings(ast.parse(trainer))}
+    assert "DataParallelTrainer.compute_step" in owners_read
     assert ("_sharding.py", "ShardingStrategy") in owners
     assert any(e.skip for e in EXAMPLES) and any(e.raises for e in EXAMPLES)
-    assert len(EXAMPLES) >= 45, len(EXAMPLES)
+    assert len(EXAMPLES) >= 40, len(EXAMPLES)
 
 
 def test_examples_are_fenced_python():
