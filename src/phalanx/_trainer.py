@@ -32,6 +32,7 @@ from ._assembly._operations import (
     snapshot_of,
     step_memory,
     step_values,
+    summary_of,
 )
 from ._assembly._parts import TrainerHooks, assemble, dispatch, info_now
 from ._checks._arguments import check_callbacks, check_config, check_iterable
@@ -40,7 +41,7 @@ from ._checks._keras_habits import binds_or_advises
 from ._engine._compiled import StepValues
 from ._engine._feed import default_depth
 from ._engine._lr_finder import LRFinderResult, range_test
-from ._engine._summary import ModelSummary, summarize
+from ._engine._summary import ModelSummary
 from ._metric_names import MetricName
 from ._precision import Precision, PrecisionName, cast_floating, precision_of
 from ._state._history import History
@@ -424,10 +425,10 @@ class DataParallelTrainer(Generic[_Model]):
         (print it with rich for a table; ``.short()``: one line). Given a
         batch, also what a step takes on each device at its peak (``.step``,
         the train step compiled for such batches; nothing runs) and its
-        FLOPs (``.flops``, see `flops_per_step`)."""
+        FLOPs (``.flops``, see `flops_per_step`); ``.warnings``: the layout
+        lint's (a large leaf left whole, an uneven split), each with its fix."""
         step = None if batch is None else step_memory(self._parts, batch)
-        layout, flops = self._parts.layout, self.flops_per_step(batch)
-        return summarize(layout, self.state, self.strategy, step, flops=flops)
+        return summary_of(self._parts, self.state, step, self.flops_per_step(batch))
 
     def flops_per_step(self, batch: PyTree | None = None) -> StepFlops | None:
         """The floating-point operations of one train step on the global batch

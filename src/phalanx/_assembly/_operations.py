@@ -11,9 +11,11 @@ import jax
 
 from .._engine._compiled import StepValues
 from .._engine._evaluate import evaluate
+from .._engine._lint import layout_warnings
 from .._engine._predict import predict_inputs
 from .._engine._program import Program
-from .._engine._summary import StepMemory
+from .._engine._signature import leaf_names
+from .._engine._summary import ModelSummary, StepMemory, summarize
 from .._state._history import History
 from .._state._run import Run
 from .._state._snapshot import Snapshot
@@ -156,3 +158,22 @@ def step_memory(parts: TrainerParts, batch: Any) -> StepMemory | None:
     if program is not None and program.compiled and program.train_many is None:
         return StepMemory.of_stats(program.memory)
     return StepMemory.of(lower_for(parts, batch).compile())
+
+
+def summary_of(
+    parts: TrainerParts,
+    state: TrainState,
+    step: StepMemory | None,
+    flops: StepFlops | None,
+) -> ModelSummary:
+    """The summary of the run's `state` (see `DataParallelTrainer.summary`),
+    with the layout lint's lines."""
+    layout = parts.layout
+    strategy = parts.preparer.compiler.parts.strategy
+    lint = layout_warnings(
+        leaf_names(layout.treedef),
+        layout.structs,
+        layout.shardings,
+        strategy.split_min_size(),
+    )
+    return summarize(layout, state, strategy, step, flops=flops, warnings=tuple(lint))

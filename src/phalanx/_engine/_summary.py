@@ -119,6 +119,8 @@ class ModelSummary:
             ``trainer.summary(batch)`` was given; None without one.
         flops: the train step's FLOPs, for that batch or the first batch
             the trainer saw; None before any.
+        warnings: the layout lint's lines: a large leaf left whole under a
+            split layout, a dimension split unevenly (each with its fix).
     """
 
     model: str
@@ -136,6 +138,7 @@ class ModelSummary:
     state_bytes_per_device: int
     step: StepMemory | None = None
     flops: StepFlops | None = None
+    warnings: tuple[str, ...] = ()
 
     def short(self) -> str:
         """The summary in one line: parameters, memory per device, FLOPs
@@ -182,6 +185,7 @@ class ModelSummary:
             )
         if self.flops is not None:
             caption += f"\ntrain step: {self.flops.short()}"
+        caption += "".join(f"\nlayout: {warning}" for warning in self.warnings)
         table = Table(
             title=f"{self.model} under {self.strategy} on {self._devices()}",
             caption=caption,
@@ -236,6 +240,7 @@ def summarize(
     step: StepMemory | None = None,
     *,
     flops: StepFlops | None = None,
+    warnings: tuple[str, ...] = (),
 ) -> ModelSummary:
     """The summary of `state`, laid out on devices as `layout` says.
 
@@ -246,6 +251,7 @@ def summarize(
         strategy: the strategy the layout is of.
         step: the compiled train step's memory, where known.
         flops: the train step's FLOPs, where known.
+        warnings: the layout lint's (`_lint.layout_warnings`).
     """
     # The layout as two `TrainState`s (of shardings, of shapes as the arrays
     # travel), so each part of the state is read by its field.
@@ -290,6 +296,7 @@ def summarize(
         state_bytes_per_device=everything[1],
         step=step,
         flops=flops,
+        warnings=warnings,
     )
 
 

@@ -92,6 +92,10 @@ class AccumulatingStrategy(Strategy):
     def num_devices(self) -> int:
         return self.inner.num_devices
 
+    @override
+    def split_min_size(self) -> int | None:
+        return self.inner.split_min_size()
+
     @property
     @override
     def batch_sharding(self) -> Sharding:

@@ -134,6 +134,10 @@ class FullyShardedStrategy(DeviceMeshStrategy):
         return split_by_size(shape, self.axis_name, self.mesh.size, self.min_size)
 
     @override
+    def split_min_size(self) -> int:
+        return self.min_size
+
+    @override
     def state_spec(self, role: StateRole, leaf: jax.ShapeDtypeStruct) -> P:
         if role == "parameters" and self.shard == "optimizer":
             return P()  # ZeRO-2: a whole copy of the parameters per device

@@ -160,6 +160,10 @@ class MeshStrategy(DeviceMeshStrategy):
         self.min_size = min_size
 
     @override
+    def split_min_size(self) -> int:
+        return self.min_size
+
+    @override
     def state_spec(self, role: StateRole, leaf: jax.ShapeDtypeStruct) -> P:
         """The fsdp rule by size, for an array whose path is not known."""
         del role

@@ -150,6 +150,12 @@ class Strategy(eqx.Module):
     def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
         """Apply `fn` to every example; outputs stay split as the batch is."""
 
+    def split_min_size(self) -> int | None:
+        """The least elements a floating state leaf has for this strategy to
+        split it (its ``min_size``), read by the layout lint; None (the
+        default): the strategy splits no state by size."""
+        return None
+
     def per_device_reduce(self) -> Reduce | None:
         """The capability to run a slice's work as a per-device program: a
         function with `reduce`'s signature and contract (the sums of the
