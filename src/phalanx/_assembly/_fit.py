@@ -84,9 +84,7 @@ def run_fit(
     step_metrics, eval_metrics = metric_names(parts)
     monitors(step_metrics=step_metrics, eval_metrics=eval_metrics)
     note_single_cpu_device(trainer.strategy.num_devices)
-    _start_run(
-        trainer, parts, callbacks, data, sets, resume, RunPlan(0, 0, epochs, steps)
-    )
+    _start_run(trainer, parts, callbacks, data, sets, resume, (epochs, steps))
     trainer.stop_training = False
     slot, current = parts.slot, parts.current
     progress = slot.progress
@@ -164,7 +162,7 @@ def _start_run(
     data: Iterable[Any],
     sets: EvalSets | None,
     resume: str | os.PathLike[str] | None,
-    asked: RunPlan,
+    asked: tuple[int | None, int | None],
 ) -> None:
     """The run a fit starts from, in the slot: the current one in a new
     epoch (unless it continues a restored snapshot, or resumes, which
@@ -188,5 +186,6 @@ def _start_run(
     current.restored = False  # this fit continues it; the next starts afresh
     # The run's start is the checkpoint's; how far it goes is this call's.
     progress = slot.progress
-    plan = dataclasses.replace(progress.plan, epochs=asked.epochs, steps=asked.steps)
+    epochs, steps = asked
+    plan = dataclasses.replace(progress.plan, epochs=epochs, steps=steps)
     slot.advance(dataclasses.replace(progress, plan=plan))

@@ -183,7 +183,8 @@ def build_program(
         in_shardings=(state, rep, rep, split, split, rep),
         out_shardings=(state, rep, rep),
     )
-    packed = sum_layout(sums).size
+    layout_of_sums = sum_layout(sums)
+    packed = layout_of_sums.size
     arguments = _arguments(parts, shapes, size, packed, (split, rep), 1)
     k = parts.steps_per_call
     if k > 1:
@@ -200,7 +201,6 @@ def build_program(
     else:
         compiled = jitted.lower(*arguments).compile() if compile else None
         first, train_many = compiled or jitted, None
-    layout_of_sums = sum_layout(sums)
     return Program(
         spec=spec,
         size=size,

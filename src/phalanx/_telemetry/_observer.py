@@ -44,11 +44,6 @@ class FitTelemetry:
     def __exit__(self, *exc: object) -> None:
         self._collector.__exit__(*exc)
 
-    @property
-    def compile_count(self) -> int:
-        """The compiles seen so far (compared before and after a call)."""
-        return self.clock.compile_count
-
     def pass_started(self, step: int) -> None:
         """A pass starts after `step`: a new stretch of steps begins."""
         self._slow.restart(step)
