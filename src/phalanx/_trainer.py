@@ -43,6 +43,8 @@ from ._engine._feed import default_depth
 from ._engine._lr_finder import LRFinderResult, range_test
 from ._engine._summary import ModelSummary
 from ._metric_names import MetricName
+from ._plan._entry import plan_trainer
+from ._plan._result import Plan
 from ._precision import Precision, PrecisionName, cast_floating, precision_of
 from ._state._history import History
 from ._state._progress import RunProgress
@@ -441,6 +443,12 @@ class DataParallelTrainer(Generic[_Model]):
                 the spec of the trainer's first batch.
         """
         return flops_for(self._parts, batch)
+
+    def plan(self, batch: PyTree, **options: Any) -> Plan:
+        """The fastest layout that fits (`px.Plan`), found by compiling this
+        trainer's step for batches like `batch` under each candidate; the
+        guide "Planning a fit" says the options and the cost model."""
+        return plan_trainer(self._parts, batch, **options)
 
     def lower(self, batch: PyTree) -> jax.stages.Lowered:
         """The train step lowered for `batch`, to inspect what it compiles to

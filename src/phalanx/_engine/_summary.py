@@ -213,12 +213,16 @@ class ModelSummary:
 
     def __str__(self) -> str:
         """The table as plain text (no colours), as wide as it needs."""
-        table = self.__rich__()
-        # Measured, not the terminal's width: a narrow one must not fold rows.
-        width = Console(file=io.StringIO(), width=1 << 12).measure(table).maximum
-        text = io.StringIO()
-        Console(file=text, width=width, color_system=None).print(table)
-        return "\n".join(line.rstrip() for line in text.getvalue().splitlines())
+        return plain_text(self.__rich__())
+
+
+def plain_text(table: Table) -> str:
+    """`table` as plain text (no colours), as wide as it needs."""
+    # Measured, not the terminal's width: a narrow one must not fold rows.
+    width = Console(file=io.StringIO(), width=1 << 12).measure(table).maximum
+    text = io.StringIO()
+    Console(file=text, width=width, color_system=None).print(table)
+    return "\n".join(line.rstrip() for line in text.getvalue().splitlines())
 
 
 def format_bytes(n: int) -> str:

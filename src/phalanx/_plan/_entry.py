@@ -1,0 +1,116 @@
+"""A trainer's plan (`plan_trainer`): its step, under each candidate layout
+of the space, built and compiled on abstract arguments from its own parts
+(its hooks, optimizer, precision and state's structure, never its arrays),
+for batches shaped like the one given."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from .._assembly._parts import TrainerParts
+from .._checks._batch import BatchSpec
+from .._checks._hooks import check_split
+from ..strategies import AccumulatingStrategy, MeshStrategy
+from ._devices import DeviceSpec, budget_bytes, device_spec
+from ._measure import Builder
+from ._result import Plan
+from ._search import search
+from ._space import PlanSpace, has_stack
+
+
+def plan_trainer(
+    parts: TrainerParts,
+    batch: Any,
+    *,
+    budget: int | str | None = None,
+    space: PlanSpace | None = None,
+    margin: float = 0.1,
+    device: str | DeviceSpec | None = None,
+    devices: int | Sequence[Any] | None = None,
+) -> Plan:
+    """The plan of a trainer's step for batches like `batch` (see
+    `DataParallelTrainer.plan`)."""
+    chosen = _devices(devices)
+    if not 0 <= margin < 1:
+        raise ValueError(
+            f"margin={margin!r} must be in [0, 1): the share of the budget kept "
+            "free, e.g. 0.1"
+        )
+    budget_ = budget_bytes(budget, chosen)
+    compiler = parts.preparer.compiler
+    step = compiler.parts
+    space = _space_of(space, step.strategy)
+    spec, size = _spec(parts, batch)
+    builder = Builder(
+        step,
+        parts.layout,
+        model_state=compiler.program_parts.model_state,
+        traced_checks=compiler.program_parts.traced_checks,
+        spec=spec,
+        size=size,
+    )
+    model = builder.abstract_model
+    remats = (
+        list(space.remat)
+        if space.remat is not None
+        else ([False, True] if has_stack(model) else [None])
+    )
+    return search(
+        builder,
+        chosen,
+        space,
+        remats,
+        budget=budget_,
+        margin=margin,
+        device=device_spec(device, chosen[0].device_kind),
+    )
+
+
+def _devices(devices: int | Sequence[Any] | None) -> list[Any]:
+    every = jax.devices()
+    if devices is None:
+        return every
+    if isinstance(devices, bool):
+        raise TypeError(f"devices={devices!r}: pass a count or a list of devices")
+    if isinstance(devices, int):
+        if not 1 <= devices <= len(every):
+            raise ValueError(
+                f"devices={devices!r}: JAX sees {len(every)} devices; pass a count "
+                f"from 1 to {len(every)}, or a list of devices"
+            )
+        return every[:devices]
+    return list(devices)
+
+
+def _space_of(space: PlanSpace | None, strategy: Any) -> PlanSpace:
+    """`space`, or the default one with the trainer's own rules and
+    min_size where it trains under a `MeshStrategy`."""
+    if space is not None:
+        if not isinstance(space, PlanSpace):
+            raise TypeError(
+                f"space={space!r} is not a px.PlanSpace; pass e.g. "
+                "px.PlanSpace(rules=[...], microbatches=(1, 2, 4))"
+            )
+        return space
+    inner = strategy.inner if isinstance(strategy, AccumulatingStrategy) else strategy
+    if isinstance(inner, MeshStrategy):
+        rules = [(rule.pattern, rule.spec) for rule in inner.rules]
+        return PlanSpace(rules=rules, min_size=inner.min_size)
+    return PlanSpace()
+
+
+def _spec(parts: TrainerParts, batch: Any) -> tuple[BatchSpec, int]:
+    """The spec of `batch` (arrays, or `jax.ShapeDtypeStruct`s) and its
+    examples."""
+    inputs, targets = check_split(parts.preparer.hooks.split_batch(batch))
+    leaves, treedef = jax.tree.flatten((inputs, targets))
+    if not leaves or not all(
+        hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves
+    ):
+        raise TypeError(
+            f"batch={batch!r}: pass a batch of arrays, or of jax.ShapeDtypeStruct "
+            "(its shapes), e.g. (jax.ShapeDtypeStruct((256, 784), jnp.float32), "
+            "jax.ShapeDtypeStruct((256,), jnp.int32))"
+        )
+    return BatchSpec.of(leaves, treedef), int(leaves[0].shape[0])

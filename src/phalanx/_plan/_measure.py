@@ -1,0 +1,182 @@
+"""One candidate of a plan, built on abstract arguments: its state's layout
+and bytes per device (known without compiling, the plan's memory bound),
+its FLOPs (from a trace, the plan's time bound), then, compiled ahead of
+time, its memory, its collectives' bytes and its predicted step time.
+Nothing is placed or run: every argument is a `jax.ShapeDtypeStruct`.
+"""
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+
+from .._checks._batch import BatchSpec
+from .._engine._compiled import StepCompiler
+from .._engine._layout import StateLayout, state_layout
+from .._engine._program import Program
+from .._engine._step import StepParts
+from .._engine._summary import StepMemory
+from ..strategies import Strategy
+from ._devices import DeviceSpec
+from ._hlo import collective_bytes
+from ._space import Candidate, Remat, with_remat
+
+
+@dataclasses.dataclass(frozen=True)
+class Bounds:
+    """What a candidate costs at least, known before it is compiled.
+
+    Attributes:
+        state: the bytes of the training state (parameters, optimizer
+            state, ...) on the device holding the most: no step takes less.
+        flops: the step's FLOPs per device (from its trace).
+        seconds: no prediction of its step time is lower: the larger of its
+            FLOPs at the device's peak and reading and writing its state at
+            the memory's bandwidth.
+    """
+
+    state: int
+    flops: float
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """A compiled candidate's figures, per device.
+
+    Attributes:
+        memory: the compiled step's memory (`peak`: what it holds at most).
+        collectives: the bytes it sends to other devices in one step.
+        compute, traffic, communication: the cost model's seconds for its
+            FLOPs, its memory traffic and its collectives.
+    """
+
+    memory: StepMemory
+    collectives: float
+    compute: float
+    traffic: float
+    communication: float
+
+    @property
+    def seconds(self) -> float:
+        """The predicted step time: compute and memory traffic overlap (the
+        slower sets the pace), collectives do not (a conservative model)."""
+        return max(self.compute, self.traffic) + self.communication
+
+
+class Builder:
+    """Builds a trainer's step under other strategies and remat settings,
+    from its parts and the abstract state (never its arrays)."""
+
+    def __init__(
+        self,
+        step: StepParts,
+        layout: StateLayout,
+        *,
+        model_state: Any,
+        traced_checks: bool,
+        spec: BatchSpec,
+        size: int,
+    ):
+        self._step = step
+        self._state = eqx.filter_eval_shape(layout.unflatten, layout.structs)
+        self._model_state = model_state
+        self._checks = traced_checks
+        self.spec = spec
+        self.size = size
+
+    @property
+    def abstract_model(self) -> Any:
+        """The trainer's model, as shapes."""
+        return self._state.model
+
+    def layout(self, strategy: Strategy, remat: Remat | None) -> StateLayout:
+        """The state's layout under `strategy`, its stacks set to `remat`."""
+        # Everywhere: the optimizer's moments hold the model's structure too.
+        state = with_remat(self._state, remat)
+        dynamic, static = eqx.partition(
+            state, lambda x: isinstance(x, jax.ShapeDtypeStruct)
+        )
+        found: list[StateLayout] = []
+
+        def trace(arrays: Any) -> int:
+            found.append(state_layout(strategy, eqx.combine(arrays, static)))
+            return 0
+
+        jax.eval_shape(trace, dynamic)  # the strategy reads shapes alone
+        return found[0]
+
+    def program(self, strategy: Strategy, layout: StateLayout) -> tuple[Program, float]:
+        """The step's program under `strategy` (traced, not compiled) and
+        its FLOPs per device."""
+        compiler = StepCompiler(
+            self._step._replace(strategy=strategy),
+            layout,
+            model=_model_of(layout),
+            model_state=self._model_state,
+            traced_checks=self._checks,
+        )
+        program = compiler.build(self.spec, self.size, compile=False)
+        return program, compiler.flops(program, self.size).per_device
+
+
+def _model_of(layout: StateLayout) -> Any:
+    """The abstract model of `layout`'s state (to explain a batch that
+    does not fit it)."""
+    return eqx.filter_eval_shape(layout.unflatten, layout.structs).model
+
+
+def state_bytes(layout: StateLayout) -> int:
+    """The bytes of a state laid out as `layout` on its fullest device."""
+    per_device: dict[Any, int] = {}
+    for struct, sharding in zip(layout.structs, layout.shardings, strict=True):
+        size = np.dtype(struct.dtype).itemsize
+        for device, index in sharding.devices_indices_map(tuple(struct.shape)).items():
+            shape = [
+                len(range(*part.indices(whole)))
+                for part, whole in zip(index, struct.shape, strict=True)
+            ]
+            per_device[device] = per_device.get(device, 0) + math.prod(shape) * size
+    return max(per_device.values(), default=0)
+
+
+def bounds(layout: StateLayout, flops: float, device: DeviceSpec) -> Bounds:
+    """A candidate's `Bounds`, from its layout and FLOPs per device."""
+    state = state_bytes(layout)
+    seconds = max(flops / device.flops, 2 * state / device.memory_bandwidth)
+    return Bounds(state, flops, seconds)
+
+
+def measure(
+    program: Program,
+    candidate: Candidate,
+    flops: float,
+    devices: Sequence[Any],
+    device: DeviceSpec,
+) -> Measured:
+    """Compile `program`'s train step ahead of time and cost it.
+
+    Memory traffic, as the model counts it: every argument read once,
+    every output written once, and each microbatch's temporaries written
+    and read once."""
+    compiled = program.traced.lower(*program.arguments).compile()
+    memory = StepMemory.of_stats(compiled.memory_analysis())
+    if memory is None:  # every backend JAX 0.10 runs on reports it
+        raise RuntimeError("the backend reports no memory analysis to plan with")
+    sent = collective_bytes(compiled.as_text() or "", len(devices))
+    traffic = (
+        memory.arguments
+        + memory.outputs
+        + 2 * candidate.microbatches * memory.temporaries
+    )
+    return Measured(
+        memory=memory,
+        collectives=sent,
+        compute=flops / device.flops,
+        traffic=traffic / device.memory_bandwidth,
+        communication=sent / device.link_bandwidth,
+    )

@@ -1,0 +1,226 @@
+"""What a plan found (`Plan`): a row per candidate weighed, the choice, and
+what to pass to `DataParallelTrainer` (or ``phalanx train``) to run it."""
+
+import dataclasses
+import shlex
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+from .._engine._summary import format_bytes, plain_text
+from ..strategies import Strategy
+from ._devices import DeviceSpec
+from ._space import Candidate, PlanSpace, remat_name, with_remat
+
+
+if TYPE_CHECKING:
+    from ._measure import Bounds, Measured
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+    """One candidate as the plan left it.
+
+    Attributes:
+        candidate: its mesh split, microbatches and remat setting.
+        status: ``"fits"`` (compiled; its peak within the budget less the
+            margin), ``"too big"`` (compiled; it is not), ``"pruned"`` (not
+            compiled: its state alone exceeds that), ``"bounded"`` (not
+            compiled: its time bound is no faster than a candidate that
+            fits), ``"skipped"`` (the batch does not split over it).
+        why: the reason, in words (empty where it fits).
+        bounds: what it costs at least, known before compiling (None where
+            skipped).
+        measured: its compiled figures (None where not compiled).
+    """
+
+    candidate: Candidate
+    status: str
+    why: str = ""
+    bounds: "Bounds | None" = None
+    measured: "Measured | None" = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A fit's plan: the candidates weighed and the one chosen (the fastest
+    predicted that fits within the budget less the margin; None where none
+    does).
+
+    Attributes:
+        rows: every candidate, in the order weighed.
+        choice: the chosen row (None: nothing fits).
+        budget: the bytes each device may hold.
+        margin: the share of the budget kept free.
+        device: the cost model's device.
+        devices: how many devices the plan is for.
+        size: the global batch's examples.
+        compiled: how many candidates were compiled.
+        seconds: how long the plan took.
+        space: what it chose among.
+    """
+
+    rows: tuple[PlanRow, ...]
+    choice: PlanRow | None
+    budget: int
+    margin: float
+    device: DeviceSpec
+    devices: int
+    size: int
+    compiled: int
+    seconds: float
+    space: PlanSpace
+
+    @classmethod
+    def of(cls, rows: Sequence[PlanRow], **fields: Any) -> "Plan":
+        """The plan of `rows`, its choice the fastest predicted that fits."""
+        fitting = [r for r in rows if r.status == "fits" and r.measured is not None]
+        choice = min(
+            fitting,
+            key=lambda r: (r.measured.seconds, r.candidate.microbatches),  # pyright: ignore[reportOptionalMemberAccess]
+            default=None,
+        )
+        return cls(tuple(rows), choice, **fields)
+
+    @property
+    def smallest_peak(self) -> PlanRow | None:
+        """The compiled row of the smallest peak (None: none compiled)."""
+        compiled = [r for r in self.rows if r.measured is not None]
+        return min(compiled, key=lambda r: r.measured.memory.peak, default=None)  # pyright: ignore[reportOptionalMemberAccess]
+
+    def nothing_fits(self) -> str:
+        """Why nothing fits, in one line (with the smallest peak found)."""
+        smallest = self.smallest_peak
+        usable = (
+            f"{format_bytes(self.budget)} a device less the {self.margin:.0%} margin"
+        )
+        if smallest is None or smallest.measured is None:
+            return (
+                f"nothing fits: no candidate's state fits in {usable}; add devices "
+                "or shrink the model"
+            )
+        return (
+            f"nothing fits: the smallest peak found is "
+            f"{format_bytes(smallest.measured.memory.peak)} per device "
+            f"({smallest.candidate.describe()}), over the budget of {usable}; "
+            "add devices, shrink the batch, or allow more microbatches"
+        )
+
+    def _chosen(self) -> Candidate:
+        if self.choice is None:
+            raise ValueError(self.nothing_fits())
+        return self.choice.candidate
+
+    def strategy(self, devices: Sequence[Any] | None = None) -> Strategy:
+        """The chosen candidate's strategy (on `devices`: by default the
+        first `devices` of `jax.devices()`).
+
+        Raises:
+            ValueError: nothing fits.
+        """
+        import jax
+
+        chosen = self._chosen()
+        return chosen.strategy(self.space, devices or jax.devices()[: self.devices])
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """What to pass to `DataParallelTrainer` (with the model that
+        `model` returns): ``{"strategy": ...}``."""
+        return {"strategy": self.strategy()}
+
+    def model(self, model: Any) -> Any:
+        """`model` with its `Stacked` stacks set to the chosen remat."""
+        return with_remat(model, self._chosen().remat)
+
+    def command(self, flags: Sequence[str] = ()) -> str:
+        """The ``phalanx train`` command that runs the choice: `flags` (the
+        options of the run planned), then the chosen layout's.
+
+        Raises:
+            ValueError: nothing fits, or the choice splits over ``tensor``
+                (rules: the Python API only) or sets a remat policy (the
+                model's own: no flag sets it).
+        """
+        chosen = self._chosen()
+        if chosen.tensor > 1:
+            raise ValueError(
+                "the choice splits over tensor, which needs sharding rules; "
+                "phalanx train takes none: train with plan.trainer_kwargs()"
+            )
+        mesh = f"data={chosen.data},fsdp={chosen.fsdp}"
+        layout = ["--strategy", "mesh", "--mesh", mesh]
+        if chosen.microbatches > 1:
+            layout += ["--microbatches", str(chosen.microbatches)]
+        return shlex.join(["phalanx", "train", *_without_layout(flags), *layout])
+
+    def __rich__(self) -> Table:
+        kind = "relative" if self.device.relative else "predicted"
+        table = Table(
+            title=f"plan: {self.size} examples a step on {self.devices} devices, "
+            f"budget {format_bytes(self.budget)} a device (margin {self.margin:.0%})",
+            caption=self._caption(),
+        )
+        for column in ("mesh (data·fsdp·tensor)", "micro", "remat", "state", "peak"):
+            table.add_column(column, justify="right")
+        table.add_column("collectives", justify="right")
+        table.add_column(f"step ({kind})", justify="right")
+        table.add_column("", justify="left")
+        for row in self.rows:
+            c, m = row.candidate, row.measured
+            mark = "<- chosen" if row is self.choice else row.status
+            if row.why and row is not self.choice:
+                mark += f": {row.why}"
+            table.add_row(
+                f"{c.data}·{c.fsdp}·{c.tensor}",
+                str(c.microbatches),
+                "-" if c.remat is None else remat_name(c.remat),
+                "-" if row.bounds is None else format_bytes(row.bounds.state),
+                "-" if m is None else format_bytes(m.memory.peak),
+                "-" if m is None else format_bytes(int(m.collectives)),
+                "-" if m is None else _time(m.seconds, self.device.relative),
+                mark,
+            )
+        return table
+
+    def _caption(self) -> str:
+        device = self.device
+        memory, links = device.memory_bandwidth / 1e9, device.link_bandwidth / 1e9
+        model = (
+            f"cost model: {device.name}, {device.flops / 1e12:g} TFLOP/s, memory "
+            f"{memory:g} GB/s, links {links:g} GB/s"
+        )
+        if device.relative:
+            model += " (nominal: times rank the candidates, they do not predict)"
+        done = f"{self.compiled} compiled in {self.seconds:.1f} s"
+        chosen = (
+            self.nothing_fits()
+            if self.choice is None
+            else f"chosen: {self.choice.candidate.describe()}"
+        )
+        return f"{chosen}\n{model}\n{done}"
+
+    def __str__(self) -> str:
+        """The table as plain text (no colours), as wide as it needs."""
+        return plain_text(self.__rich__())
+
+
+def _time(seconds: float, relative: bool) -> str:
+    if relative:
+        return f"{seconds * 1e3:.3g} units"
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _without_layout(flags: Sequence[str]) -> list[str]:
+    """`flags` without the layout options the plan sets."""
+    out, skip = [], False
+    for flag in flags:
+        if skip:
+            skip = False
+            continue
+        name = flag.split("=", 1)[0]
+        if name in ("--strategy", "--mesh", "--microbatches", "--shard"):
+            skip = "=" not in flag
+            continue
+        out.append(flag)
+    return out

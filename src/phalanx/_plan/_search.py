@@ -1,0 +1,143 @@
+"""The plan's search: every (mesh split, remat) pair of the space, bounded
+before it is compiled, then its fewest microbatches that fit found by
+bisection, cheapest bound first, until no bound left can beat the best
+prediction found (branch and bound: the choice is the best of the space by
+the cost model, and no candidate that fits is pruned on memory).
+"""
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ._devices import DeviceSpec
+from ._measure import Bounds, Builder, Measured, bounds, measure
+from ._result import Plan, PlanRow
+from ._space import Candidate, PlanSpace, mesh_splits, microbatch_counts
+
+
+def search(
+    builder: Builder,
+    devices: Sequence[Any],
+    space: PlanSpace,
+    remats: Sequence[Any],
+    *,
+    budget: int,
+    margin: float,
+    device: DeviceSpec,
+) -> Plan:
+    """The plan of `builder`'s step over `space` on `devices` (see module)."""
+    began = time.perf_counter()
+    usable = budget * (1 - margin)
+    rows: list[PlanRow] = []
+    pairs: list[tuple[Bounds, Candidate, Any]] = []
+    n = builder.size
+    for data, fsdp, tensor in mesh_splits(len(devices), space):
+        for remat in remats:
+            first = Candidate(data, fsdp, tensor, 1, remat)
+            if data * fsdp * tensor != len(devices) or n % (data * fsdp):
+                why = f"{n} examples do not split over data x fsdp = {data * fsdp}"
+                if data * fsdp * tensor != len(devices):
+                    why = f"the mesh is not the {len(devices)} devices"
+                rows.append(PlanRow(first, "skipped", why))
+                continue
+            strategy = first.strategy(space, devices)
+            layout = builder.layout(strategy, remat)
+            program, flops = builder.program(strategy, layout)
+            bound = bounds(layout, flops, device)
+            if bound.state > usable:
+                rows.append(
+                    PlanRow(
+                        first, "pruned", "the state alone exceeds the budget", bound
+                    )
+                )
+                continue
+            pairs.append((bound, first, (layout, program, flops)))
+    best: Measured | None = None
+    compiled = 0
+    for bound, first, (layout, program, flops) in sorted(
+        pairs, key=lambda pair: pair[0].seconds
+    ):
+        if best is not None and bound.seconds >= best.seconds:
+            rows.append(
+                PlanRow(first, "bounded", "its bound is no faster than the best", bound)
+            )
+            continue
+        counts = microbatch_counts(n // (first.data * first.fsdp), space)
+        found = _fewest_that_fit(
+            builder,
+            first,
+            counts,
+            layout,
+            (program, flops),
+            devices,
+            space,
+            device,
+            usable,
+            bound,
+        )
+        compiled += len(found)
+        rows.extend(found)
+        fits = [row for row in found if row.status == "fits"]
+        if fits and fits[0].measured is not None:
+            if best is None or fits[0].measured.seconds < best.seconds:
+                best = fits[0].measured
+    return Plan.of(
+        rows,
+        budget=budget,
+        margin=margin,
+        device=device,
+        devices=len(devices),
+        size=n,
+        compiled=compiled,
+        seconds=time.perf_counter() - began,
+        space=space,
+    )
+
+
+def _fewest_that_fit(
+    builder: Builder,
+    first: Candidate,
+    counts: list[int],
+    layout: Any,
+    traced: tuple[Any, float],
+    devices: Sequence[Any],
+    space: PlanSpace,
+    device: DeviceSpec,
+    usable: float,
+    bound: Bounds,
+) -> list[PlanRow]:
+    """The rows of the microbatch counts compiled for `first`'s mesh and
+    remat: one microbatch first, then a bisection of the others for the
+    fewest that fit (a step's peak falls as its microbatches grow)."""
+    rows: dict[int, PlanRow] = {}
+
+    def fits(k: int) -> bool:
+        candidate = first._replace(microbatches=k)
+        if k == 1:
+            program, flops = traced
+        else:
+            program, flops = builder.program(candidate.strategy(space, devices), layout)
+        measured = measure(program, candidate, flops, devices, device)
+        ok = measured.memory.peak <= usable
+        rows[k] = PlanRow(
+            candidate,
+            "fits" if ok else "too big",
+            "" if ok else "its peak exceeds the budget",
+            bound,
+            measured,
+        )
+        return ok
+
+    if not counts:
+        return [PlanRow(first, "skipped", "no microbatch count divides the batch")]
+    if not fits(counts[0]):
+        lo, hi = 1, len(counts) - 1
+        found = None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if fits(counts[mid]):
+                found, hi = mid, mid - 1
+            else:
+                lo = mid + 1
+        del found
+    return [rows[k] for k in sorted(rows)]

@@ -1,0 +1,141 @@
+"""The candidates a plan weighs (`PlanSpace` -> `Candidate`s): each mesh
+split of the devices into data × fsdp × tensor, each `Stacked` remat
+setting, and a number of microbatches; and the strategy each stands for.
+"""
+
+import copy
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+
+from .._stacking import AbstractStacked
+from ..strategies import AccumulatingStrategy, MeshStrategy, Strategy
+from ..strategies._rules import Rule
+
+
+Remat = bool | Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanSpace:
+    """What a plan may choose among.
+
+    Attributes:
+        meshes: ``(data, fsdp, tensor)`` sizes whose product is the device
+            count; None: every such split (``tensor > 1`` only with `rules`:
+            without them the tensor axis splits nothing).
+        microbatches: microbatch counts to try; None: 1, 2, 4, ... up to each
+            device's share of the batch (the fewest that fit are searched
+            for, by bisection).
+        remat: the `Stacked` remat settings to try (bools or
+            `jax.checkpoint_policies` policies); None: ``(False, True)``
+            where the model has a `Stacked` stack, else its own.
+        rules: `MeshStrategy` sharding rules (as its argument).
+        min_size: `MeshStrategy`'s ``min_size``.
+    """
+
+    meshes: Sequence[tuple[int, int, int]] | None = None
+    microbatches: Sequence[int] | None = None
+    remat: Sequence[Remat] | None = None
+    rules: Sequence[Rule] = ()
+    min_size: int = 2**12
+
+
+class Candidate(NamedTuple):
+    """One layout a plan weighs: a mesh split, a remat setting (None: the
+    model's own, no `Stacked` in it) and a microbatch count."""
+
+    data: int
+    fsdp: int
+    tensor: int
+    microbatches: int
+    remat: Remat | None
+
+    def strategy(self, space: PlanSpace, devices: Sequence[Any]) -> Strategy:
+        """The strategy this candidate trains with on `devices`."""
+        mesh = MeshStrategy(
+            list(devices),
+            data=self.data,
+            fsdp=self.fsdp,
+            tensor=self.tensor,
+            rules=list(space.rules),
+            min_size=space.min_size,
+        )
+        if self.microbatches == 1:
+            return mesh
+        return AccumulatingStrategy(mesh, microbatches=self.microbatches)
+
+    def describe(self) -> str:
+        """E.g. ``"data=2 fsdp=4 tensor=1, 2 microbatches, remat=True"``."""
+        text = f"data={self.data} fsdp={self.fsdp} tensor={self.tensor}"
+        if self.microbatches > 1:
+            text += f", {self.microbatches} microbatches"
+        if self.remat is not None:
+            text += f", remat={remat_name(self.remat)}"
+        return text
+
+
+def remat_name(remat: Remat) -> str:
+    """A remat setting as its policy's name (``dots_saveable``) or bool."""
+    return (
+        str(remat)
+        if isinstance(remat, bool)
+        else getattr(remat, "__name__", repr(remat))
+    )
+
+
+def mesh_splits(devices: int, space: PlanSpace) -> list[tuple[int, int, int]]:
+    """The space's ``(data, fsdp, tensor)`` splits of `devices`."""
+    if space.meshes is not None:
+        return [tuple(m) for m in space.meshes]  # pyright: ignore[reportReturnType]
+    splits = []
+    for tensor in _divisors(devices):
+        if tensor > 1 and not space.rules:
+            continue
+        for fsdp in _divisors(devices // tensor):
+            splits.append((devices // tensor // fsdp, fsdp, tensor))
+    return splits
+
+
+def microbatch_counts(per_device: int, space: PlanSpace) -> list[int]:
+    """The microbatch counts to try for `per_device` examples a device."""
+    if space.microbatches is not None:
+        counts = sorted(set(space.microbatches))
+    else:
+        counts = [2**i for i in range(per_device.bit_length()) if 2**i <= per_device]
+    return [k for k in counts if per_device % k == 0]
+
+
+def has_stack(model: Any) -> bool:
+    """Whether `model` holds a `Stacked` (or other `AbstractStacked`) stack."""
+    return any(
+        isinstance(node, AbstractStacked)
+        for node in jax.tree.leaves(
+            model, is_leaf=lambda x: isinstance(x, AbstractStacked)
+        )
+    )
+
+
+def with_remat(tree: Any, remat: Remat | None) -> Any:
+    """`tree` (a model, or the static part of a state) with every
+    `Stacked` stack in it set to `remat` (None: unchanged)."""
+    if remat is None:
+        return tree
+
+    def set_remat(node: Any) -> Any:
+        if not isinstance(node, AbstractStacked) or not hasattr(node, "remat"):
+            return node
+        changed = copy.copy(node)
+        # A static field of a frozen module, set on a copy (as each_layer).
+        object.__setattr__(changed, "remat", remat)
+        return changed
+
+    return jax.tree.map(
+        set_remat, tree, is_leaf=lambda x: isinstance(x, AbstractStacked)
+    )
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

@@ -1,0 +1,77 @@
+"""`px.plan`: the fit planner for a model not built yet (or too large to
+build on one device): the trainer is put together on the model's shapes
+alone (its constructor traced by `jax.eval_shape`: no array is made or
+placed), and its `plan` weighs the layouts."""
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import optax
+
+from ._plan._devices import DeviceSpec
+from ._plan._result import Plan
+from ._plan._space import PlanSpace
+from ._trainer import DataParallelTrainer
+
+
+def plan(
+    model: eqx.Module | Callable[[], eqx.Module],
+    optimizer: optax.GradientTransformation,
+    batch: Any,
+    *,
+    budget: int | str | None = None,
+    space: PlanSpace | None = None,
+    margin: float = 0.1,
+    device: str | DeviceSpec | None = None,
+    devices: int | Sequence[Any] | None = None,
+    trainer: type[DataParallelTrainer] = DataParallelTrainer,
+    **trainer_kwargs: Any,
+) -> Plan:
+    """Which layout to train `model` with: the fastest predicted that fits.
+
+    Each candidate of `space` (mesh split data × fsdp × tensor, `Stacked`
+    remat, microbatches) is compiled ahead of time on abstract arguments
+    and costed; see `DataParallelTrainer.plan`, which this calls on a
+    trainer built from the model's shapes alone.
+
+    Args:
+        model: the model, or a function of no arguments building it
+            (called under `jax.eval_shape`: a model too large for one
+            device is never made).
+        optimizer: the optax transformation (as for the trainer).
+        batch: a batch, or its shapes (`jax.ShapeDtypeStruct` leaves).
+        budget, space, margin, device, devices: as for
+            `DataParallelTrainer.plan`.
+        trainer: the trainer class (a subclass with its own hooks).
+        **trainer_kwargs: the trainer's other arguments (``loss``,
+            ``precision``, ...); a `MeshStrategy` passed as ``strategy``
+            gives the space its rules and min_size.
+
+    Example:
+        ```python
+        plan = px.plan(lambda: make_model(jax.random.key(0)), optax.adam(3e-4),
+                       (x_shapes, y_shapes), budget="16GiB")
+        print(plan)
+        trainer = px.DataParallelTrainer(plan.model(make_model(key)),
+                                         optax.adam(3e-4), **plan.trainer_kwargs())
+        ```
+    """
+    build = model if not isinstance(model, eqx.Module) else (lambda: model)
+    if not callable(build):
+        raise TypeError(
+            f"model={model!r} is neither an Equinox module nor a function "
+            "building one; pass the model, or e.g. lambda: MyModel(key)"
+        )
+    built: list[DataParallelTrainer] = []
+
+    def construct() -> int:
+        kwargs = {"progress": False, **trainer_kwargs}
+        built.append(trainer(build(), optimizer, **kwargs))
+        return 0
+
+    jax.eval_shape(construct)  # the trainer's parts, from shapes alone
+    return built[0].plan(
+        batch, budget=budget, space=space, margin=margin, device=device, devices=devices
+    )
