@@ -23,6 +23,7 @@ from jaxtyping import Array, PyTree, Shaped
 from . import _losses
 from ._assembly._fit import FitOptions, run_fit
 from ._assembly._operations import (
+    averaged_model,
     evaluate_data,
     flops_for,
     lower_for,
@@ -332,18 +333,9 @@ class DataParallelTrainer(Generic[_Model]):
     @property
     def ema_model(self) -> _Model:
         """The current model with the moving average of its parameters in
-        their place, as evaluations and `predict` use it.
-
-        Raises:
-            ValueError: the trainer keeps no average.
-        """
-        state = self.state
-        if state.ema is None:
-            raise ValueError(
-                "ema_model: this trainer keeps no moving average of the weights; "
-                "pass DataParallelTrainer(..., ema=0.999) to keep one"
-            )
-        return state.averaged_model
+        their place, as evaluations and `predict` use it (ValueError: none
+        kept)."""
+        return averaged_model(self.state)
 
     @validates_own_arguments
     @binds_or_advises
@@ -445,9 +437,8 @@ class DataParallelTrainer(Generic[_Model]):
         return flops_for(self._parts, batch)
 
     def plan(self, batch: PyTree, **options: Any) -> Plan:
-        """The fastest layout that fits (`px.Plan`), found by compiling this
-        trainer's step for batches like `batch` under each candidate; the
-        guide "Planning a fit" says the options and the cost model."""
+        """The fastest layout that fits (a `px.Plan`), this step compiled for
+        batches like `batch` under each candidate (the guide "Planning a fit")."""
         return plan_trainer(self._parts, batch, **options)
 
     def lower(self, batch: PyTree) -> jax.stages.Lowered:
@@ -464,11 +455,10 @@ class DataParallelTrainer(Generic[_Model]):
         end: float = 10.0,
         steps: int = 100,
     ) -> LRFinderResult:
-        """The learning-rate range test (Lightning's ``Tuner.lr_find``): one
-        step per rate, rising geometrically from `start` to `end` until the
-        loss diverges; the rate where it falls fastest is the suggestion
-        (``found.suggestion``, ``found.plot("lr.png")``). The state is then
-        put back, to the bit.
+        """The learning-rate range test (Lightning's ``Tuner.lr_find``): one step
+        per rate, from `start` to `end` geometrically until the loss diverges;
+        the suggestion is where it falls fastest (``found.suggestion``,
+        ``found.plot("lr.png")``); the state is then put back, to the bit.
 
         Raises:
             TypeError: phalanx cannot read the optimizer's learning rate.

@@ -68,6 +68,21 @@ def restore_into(
     parts.current.restored = True
 
 
+def averaged_model(state: TrainState) -> Any:
+    """The model of `state` with the moving average of its parameters in
+    their place (see `DataParallelTrainer.ema_model`).
+
+    Raises:
+        ValueError: the state keeps no average.
+    """
+    if state.ema is None:
+        raise ValueError(
+            "ema_model: this trainer keeps no moving average of the weights; "
+            "pass DataParallelTrainer(..., ema=0.999) to keep one"
+        )
+    return state.averaged_model
+
+
 def set_state(parts: TrainerParts, state: TrainState) -> None:
     """Make `state` (of the trainer's structure) the run's, at its step."""
     leaves = checked_leaves(parts.layout, state)

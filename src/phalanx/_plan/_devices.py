@@ -3,15 +3,20 @@ matrix throughput, its memory bandwidth and its link bandwidth to the
 other devices of its slice or node (datasheet figures, per chip), and how
 many bytes a step may take on it (`budget_bytes`).
 
-The figures are the vendors' published peaks (bfloat16 dense, no
-sparsity; memory: HBM; link: one direction of NVLink per GPU, the ICI of
-one chip per TPU). No program reaches them; the cost model ranks layouts
-by them (the guide "Planning a fit" says how far off it is measured).
+The figures are the vendors' published peaks (dense, no sparsity, in the
+step's compute dtype: the MFU table's; memory: HBM; link: one direction of
+NVLink per GPU, the ICI of one chip per TPU). No program reaches them;
+the cost model ranks layouts by them (the guide "Planning a fit" says how
+far off it is measured).
 """
 
 import dataclasses
-import re
 from typing import Any
+
+import numpy as np
+
+from .._telemetry._peak_flops import peak_flops
+from ._sizes import HOW, parse_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,7 +25,8 @@ class DeviceSpec:
 
     Attributes:
         name: the kind (``"H100"``, ``"TPU v5p"``, ``"cpu"``).
-        flops: peak dense matrix operations per second (bfloat16).
+        flops: peak dense matrix operations per second, in the step's
+            compute dtype.
         memory_bandwidth: bytes per second between the chip and its memory.
         link_bandwidth: bytes per second a device sends to the others (one
             direction).
@@ -35,49 +41,55 @@ class DeviceSpec:
     relative: bool = False
 
 
-DEVICES = {
-    spec.name.lower(): spec
-    for spec in (
-        DeviceSpec("H100", 989e12, 3.35e12, 450e9),
-        DeviceSpec("H200", 989e12, 4.8e12, 450e9),
-        DeviceSpec("A100", 312e12, 2.04e12, 300e9),
-        DeviceSpec("TPU v4", 275e12, 1.23e12, 300e9),
-        DeviceSpec("TPU v5e", 197e12, 0.82e12, 200e9),
-        DeviceSpec("TPU v5p", 459e12, 2.76e12, 600e9),
-        # Nominal: a ranking on a CPU host says which layout does less, not
-        # how long it takes.
-        DeviceSpec("cpu", 1e11, 2e10, 1e10, relative=True),
-    )
-}
+# (device_kind contains this, case folded; memory bytes/s; link bytes/s one
+# direction), the more specific names first. Sources: the vendors' data
+# sheets (HBM bandwidth; NVLink per GPU, half the bidirectional figure;
+# PCIe 5 x16 for the PCIe H100; a TPU chip's ICI).
+BANDWIDTHS: tuple[tuple[str, float, float], ...] = (
+    ("a100", 2.04e12, 300e9),
+    ("h100 pcie", 2.0e12, 64e9),
+    ("h100", 3.35e12, 450e9),
+    ("h200", 4.8e12, 450e9),
+    ("b200", 8.0e12, 900e9),
+    ("tpu v4", 1.23e12, 300e9),
+    ("tpu v5 lite", 0.82e12, 200e9),
+    ("tpu v5e", 0.82e12, 200e9),
+    ("tpu v5p", 2.76e12, 600e9),
+    ("tpu v5", 2.76e12, 600e9),
+    ("tpu v6 lite", 1.64e12, 448e9),
+    ("tpu v6e", 1.64e12, 448e9),
+)
+# Nominal: a ranking on a CPU host says which layout does less, not how long
+# it takes.
+CPU = DeviceSpec("cpu", 1e11, 2e10, 1e10, relative=True)
 
 
-def device_spec(device: str | DeviceSpec | None, kind: str) -> DeviceSpec:
-    """The spec named by `device` (a key of `DEVICES`, any case), or, with
-    None, that of the devices' `kind` (``jax.Device.device_kind``; a kind
-    not in the table is costed as a CPU is: relatively).
+def device_spec(
+    device: str | DeviceSpec | None, kind: str, compute: np.dtype
+) -> DeviceSpec:
+    """The spec of `device` (a name of the tables, e.g. ``"h100"``; a
+    `DeviceSpec`; None: the devices' own `kind`, their
+    ``jax.Device.device_kind``), its peak in the `compute` dtype (the
+    MFU table's, `_telemetry/_peak_flops.py`). A kind of neither table is
+    costed as a CPU is: relatively.
 
     Raises:
-        ValueError: `device` names no device of the table.
+        ValueError: `device` names no device of the tables.
     """
     if isinstance(device, DeviceSpec):
         return device
-    if device is not None:
-        found = DEVICES.get(device.lower())
-        if found is None:
-            raise ValueError(
-                f"device={device!r} is not a device the cost model knows; pass one "
-                f"of {sorted(spec.name for spec in DEVICES.values())}, or a "
-                "px.DeviceSpec(name, flops, memory_bandwidth, link_bandwidth)"
-            )
-        return found
-    for spec in DEVICES.values():
-        if spec.name != "cpu" and re.search(rf"\b{re.escape(spec.name)}\b", kind, re.I):
-            return spec
-    return DEVICES["cpu"]
-
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+    name = (device if device is not None else kind).casefold()
+    for known, memory, link in BANDWIDTHS:
+        peak = peak_flops(known, compute)
+        if known in name and peak is not None:
+            return DeviceSpec(known.upper(), peak, memory, link)
+    if device is not None and device.casefold() != "cpu":
+        raise ValueError(
+            f"device={device!r} is not a device the cost model knows; pass one of "
+            f"{[known for known, _, _ in BANDWIDTHS]} or 'cpu', or a "
+            "px.DeviceSpec(name, flops, memory_bandwidth, link_bandwidth)"
+        )
+    return CPU
 
 
 def budget_bytes(budget: int | str | None, devices: list[Any]) -> int:
@@ -102,17 +114,12 @@ def budget_bytes(budget: int | str | None, devices: list[Any]) -> int:
             )
         return int(limit)
     if isinstance(budget, str):
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", budget)
-        unit = None if match is None else _UNITS.get(match.group(2).lower())
-        if match is None or unit is None:
-            raise ValueError(
-                f"budget={budget!r} is not a size; pass bytes as an int or a "
-                "string such as '16GiB', '512MiB' or '2.5GB'"
-            )
-        budget = int(float(match.group(1)) * unit)
+        try:
+            return parse_size(budget)
+        except ValueError as error:
+            raise ValueError(f"budget={error}") from None
     if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
         raise ValueError(
-            f"budget={budget!r} must be a positive number of bytes per device "
-            "(an int, or a string such as '16GiB')"
+            f"budget={budget!r} must be a positive number of bytes per device: {HOW}"
         )
     return budget

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from .._assembly._parts import TrainerParts
 from .._checks._batch import BatchSpec
@@ -63,7 +64,7 @@ def plan_trainer(
         remats,
         budget=budget_,
         margin=margin,
-        device=device_spec(device, chosen[0].device_kind),
+        device=device_spec(device, chosen[0].device_kind, step.precision.compute),
     )
 
 
@@ -113,4 +114,7 @@ def _spec(parts: TrainerParts, batch: Any) -> tuple[BatchSpec, int]:
             "(its shapes), e.g. (jax.ShapeDtypeStruct((256, 784), jnp.float32), "
             "jax.ShapeDtypeStruct((256,), jnp.int32))"
         )
-    return BatchSpec.of(leaves, treedef), int(leaves[0].shape[0])
+    n = int(leaves[0].shape[0])
+    shapes = tuple(tuple(leaf.shape[1:]) for leaf in leaves)
+    dtypes = tuple(np.dtype(leaf.dtype) for leaf in leaves)
+    return BatchSpec(treedef, shapes, dtypes, n), n

@@ -5,10 +5,15 @@ prediction found (branch and bound: the choice is the best of the space by
 the cost model, and no candidate that fits is pruned on memory).
 """
 
+import contextlib
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import jax
+
+from .._log import logger
 from ._devices import DeviceSpec
 from ._measure import Bounds, Builder, Measured, bounds, measure
 from ._result import Plan, PlanRow
@@ -26,6 +31,22 @@ def search(
     device: DeviceSpec,
 ) -> Plan:
     """The plan of `builder`'s step over `space` on `devices` (see module)."""
+    with _quiet():
+        return _search(
+            builder, devices, space, remats, budget=budget, margin=margin, device=device
+        )
+
+
+def _search(
+    builder: Builder,
+    devices: Sequence[Any],
+    space: PlanSpace,
+    remats: Sequence[Any],
+    *,
+    budget: int,
+    margin: float,
+    device: DeviceSpec,
+) -> Plan:
     began = time.perf_counter()
     usable = budget * (1 - margin)
     rows: list[PlanRow] = []
@@ -94,6 +115,25 @@ def search(
     )
 
 
+class _Drop(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        del record
+        return False
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """phalanx's log lines dropped while candidates are built: a strategy
+    says what it leaves whole as it is made, and the plan's own lint says
+    it of the choice."""
+    drop = _Drop()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
 def _fewest_that_fit(
     builder: Builder,
     first: Candidate,
@@ -117,7 +157,13 @@ def _fewest_that_fit(
             program, flops = traced
         else:
             program, flops = builder.program(candidate.strategy(space, devices), layout)
-        measured = measure(program, candidate, flops, devices, device)
+        try:
+            measured = measure(program, candidate, flops, devices, device)
+        except jax.errors.JaxRuntimeError as error:  # XLA refused the program
+            said = str(error).strip().splitlines()[0]
+            said = said if len(said) <= 100 else said[:99] + "…"
+            rows[k] = PlanRow(candidate, "failed", f"XLA refused it: {said}", bound)
+            return False
         ok = measured.memory.peak <= usable
         rows[k] = PlanRow(
             candidate,

@@ -218,6 +218,19 @@ class FindLRArgs:
     train_flags: tuple[str, ...] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class PlanArgs:
+    """The resolved options of one ``phalanx plan``."""
+
+    # The run planned, as ``phalanx train`` builds it from the same options.
+    run: TrainArgs
+    budget: int | None
+    margin: float
+    device: str | None
+    # The options given that ``phalanx train`` takes, as its flags.
+    train_flags: tuple[str, ...] = ()
+
+
 # Fields never written to a config file: the per-command options, and what is
 # no option.
 _NOT_WRITTEN = (*PER_COMMAND, "schedule_epochs")

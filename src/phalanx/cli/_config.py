@@ -13,6 +13,7 @@ from ._args import (
     PER_COMMAND,
     RESUMABLE,
     FindLRArgs,
+    PlanArgs,
     TrainArgs,
     UsageError,
     read_config,
@@ -57,6 +58,41 @@ _FIND_LR_ONLY = ("start", "end", "steps", "run_dir", "overwrite", "no_plot")
 def resolve_find_lr(argv: Sequence[str], namespace: argparse.Namespace) -> FindLRArgs:
     """The range test's options: its run is train's defaults, then the
     flags given (which find-lr shares with train)."""
+    run, flags = _run_and_flags(argv, namespace, _FIND_LR_ONLY)
+    return FindLRArgs(run, namespace.start, namespace.end, namespace.steps, flags)
+
+
+# plan's own options.
+_PLAN_ONLY = ("budget", "margin", "device")
+# train's options that plan chooses itself.
+PLAN_CHOOSES = ("strategy", "mesh", "shard", "microbatches")
+
+
+def resolve_plan(argv: Sequence[str], namespace: argparse.Namespace) -> PlanArgs:
+    """The plan's options: its run is train's defaults, then the flags
+    given (which plan shares with train).
+
+    Raises:
+        UsageError: an option that plan chooses itself was given.
+    """
+    given = vars(build_parser(explicit_only=True).parse_args(argv))
+    chosen = [name for name in PLAN_CHOOSES if name in given]
+    if chosen:
+        flags = ", ".join(f"--{name}" for name in chosen)
+        raise UsageError(
+            f"{flags}: phalanx plan chooses the strategy, mesh and microbatches "
+            "itself (that is its answer); drop them"
+        )
+    run, flags = _run_and_flags(argv, namespace, _PLAN_ONLY)
+    return PlanArgs(run, namespace.budget, namespace.margin, namespace.device, flags)
+
+
+def _run_and_flags(
+    argv: Sequence[str], namespace: argparse.Namespace, own: tuple[str, ...]
+) -> tuple[TrainArgs, tuple[str, ...]]:
+    """The run a command (find-lr, plan) works on: train's defaults, then
+    the flags given; and those of the flags given that ``phalanx train``
+    takes (not the command's `own`), as its flags."""
     given = vars(build_parser(explicit_only=True).parse_args(argv))
     defaults = vars(build_parser().parse_args(["train"]))
     run = TrainArgs.from_options({**defaults, **vars(namespace)})
@@ -64,16 +100,14 @@ def resolve_find_lr(argv: Sequence[str], namespace: argparse.Namespace) -> FindL
     flags = [
         part
         for name, value in given.items()
-        if name in actions and name not in _FIND_LR_ONLY
+        if name in actions and name not in own
         for token in _tokens(
             actions[name], list(value) if isinstance(value, tuple) else value
         )
         or ()
         for part in _spaced(token)
     ]
-    return FindLRArgs(
-        run, namespace.start, namespace.end, namespace.steps, tuple(flags)
-    )
+    return run, tuple(flags)
 
 
 def _spaced(token: str) -> list[str]:

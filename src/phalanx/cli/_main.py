@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 
 from ..strategies._registry import lookup, registered
 from ._args import FindLRArgs, TrainArgs, UsageError
-from ._config import resolve_find_lr, resolve_train
+from ._config import resolve_find_lr, resolve_plan, resolve_train
 from ._parser import build_parser
+from ._plan_command import check_plan, run_plan
 from ._values import mesh_sizes
 
 
@@ -213,9 +214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         The exit code, as the command's (the command-line guide's table):
-        0 done; 2 a bad argument (one line on stderr); 3 a non-finite
-        gradient; 4 your own code raised; 74 a file could not be written;
-        130 / 143 stopped by SIGINT / SIGTERM.
+        0 done; 1 ``phalanx plan`` found nothing that fits; 2 a bad
+        argument (one line on stderr); 3 a non-finite gradient; 4 your own
+        code raised; 74 a file could not be written; 130 / 143 stopped by
+        SIGINT / SIGTERM.
 
     Example:
         ```python
@@ -236,6 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             found = resolve_find_lr(argv, namespace)
             check_find_lr(found)
             run = ft.partial(run_find_lr, found)
+        elif command == "plan":
+            planned = resolve_plan(argv, namespace)
+            check_plan(planned)
+            run = ft.partial(run_plan, planned)
         else:
             args = resolve_train(argv, namespace)
             check_arguments(args)

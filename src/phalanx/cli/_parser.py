@@ -18,7 +18,15 @@ from ._options import (
     add_model_options,
     add_optimizer_options,
 )
-from ._values import at_least_two, factor_or_off, positive_float, positive_int, steps
+from ._values import (
+    at_least_two,
+    factor_or_off,
+    fraction,
+    positive_float,
+    positive_int,
+    size,
+    steps,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -214,8 +222,9 @@ def build_parser(
         "RUN_DIR/profile (TensorBoard's profile plugin or ui.perfetto.dev)",
     )
     find_lr = _add_find_lr(commands)
+    plan = _add_plan(commands)
     if explicit_only:
-        for action in (*train._actions, *find_lr._actions):
+        for action in (*train._actions, *find_lr._actions, *plan._actions):
             action.default = argparse.SUPPRESS
     _add_launch(commands)
     return parser
@@ -266,6 +275,52 @@ def _add_find_lr(commands: "argparse._SubParsersAction[_Parser]") -> _Parser:
     add_folder_options(add, what="lr_find.json and lr_find.png", plot="lr_find.png")
     add_compile_cache_options(add)
     return find_lr
+
+
+def _add_plan(commands: "argparse._SubParsersAction[_Parser]") -> _Parser:
+    plan = commands.add_parser(
+        "plan",
+        description=(
+            "The fit planner on the model, data, optimizer and precision phalanx "
+            "train would build from the same options: the train step compiled "
+            "ahead of time (nothing runs) under each mesh split of the devices "
+            "(data x fsdp), Stacked remat setting and microbatch count, and the "
+            "fastest predicted that fits --budget chosen. Prints the table of "
+            "candidates and the phalanx train command that trains with the "
+            "choice; exits 1, with one line, where nothing fits. phalanx plan "
+            "chooses --strategy, --mesh, --shard and --microbatches itself."
+        ),
+        help="choose the layout that fits and is fastest, before training",
+        formatter_class=_HelpFormatter,
+    )
+    add = plan.add_argument
+    add_model_options(add)
+    add_device_options(add)
+    add_optimizer_options(add)
+    add(
+        "--budget",
+        type=size,
+        default=None,
+        metavar="SIZE",
+        help="the memory a step may take on each device, e.g. 16GiB or 500MB "
+        "(default: the device's memory, where JAX reports it; required on CPU)",
+    )
+    add(
+        "--margin",
+        type=fraction,
+        default=0.1,
+        metavar="F",
+        help="the share of --budget kept free",
+    )
+    add(
+        "--device",
+        default=None,
+        metavar="NAME",
+        help="the device the cost model prices (h100, a100, tpu v5p, ...; "
+        "default: the devices' own kind; on CPU the times only rank)",
+    )
+    add_compile_cache_options(add)
+    return plan
 
 
 def _add_launch(commands: "argparse._SubParsersAction[_Parser]") -> None:

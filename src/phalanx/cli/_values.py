@@ -5,6 +5,7 @@ or raises `argparse.ArgumentTypeError` saying how to write it."""
 import argparse
 import math
 
+from .._plan._sizes import parse_size
 from ._model import is_reference, parse_model_arg
 
 
@@ -140,3 +141,24 @@ def mesh(text: str) -> str:
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return ",".join(f"{name}={size}" for name, size in sizes.items())
+
+
+def size(text: str) -> int:
+    """A memory size (``16GiB``, ``500MB``, bytes)."""
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be at least 0 and below 1 (a share, e.g. 0.1), got {text}"
+        )
+    return value

@@ -1,0 +1,60 @@
+"""The plan behind ``phalanx plan``, once every argument is valid: the
+model, optimizer and precision ``phalanx train`` builds from the same
+options, planned for its batch size on the devices chosen; the table of
+candidates, and the ``phalanx train`` command that trains with the choice
+(or one line where nothing fits)."""
+
+import sys
+from typing import Any
+
+from rich.console import Console
+
+from .._checks._device_note import devices_said
+from .._trainer import DataParallelTrainer
+from ..strategies import ShardingStrategy
+from ._args import PlanArgs, UsageError
+from ._plan_command import EXIT_NOTHING_FITS
+from ._start import Split
+from ._train import make_model, make_optimizer, start_notes
+
+
+def plan_and_report(
+    args: PlanArgs, devices: list[Any], train: Split, *, defaulted: bool
+) -> int:
+    """Plan and print the plan; 0 where something fits, else
+    `EXIT_NOTHING_FITS` with one line on stderr."""
+    run = args.run
+    x, y = train
+    model, _ = make_model(run, x, y)
+    # The trainer's own layout does not matter: the plan weighs each.
+    trainer = DataParallelTrainer(
+        model,
+        make_optimizer(run, run.lr),
+        strategy=ShardingStrategy(devices),
+        seed=run.seed,
+        precision=run.precision,
+        progress=False,
+    )
+    for line in start_notes(defaulted):
+        print(line, file=sys.stderr)
+    devices_said()
+    batch = (x[: run.batch_size], y[: run.batch_size])
+    try:
+        plan = trainer.plan(
+            batch,
+            budget=args.budget,
+            margin=args.margin,
+            device=args.device,
+            devices=devices,
+        )
+    except ValueError as error:  # no budget on CPU, an unknown --device
+        message = (
+            str(error).replace("budget=", "--budget ").replace("device=", "--device ")
+        )
+        raise UsageError(message) from None
+    if plan.choice is None:
+        print(f"phalanx plan: {plan.nothing_fits()}", file=sys.stderr)
+        return EXIT_NOTHING_FITS
+    Console(soft_wrap=True).print(plan)
+    print(f"train with it: {plan.command(args.train_flags)}")
+    return 0
