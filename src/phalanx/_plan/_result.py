@@ -96,9 +96,18 @@ class Plan:
             f"{format_bytes(self.budget)} a device less the {self.margin:.0%} margin"
         )
         if smallest is None or smallest.measured is None:
+            least = min(
+                (r for r in self.rows if r.bounds is not None),
+                key=lambda r: r.bounds.state,  # pyright: ignore[reportOptionalMemberAccess]
+                default=None,
+            )
+            if least is None or least.bounds is None:
+                return "nothing fits: the batch splits over no candidate of the space"
             return (
-                f"nothing fits: no candidate's state fits in {usable}; add devices "
-                "or shrink the model"
+                f"nothing fits: no candidate was compiled, the smallest state is "
+                f"{format_bytes(least.bounds.state)} per device "
+                f"({least.candidate.describe()}), over the budget of {usable}; "
+                "add devices or shrink the model"
             )
         return (
             f"nothing fits: the smallest peak found is "

@@ -7,9 +7,10 @@ candidates, and the ``phalanx train`` command that trains with the choice
 import sys
 from typing import Any
 
-from rich.console import Console
+import numpy as np
 
 from .._checks._device_note import devices_said
+from .._plan._devices import budget_bytes, device_spec
 from .._trainer import DataParallelTrainer
 from ..strategies import ShardingStrategy
 from ._args import PlanArgs, UsageError
@@ -24,6 +25,11 @@ def plan_and_report(
     """Plan and print the plan; 0 where something fits, else
     `EXIT_NOTHING_FITS` with one line on stderr."""
     run = args.run
+    try:  # before anything is said or built: a bad option is one line
+        budget = budget_bytes(args.budget, devices)
+        device_spec(args.device, devices[0].device_kind, np.dtype("float32"))
+    except ValueError as error:
+        raise UsageError(_as_flags(str(error))) from None
     x, y = train
     model, _ = make_model(run, x, y)
     # The trainer's own layout does not matter: the plan weighs each.
@@ -39,22 +45,22 @@ def plan_and_report(
         print(line, file=sys.stderr)
     devices_said()
     batch = (x[: run.batch_size], y[: run.batch_size])
-    try:
-        plan = trainer.plan(
-            batch,
-            budget=args.budget,
-            margin=args.margin,
-            device=args.device,
-            devices=devices,
-        )
-    except ValueError as error:  # no budget on CPU, an unknown --device
-        message = (
-            str(error).replace("budget=", "--budget ").replace("device=", "--device ")
-        )
-        raise UsageError(message) from None
+    plan = trainer.plan(
+        batch, budget=budget, margin=args.margin, device=args.device, devices=devices
+    )
     if plan.choice is None:
         print(f"phalanx plan: {plan.nothing_fits()}", file=sys.stderr)
         return EXIT_NOTHING_FITS
-    Console(soft_wrap=True).print(plan)
+    print(plan)
     print(f"train with it: {plan.command(args.train_flags)}")
     return 0
+
+
+def _as_flags(message: str) -> str:
+    """A planner's message about its arguments, in the command's flags."""
+    if message.startswith("budget=None"):
+        return (
+            "--budget is needed here: the devices report no memory limit to JAX; "
+            "pass the memory a step may take on each device, e.g. --budget 16GiB"
+        )
+    return message.replace("device=", "--device ")
