@@ -11,7 +11,7 @@ import jax
 
 from .._engine._compiled import StepValues
 from .._engine._evaluate import evaluate
-from .._engine._lint import layout_warnings
+from .._engine._lint import layout_warnings, stacked_leaves
 from .._engine._predict import predict_inputs
 from .._engine._program import Program
 from .._engine._signature import leaf_names
@@ -190,5 +190,6 @@ def summary_of(
         layout.structs,
         layout.shardings,
         strategy.split_min_size(),
+        stacked_leaves(layout.treedef),
     )
     return summarize(layout, state, strategy, step, flops=flops, warnings=tuple(lint))

@@ -42,6 +42,36 @@ def _path_names(treedef: Any) -> list[str]:
     return ["batch" + jax.tree_util.keystr(path) for path, _ in paths]
 
 
+def check_batch_layout(
+    leaves: Sequence[Any], treedef: Any, split: Any, where: str
+) -> None:
+    """A batch's device leaves must lie as the strategy splits batches
+    (`split`) where they are laid out on its devices: placed there in
+    another layout, each step would reshard them (a leaf on one device, as
+    `jnp` makes them, or on the host is the pipeline's to place).
+
+    Raises:
+        ValueError: a leaf is laid out on the strategy's devices otherwise.
+    """
+    if not isinstance(split, jax.sharding.NamedSharding):
+        return
+    for i, leaf in enumerate(leaves):
+        sharding = getattr(leaf, "sharding", None)
+        if (
+            not isinstance(sharding, jax.sharding.NamedSharding)
+            or sharding.device_set != split.device_set
+            or sharding.is_equivalent_to(split, leaf.ndim)
+        ):
+            continue
+        name = _path_names(treedef)[i]
+        raise ValueError(
+            f"data: {where} leaf {name} is placed on the strategy's devices as "
+            f"{sharding.spec}, and the strategy splits batches as {split.spec}: "
+            "every step would reshard it; pass NumPy arrays (the trainer places "
+            "them), or place them as trainer.strategy.batch_sharding says"
+        )
+
+
 def batch_leaf_names(batch: Any, inputs: Any, targets: Any) -> list[str]:
     """The name of each leaf of ``(inputs, targets)``, as split from the
     user's `batch`: its path there (``batch['x']``, ``batch[0]``) where it is

@@ -8,6 +8,9 @@ compiled or run.
   costs its full bytes on each device.
 - A dimension split unevenly: JAX pads each shard to the largest, and the
   padding is memory every device holds for nothing.
+- A `Stacked` array split along its layer axis: each layer travels whole
+  to every device at its turn.
+- Devices holding unequal parts of the state.
 """
 
 import math
@@ -18,6 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from .._stacking import AbstractStacked
 from ._summary import format_bytes as human_bytes
 
 
@@ -26,16 +30,29 @@ def layout_warnings(
     structs: Sequence[jax.ShapeDtypeStruct],
     shardings: Sequence[Any],
     min_size: int | None,
+    stacked: Sequence[bool] = (),
 ) -> list[str]:
     """One line per leaf (by its path in `paths`) whose layout is likely a
     mistake (see the module), for leaves of these `structs` laid out as
     `shardings`; `min_size`: the strategy's (leaves of fewer elements are
-    meant to stay whole; None: the strategy splits no state by size)."""
+    meant to stay whole; None: the strategy splits no state by size);
+    `stacked`: whether each leaf is an array of a `Stacked` stack (its
+    first axis the layers'); then one line if the devices hold unequal
+    bytes of the state."""
     split = [not _whole(s, x) for s, x in zip(shardings, structs, strict=True)]
+    layers = list(stacked) or [False] * len(paths)
     found = []
-    for path, struct, sharding, is_split in zip(
-        paths, structs, shardings, split, strict=True
+    for path, struct, sharding, is_split, is_stacked in zip(
+        paths, structs, shardings, split, layers, strict=True
     ):
+        if is_stacked and _factors(sharding, len(struct.shape))[0] > 1:
+            found.append(
+                f"{path} {_shape(struct)} is split along its layer axis (the "
+                "first, a Stacked stack's layers): each layer lies on some "
+                "devices and is sent whole to all at its turn in the loop; "
+                "give the layer axis None in its rule and split a dimension of "
+                "the layer"
+            )
         size = math.prod(struct.shape)
         floating = jax.dtypes.issubdtype(struct.dtype, np.inexact)
         if (
@@ -55,7 +72,63 @@ def layout_warnings(
                 "split a dimension its number of shards divides (or pad the "
                 "dimension to a multiple of it)"
             )
+    imbalance = _imbalance(structs, shardings)
+    if imbalance:
+        found.append(imbalance)
     return found
+
+
+def stacked_leaves(treedef: Any) -> list[bool]:
+    """Whether each leaf of a state's structure `treedef` is an array of a
+    `Stacked` stack (in the model, or in optimizer state shaped like it)."""
+    numbered = jax.tree.unflatten(treedef, range(treedef.num_leaves))
+    inside: set[int] = set()
+    for node in jax.tree.leaves(
+        numbered, is_leaf=lambda x: isinstance(x, AbstractStacked)
+    ):
+        if isinstance(node, AbstractStacked):
+            inside.update(jax.tree.leaves(node))
+    return [i in inside for i in range(treedef.num_leaves)]
+
+
+def held_bytes(
+    structs: Sequence[jax.ShapeDtypeStruct], shardings: Sequence[Any]
+) -> dict[Any, int]:
+    """The bytes of leaves of these `structs` laid out as `shardings` that
+    each device holds (leaves split unevenly, which JAX does not place, are
+    left out: the lint names them)."""
+    held: dict[Any, int] = {}
+    for struct, sharding in zip(structs, shardings, strict=True):
+        size = np.dtype(struct.dtype).itemsize
+        if _padding(struct, sharding):
+            continue
+        indices = sharding.devices_indices_map(tuple(struct.shape))
+        for device, index in indices.items():
+            shape = [
+                len(range(*part.indices(whole)))
+                for part, whole in zip(index, struct.shape, strict=True)
+            ]
+            held[device] = held.get(device, 0) + math.prod(shape) * size
+    return held
+
+
+def _imbalance(
+    structs: Sequence[jax.ShapeDtypeStruct], shardings: Sequence[Any]
+) -> str | None:
+    """One line if the fullest device holds over 5% more of the state than
+    the emptiest (uneven splits leave some devices smaller shards)."""
+    held = held_bytes(structs, shardings)
+    if len(held) < 2:
+        return None
+    most, least = max(held.values()), min(held.values())
+    if most <= least * 1.05:
+        return None
+    return (
+        f"the devices hold unequal parts of the state: {human_bytes(least)} to "
+        f"{human_bytes(most)} ({most / least - 1:.0%} more on the fullest), and "
+        "a step needs the fullest's memory on every device; lay every leaf out "
+        "over all of the strategy's devices"
+    )
 
 
 def _factors(sharding: Any, ndim: int) -> list[int]:

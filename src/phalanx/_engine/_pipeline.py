@@ -19,6 +19,7 @@ from .._checks._batch import (
     BatchSpec,
     Leaf,
     Signature,
+    check_batch_layout,
     check_class_labels,
     check_finite,
     check_labels,
@@ -250,6 +251,7 @@ class BatchPipeline:
         `expect` it."""
         leaves, treedef = flatten_batch(parts[:2], where)
         n = num_examples(leaves, treedef, where)
+        check_batch_layout(leaves, treedef, self._split, where)
         labels = jax.tree.unflatten(treedef, leaves)[1]
         if self.class_labels:
             check_class_labels(labels)

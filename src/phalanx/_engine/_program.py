@@ -25,7 +25,17 @@ from ..metrics._statistic import Summed
 from ..strategies._placement import replicated, stacked
 from ._hints import first_batch_hint
 from ._layout import StateLayout
+from ._proofs import (
+    by_leaf,
+    constraint_mismatches,
+    gradient_mismatches,
+    output_mismatches,
+    raise_if,
+)
+from ._reduced import unreduced
+from ._signature import leaf_names
 from ._step import StepParts, build_steps, several_steps
+from ._step_parts import plan_steps
 
 
 class ProgramParts(NamedTuple):
@@ -187,19 +197,20 @@ def build_program(
     packed = layout_of_sums.size
     arguments = _arguments(parts, shapes, size, packed, (split, rep), 1)
     k = parts.steps_per_call
+    call = jitted  # what the fit calls first: one step, or k of them
     if k > 1:
         stack = stacked(split)
-        many = jax.jit(
+        call = jax.jit(
             _sums_apart(several_steps(train)),
             donate_argnums=(0, 1),
             in_shardings=(state, rep, rep, stack, stack, rep),
             out_shardings=(state, rep, rep),
         )
         arguments = _arguments(parts, shapes, size, packed, (stack, rep), k)
-        compiled = many.lower(*arguments).compile() if compile else None
-        first, train_many = jitted, compiled or many
+    compiled = _compiled(call, arguments, parts, spec) if compile else None
+    if k > 1:
+        first, train_many = jitted, compiled or call
     else:
-        compiled = jitted.lower(*arguments).compile() if compile else None
         first, train_many = compiled or jitted, None
     return Program(
         spec=spec,
@@ -226,6 +237,59 @@ def build_program(
         memory=None if compiled is None else compiled.memory_analysis(),
         compiled=compiled is not None,
     )
+
+
+def _compiled(
+    call: jax.stages.Wrapped,
+    arguments: tuple[Any, ...],
+    parts: ProgramParts,
+    spec: BatchSpec,
+) -> jax.stages.Compiled:
+    """`call` compiled for `arguments`, its layouts proven on the way where
+    the trainer checks batches in the step too (`_proofs.py`): from its
+    trace (which the compile reuses), then from its output.
+
+    Raises:
+        LayoutError: a parameter, gradient or state leaf would be resharded.
+    """
+    traced = call.trace(*arguments)
+    if not parts.traced_checks:
+        return traced.lower().compile()
+    layout = parts.layout
+    names = leaf_names(layout.treedef)
+    plan = plan_steps(parts.step, layout, spec.treedef, None)
+    raise_if(
+        gradient_mismatches(
+            names, layout.shardings, by_leaf(layout.treedef, plan.grad_shardings)
+        )
+        + constraint_mismatches(
+            traced.jaxpr.jaxpr,
+            names,
+            layout.shardings,
+            by_leaf(layout.treedef, plan.use_shardings),
+        )
+        + unreduced(traced.jaxpr.jaxpr, _gradient_names(layout, names))
+    )
+    compiled = traced.lower().compile()
+    # The state leaves as they came in (the step's own resharding, e.g.
+    # ZeRO-2's gather of updated parameters, happens inside it).
+    produced = compiled.output_shardings[0]
+    raise_if(
+        output_mismatches(
+            names, layout.structs, compiled.input_shardings[0][0], produced
+        )
+    )
+    return compiled
+
+
+def _gradient_names(layout: StateLayout, names: list[str]) -> list[str]:
+    """The names of the reduced gradient's leaves, in order (each floating
+    array of the model), as a per-device program returns them first."""
+    return [
+        f"{name}'s gradient"
+        for name, struct in zip(names, layout.structs, strict=True)
+        if name.startswith("state.model") and jnp.issubdtype(struct.dtype, jnp.inexact)
+    ]
 
 
 def _arguments(

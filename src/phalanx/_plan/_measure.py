@@ -6,18 +6,18 @@ Nothing is placed or run: every argument is a `jax.ShapeDtypeStruct`.
 """
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
 import jax
-import numpy as np
 
 from .._checks._batch import BatchSpec
 from .._engine._compiled import StepCompiler
 from .._engine._layout import StateLayout, state_layout
+from .._engine._lint import held_bytes, layout_warnings, stacked_leaves
 from .._engine._program import Program
+from .._engine._signature import leaf_names
 from .._engine._step import StepParts
 from .._engine._summary import StepMemory
 from ..strategies import Strategy
@@ -132,16 +132,20 @@ def _model_of(layout: StateLayout) -> Any:
 
 def state_bytes(layout: StateLayout) -> int:
     """The bytes of a state laid out as `layout` on its fullest device."""
-    per_device: dict[Any, int] = {}
-    for struct, sharding in zip(layout.structs, layout.shardings, strict=True):
-        size = np.dtype(struct.dtype).itemsize
-        for device, index in sharding.devices_indices_map(tuple(struct.shape)).items():
-            shape = [
-                len(range(*part.indices(whole)))
-                for part, whole in zip(index, struct.shape, strict=True)
-            ]
-            per_device[device] = per_device.get(device, 0) + math.prod(shape) * size
-    return max(per_device.values(), default=0)
+    return max(held_bytes(layout.structs, layout.shardings).values(), default=0)
+
+
+def lint(layout: StateLayout, min_size: int) -> tuple[str, ...]:
+    """The layout lint's lines for `layout` (as `summary()` says them)."""
+    return tuple(
+        layout_warnings(
+            leaf_names(layout.treedef),
+            layout.structs,
+            layout.shardings,
+            min_size,
+            stacked_leaves(layout.treedef),
+        )
+    )
 
 
 def bounds(layout: StateLayout, flops: float, device: DeviceSpec) -> Bounds:

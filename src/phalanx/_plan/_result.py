@@ -33,6 +33,8 @@ class PlanRow:
         bounds: what it costs at least, known before compiling (None where
             skipped).
         measured: its compiled figures (None where not compiled).
+        warnings: the layout lint's lines for its layout (as `summary()`
+            says them: a large leaf left whole, an uneven split, ...).
     """
 
     candidate: Candidate
@@ -40,6 +42,7 @@ class PlanRow:
     why: str = ""
     bounds: "Bounds | None" = None
     measured: "Measured | None" = None
+    warnings: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +205,8 @@ class Plan:
         if device.relative:
             model += " (nominal: times rank the candidates, they do not predict)"
         done = f"{self.compiled} compiled in {self.seconds:.1f} s"
+        if self.choice is not None and self.choice.warnings:
+            done += "".join(f"\nlayout: {line}" for line in self.choice.warnings)
         chosen = (
             self.nothing_fits()
             if self.choice is None

@@ -15,7 +15,7 @@ import jax
 
 from .._log import logger
 from ._devices import DeviceSpec
-from ._measure import Bounds, Builder, Measured, bounds, measure
+from ._measure import Bounds, Builder, Measured, bounds, lint, measure
 from ._result import Plan, PlanRow
 from ._space import Candidate, PlanSpace, mesh_splits, microbatch_counts
 
@@ -171,6 +171,7 @@ def _fewest_that_fit(
             "" if ok else "its peak exceeds the budget",
             bound,
             measured,
+            lint(layout, space.min_size),
         )
         return ok
 
