@@ -46,6 +46,7 @@ def main() -> None:
     import jax.numpy as jnp
     import numpy as np
     import optax
+
     from stacked_transformer import RULES, Transformer
 
     def make() -> Transformer:

@@ -84,7 +84,7 @@ class TwoAxes(px.strategies.DeviceMeshStrategy):
     gradient out transposed against its parameter."""
 
     mesh: Mesh
-    axis_name: tuple[str, str] = ("hosts", "chips")
+    axis_name: tuple[str, str] = ("hosts", "chips")  # pyright: ignore[reportIncompatibleVariableOverride]
     deterministic: bool = False
     forget: bool = False
     transpose: bool = False
