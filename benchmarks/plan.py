@@ -111,7 +111,7 @@ def main() -> None:
     )
     results["state"] = {"planned": choice.bounds.state, "allocated": allocated}
 
-    peak = choice.measured.memory.peak
+    peak = choice.measured.peak
     lower = int(peak * 0.8 / (1 - plan.margin))
     began = time.perf_counter()
     tighter = px.plan(
@@ -138,7 +138,7 @@ def main() -> None:
                 "candidate": row.candidate.describe(),
                 "predicted_s": row.measured.seconds,
                 "measured_s": seconds,
-                "predicted_peak": row.measured.memory.peak,
+                "predicted_peak": row.measured.peak,
                 "measured_peak": device_peak,
             }
         )
@@ -148,7 +148,7 @@ def main() -> None:
             + (
                 ""
                 if device_peak is None
-                else f", peak {device_peak} vs {row.measured.memory.peak} bytes"
+                else f", peak {device_peak} vs {row.measured.peak} bytes"
             )
         )
     results["compared"] = compared

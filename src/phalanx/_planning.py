@@ -42,8 +42,17 @@ def plan(
             device is never made).
         optimizer: the optax transformation (as for the trainer).
         batch: a batch, or its shapes (`jax.ShapeDtypeStruct` leaves).
-        budget, space, margin, device, devices: as for
-            `DataParallelTrainer.plan`.
+        budget: the bytes a step may take on each device: an int, or a
+            string such as ``"16GiB"``; None: the device's memory where JAX
+            reports it (required on CPU).
+        space: what to choose among (`px.PlanSpace`); None: every mesh
+            split, microbatch count and remat setting, with the rules and
+            ``min_size`` of a `MeshStrategy` passed as ``strategy``.
+        margin: the share of `budget` kept free.
+        device: the device the cost model prices (``"h100"``, ...; a
+            `px.DeviceSpec`); None: the devices' own kind.
+        devices: how many of `jax.devices()` to plan for, or which; None:
+            all.
         trainer: the trainer class (a subclass with its own hooks).
         **trainer_kwargs: the trainer's other arguments (``loss``,
             ``precision``, ...); a `MeshStrategy` passed as ``strategy``

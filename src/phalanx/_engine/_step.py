@@ -26,6 +26,7 @@ from jaxtyping import Array, Float, PRNGKeyArray, PyTree
 from .._state._sums import EpochSums
 from .._state._train_state import DynamicScale, TrainState
 from .._typing import PerExample
+from ..strategies._placement import in_device_memory, in_stored_memory
 from ._forward import infer
 from ._gradient import gradient
 from ._guard import Update, guard
@@ -124,7 +125,11 @@ def _update(
     weight: PerExample,
     total: Float[Array, ""],
 ) -> tuple[list[jax.Array], EpochSums, Float[Array, " reported"], PyTree]:
-    """One update: the train step's outputs, and the gradient it applied."""
+    """One update: the train step's outputs, and the gradient it applied.
+    State kept in host memory (`MeshStrategy(offload=True)`) is brought to
+    the devices for the update and returned to the host after it."""
+    stored = plan.layout.shardings
+    leaves = in_device_memory(leaves, stored)
     state = plan.layout.unflatten(leaves)
     step = gradient(plan, state, batch_leaves, weight, total)
     update = Update(
@@ -138,7 +143,7 @@ def _update(
     leaves, epoch_sums, sums = guard(
         plan.parts.nan_policy, update, step.sums, epoch_sums, total
     )
-    return leaves, epoch_sums, sums, step.grads
+    return in_stored_memory(leaves, stored), epoch_sums, sums, step.grads
 
 
 def _applied(

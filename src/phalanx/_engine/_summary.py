@@ -19,6 +19,7 @@ from .._state._train_state import TrainState
 from .._telemetry._flops import StepFlops
 from ..strategies import Strategy
 from ..strategies._names import strategy_name
+from ..strategies._placement import HOST_MEMORY
 from ._layout import StateLayout
 
 
@@ -121,6 +122,9 @@ class ModelSummary:
             the trainer saw; None before any.
         warnings: the layout lint's lines: a large leaf left whole under a
             split layout, a dimension split unevenly (each with its fix).
+        opt_state_on_host: the optimizer state is kept in host memory
+            (`MeshStrategy(offload=True)`): its bytes per device are the
+            host's, not the device's.
     """
 
     model: str
@@ -139,6 +143,7 @@ class ModelSummary:
     step: StepMemory | None = None
     flops: StepFlops | None = None
     warnings: tuple[str, ...] = ()
+    opt_state_on_host: bool = False
 
     def short(self) -> str:
         """The summary in one line: parameters, memory per device, FLOPs
@@ -148,7 +153,7 @@ class ModelSummary:
             f"({format_bytes(self.param_bytes)}; "
             f"{format_bytes(self.param_bytes_per_device)} per device)",
             f"optimizer state {format_bytes(self.opt_state_bytes_per_device)} "
-            "per device",
+            f"per device{' in host memory' if self.opt_state_on_host else ''}",
         ]
         if self.model_state_bytes:
             parts.append(
@@ -301,6 +306,10 @@ def summarize(
         step=step,
         flops=flops,
         warnings=warnings,
+        opt_state_on_host=any(
+            getattr(s, "memory_kind", None) == HOST_MEMORY
+            for s in jax.tree.leaves(shardings.opt_state)
+        ),
     )
 
 

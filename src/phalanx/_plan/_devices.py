@@ -30,6 +30,8 @@ class DeviceSpec:
         memory_bandwidth: bytes per second between the chip and its memory.
         link_bandwidth: bytes per second a device sends to the others (one
             direction).
+        host_bandwidth: bytes per second between a device and host memory
+            (one direction): what offloaded optimizer state crosses.
         relative: the figures are nominal, for ranking layouts against one
             another only (a CPU: its fake devices share one host's cores).
     """
@@ -38,30 +40,32 @@ class DeviceSpec:
     flops: float
     memory_bandwidth: float
     link_bandwidth: float
+    host_bandwidth: float = 32e9
     relative: bool = False
 
 
 # (device_kind contains this, case folded; memory bytes/s; link bytes/s one
-# direction), the more specific names first. Sources: the vendors' data
-# sheets (HBM bandwidth; NVLink per GPU, half the bidirectional figure;
-# PCIe 5 x16 for the PCIe H100; a TPU chip's ICI).
-BANDWIDTHS: tuple[tuple[str, float, float], ...] = (
-    ("a100", 2.04e12, 300e9),
-    ("h100 pcie", 2.0e12, 64e9),
-    ("h100", 3.35e12, 450e9),
-    ("h200", 4.8e12, 450e9),
-    ("b200", 8.0e12, 900e9),
-    ("tpu v4", 1.23e12, 300e9),
-    ("tpu v5 lite", 0.82e12, 200e9),
-    ("tpu v5e", 0.82e12, 200e9),
-    ("tpu v5p", 2.76e12, 600e9),
-    ("tpu v5", 2.76e12, 600e9),
-    ("tpu v6 lite", 1.64e12, 448e9),
-    ("tpu v6e", 1.64e12, 448e9),
+# direction; host bytes/s one direction), the more specific names first.
+# Sources: the vendors' data sheets (HBM bandwidth; NVLink per GPU, half the
+# bidirectional figure; PCIe 5 x16 for the PCIe H100; a TPU chip's ICI;
+# host: the PCIe generation's x16 link, 4 for A100 and TPU v4, 5 after).
+BANDWIDTHS: tuple[tuple[str, float, float, float], ...] = (
+    ("a100", 2.04e12, 300e9, 32e9),
+    ("h100 pcie", 2.0e12, 64e9, 64e9),
+    ("h100", 3.35e12, 450e9, 64e9),
+    ("h200", 4.8e12, 450e9, 64e9),
+    ("b200", 8.0e12, 900e9, 64e9),
+    ("tpu v4", 1.23e12, 300e9, 32e9),
+    ("tpu v5 lite", 0.82e12, 200e9, 32e9),
+    ("tpu v5e", 0.82e12, 200e9, 32e9),
+    ("tpu v5p", 2.76e12, 600e9, 64e9),
+    ("tpu v5", 2.76e12, 600e9, 64e9),
+    ("tpu v6 lite", 1.64e12, 448e9, 64e9),
+    ("tpu v6e", 1.64e12, 448e9, 64e9),
 )
 # Nominal: a ranking on a CPU host says which layout does less, not how long
 # it takes.
-CPU = DeviceSpec("cpu", 1e11, 2e10, 1e10, relative=True)
+CPU = DeviceSpec("cpu", 1e11, 2e10, 1e10, 1e10, relative=True)
 
 
 def device_spec(
@@ -79,14 +83,14 @@ def device_spec(
     if isinstance(device, DeviceSpec):
         return device
     name = (device if device is not None else kind).casefold()
-    for known, memory, link in BANDWIDTHS:
+    for known, memory, link, host in BANDWIDTHS:
         peak = peak_flops(known, compute)
         if known in name and peak is not None:
-            return DeviceSpec(known.upper(), peak, memory, link)
+            return DeviceSpec(known.upper(), peak, memory, link, host)
     if device is not None and device.casefold() != "cpu":
         raise ValueError(
             f"device={device!r} is not a device the cost model knows; pass one of "
-            f"{[known for known, _, _ in BANDWIDTHS]} or 'cpu', or a "
+            f"{[entry[0] for entry in BANDWIDTHS]} or 'cpu', or a "
             "px.DeviceSpec(name, flops, memory_bandwidth, link_bandwidth)"
         )
     return CPU

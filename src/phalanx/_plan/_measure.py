@@ -21,6 +21,7 @@ from .._engine._signature import leaf_names
 from .._engine._step import StepParts
 from .._engine._summary import StepMemory
 from ..strategies import Strategy
+from ..strategies._placement import HOST_MEMORY
 from ._devices import DeviceSpec
 from ._hlo import collective_bytes
 from ._space import Candidate, Remat, with_remat
@@ -32,14 +33,18 @@ class Bounds:
 
     Attributes:
         state: the bytes of the training state (parameters, optimizer
-            state, ...) on the device holding the most: no step takes less.
+            state, ...) in device memory on the device holding the most: no
+            step takes less.
+        host: the bytes of it kept in host memory (offloaded) per device.
         flops: the step's FLOPs per device (from its trace).
         seconds: no prediction of its step time is lower: the larger of its
             FLOPs at the device's peak and reading and writing its state at
-            the memory's bandwidth.
+            the memory's bandwidth, plus the offloaded state's trip to the
+            device and back.
     """
 
     state: int
+    host: int
     flops: float
     seconds: float
 
@@ -49,23 +54,30 @@ class Measured:
     """A compiled candidate's figures, per device.
 
     Attributes:
-        memory: the compiled step's memory (`peak`: what it holds at most).
+        memory: the compiled step's memory, as XLA reports it.
+        peak: what the step holds at most in device memory: the memory's
+            peak, less the offloaded state where the backend counts host
+            memory as the device's (XLA:CPU).
         collectives: the bytes it sends to other devices in one step.
-        compute, traffic, communication: the cost model's seconds for its
-            FLOPs, its memory traffic and its collectives.
+        compute, traffic, communication, host: the cost model's seconds for
+            its FLOPs, its memory traffic, its collectives and its
+            offloaded state's trips between host and device.
     """
 
     memory: StepMemory
+    peak: int
     collectives: float
     compute: float
     traffic: float
     communication: float
+    host: float = 0.0
 
     @property
     def seconds(self) -> float:
         """The predicted step time: compute and memory traffic overlap (the
-        slower sets the pace), collectives do not (a conservative model)."""
-        return max(self.compute, self.traffic) + self.communication
+        slower sets the pace), collectives and host transfers do not (a
+        conservative model)."""
+        return max(self.compute, self.traffic) + self.communication + self.host
 
 
 class Builder:
@@ -130,9 +142,18 @@ def _model_of(layout: StateLayout) -> Any:
     return eqx.filter_eval_shape(layout.unflatten, layout.structs).model
 
 
-def state_bytes(layout: StateLayout) -> int:
-    """The bytes of a state laid out as `layout` on its fullest device."""
-    return max(held_bytes(layout.structs, layout.shardings).values(), default=0)
+def state_bytes(layout: StateLayout, *, host: bool = False) -> int:
+    """The bytes of a state laid out as `layout` on its fullest device, in
+    device memory (or, with `host`, those kept in host memory)."""
+    kept = [
+        (struct, sharding)
+        for struct, sharding in zip(layout.structs, layout.shardings, strict=True)
+        if (getattr(sharding, "memory_kind", None) == HOST_MEMORY) == host
+    ]
+    if not kept:
+        return 0
+    structs, shardings = zip(*kept, strict=True)
+    return max(held_bytes(structs, shardings).values(), default=0)
 
 
 def lint(layout: StateLayout, min_size: int) -> tuple[str, ...]:
@@ -150,15 +171,15 @@ def lint(layout: StateLayout, min_size: int) -> tuple[str, ...]:
 
 def bounds(layout: StateLayout, flops: float, device: DeviceSpec) -> Bounds:
     """A candidate's `Bounds`, from its layout and FLOPs per device."""
-    state = state_bytes(layout)
+    state, host = state_bytes(layout), state_bytes(layout, host=True)
     seconds = max(flops / device.flops, 2 * state / device.memory_bandwidth)
-    return Bounds(state, flops, seconds)
+    return Bounds(state, host, flops, seconds + 2 * host / device.host_bandwidth)
 
 
 def measure(
     program: Program,
     candidate: Candidate,
-    flops: float,
+    bound: Bounds,
     devices: Sequence[Any],
     device: DeviceSpec,
 ) -> Measured:
@@ -168,7 +189,8 @@ def measure(
     every output written once, and each microbatch's temporaries written
     and read once."""
     compiled = program.traced.lower(*program.arguments).compile()
-    memory = StepMemory.of_stats(compiled.memory_analysis())
+    stats = compiled.memory_analysis()
+    memory = StepMemory.of_stats(stats)
     if memory is None:  # every backend JAX 0.10 runs on reports it
         raise RuntimeError("the backend reports no memory analysis to plan with")
     sent = collective_bytes(compiled.as_text() or "", len(devices))
@@ -177,10 +199,15 @@ def measure(
         + memory.outputs
         + 2 * candidate.microbatches * memory.temporaries
     )
+    # Offloaded state in the arguments, its donated outputs aliased: +host
+    # in the peak, where the backend does not count host memory apart.
+    apart = int(getattr(stats, "host_argument_size_in_bytes", 0) or 0) > 0
     return Measured(
         memory=memory,
+        peak=memory.peak - (0 if apart else bound.host),
         collectives=sent,
-        compute=flops / device.flops,
+        compute=bound.flops / device.flops,
         traffic=traffic / device.memory_bandwidth,
         communication=sent / device.link_bandwidth,
+        host=2 * bound.host / device.host_bandwidth,
     )

@@ -90,7 +90,7 @@ class Plan:
     def smallest_peak(self) -> PlanRow | None:
         """The compiled row of the smallest peak (None: none compiled)."""
         compiled = [r for r in self.rows if r.measured is not None]
-        return min(compiled, key=lambda r: r.measured.memory.peak, default=None)  # pyright: ignore[reportOptionalMemberAccess]
+        return min(compiled, key=lambda r: r.measured.peak, default=None)  # pyright: ignore[reportOptionalMemberAccess]
 
     def nothing_fits(self) -> str:
         """Why nothing fits, in one line (with the smallest peak found)."""
@@ -114,7 +114,7 @@ class Plan:
             )
         return (
             f"nothing fits: the smallest peak found is "
-            f"{format_bytes(smallest.measured.memory.peak)} per device "
+            f"{format_bytes(smallest.measured.peak)} per device "
             f"({smallest.candidate.describe()}), over the budget of {usable}; "
             "add devices, shrink the batch, or allow more microbatches"
         )
@@ -188,7 +188,7 @@ class Plan:
                 str(c.microbatches),
                 "-" if c.remat is None else remat_name(c.remat),
                 "-" if row.bounds is None else format_bytes(row.bounds.state),
-                "-" if m is None else format_bytes(m.memory.peak),
+                "-" if m is None else format_bytes(m.peak),
                 "-" if m is None else format_bytes(int(m.collectives)),
                 "-" if m is None else _time(m.seconds, self.device.relative),
                 mark,

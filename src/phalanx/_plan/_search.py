@@ -6,6 +6,8 @@ the cost model, and no candidate that fits is pruned on memory).
 """
 
 import contextlib
+import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -14,6 +16,7 @@ from typing import Any
 import jax
 
 from .._log import logger
+from ..strategies._placement import has_host_memory
 from ._devices import DeviceSpec
 from ._measure import Bounds, Builder, Measured, bounds, lint, measure
 from ._result import Plan, PlanRow
@@ -52,27 +55,30 @@ def _search(
     rows: list[PlanRow] = []
     pairs: list[tuple[Bounds, Candidate, Any]] = []
     n = builder.size
-    for data, fsdp, tensor in mesh_splits(len(devices), space):
-        for remat in remats:
-            first = Candidate(data, fsdp, tensor, 1, remat)
-            if data * fsdp * tensor != len(devices) or n % (data * fsdp):
-                why = f"{n} examples do not split over data x fsdp = {data * fsdp}"
-                if data * fsdp * tensor != len(devices):
-                    why = f"the mesh is not the {len(devices)} devices"
-                rows.append(PlanRow(first, "skipped", why))
-                continue
-            strategy = first.strategy(space, devices)
-            layout = builder.layout(strategy, remat)
-            program, flops = builder.program(strategy, layout)
-            bound = bounds(layout, flops, device)
-            if bound.state > usable:
-                rows.append(
-                    PlanRow(
-                        first, "pruned", "the state alone exceeds the budget", bound
-                    )
-                )
-                continue
-            pairs.append((bound, first, (layout, program, flops)))
+    offloads = space.offload
+    if offloads is None:  # on a CPU host memory is the devices' own
+        apart = devices[0].platform != "cpu" and has_host_memory(devices[0])
+        offloads = (False, True) if apart else (False,)
+    for (data, fsdp, tensor), remat, offload in itertools.product(
+        mesh_splits(len(devices), space), remats, offloads
+    ):
+        first = Candidate(data, fsdp, tensor, 1, remat, offload)
+        if data * fsdp * tensor != len(devices) or n % (data * fsdp):
+            why = f"{n} examples do not split over data x fsdp = {data * fsdp}"
+            if data * fsdp * tensor != len(devices):
+                why = f"the mesh is not the {len(devices)} devices"
+            rows.append(PlanRow(first, "skipped", why))
+            continue
+        strategy = first.strategy(space, devices)
+        layout = builder.layout(strategy, remat)
+        program, flops = builder.program(strategy, layout)
+        bound = bounds(layout, flops, device)
+        if bound.state > usable:
+            rows.append(
+                PlanRow(first, "pruned", "the state alone exceeds the budget", bound)
+            )
+            continue
+        pairs.append((bound, first, (layout, program, flops)))
     best: Measured | None = None
     compiled = 0
     for bound, first, (layout, program, flops) in sorted(
@@ -158,13 +164,19 @@ def _fewest_that_fit(
         else:
             program, flops = builder.program(candidate.strategy(space, devices), layout)
         try:
-            measured = measure(program, candidate, flops, devices, device)
+            measured = measure(
+                program,
+                candidate,
+                dataclasses.replace(bound, flops=flops),
+                devices,
+                device,
+            )
         except jax.errors.JaxRuntimeError as error:  # XLA refused the program
             said = str(error).strip().splitlines()[0]
             said = said if len(said) <= 100 else said[:99] + "…"
             rows[k] = PlanRow(candidate, "failed", f"XLA refused it: {said}", bound)
             return False
-        ok = measured.memory.peak <= usable
+        ok = measured.peak <= usable
         rows[k] = PlanRow(
             candidate,
             "fits" if ok else "too big",

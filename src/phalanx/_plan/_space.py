@@ -32,6 +32,10 @@ class PlanSpace:
         remat: the `Stacked` remat settings to try (bools or
             `jax.checkpoint_policies` policies); None: ``(False, True)``
             where the model has a `Stacked` stack, else its own.
+        offload: whether to keep the optimizer state in host memory
+            (`MeshStrategy`'s ``offload``); None: both where the devices
+            offer host memory apart from their own (an accelerator's), else
+            not (a CPU's host memory is its devices').
         rules: `MeshStrategy` sharding rules (as its argument).
         min_size: `MeshStrategy`'s ``min_size``.
     """
@@ -39,19 +43,22 @@ class PlanSpace:
     meshes: Sequence[tuple[int, int, int]] | None = None
     microbatches: Sequence[int] | None = None
     remat: Sequence[Remat] | None = None
+    offload: Sequence[bool] | None = None
     rules: Sequence[Rule] = ()
     min_size: int = 2**12
 
 
 class Candidate(NamedTuple):
     """One layout a plan weighs: a mesh split, a remat setting (None: the
-    model's own, no `Stacked` in it) and a microbatch count."""
+    model's own, no `Stacked` in it), a microbatch count, and whether the
+    optimizer state is kept in host memory."""
 
     data: int
     fsdp: int
     tensor: int
     microbatches: int
     remat: Remat | None
+    offload: bool = False
 
     def strategy(self, space: PlanSpace, devices: Sequence[Any]) -> Strategy:
         """The strategy this candidate trains with on `devices`."""
@@ -62,6 +69,7 @@ class Candidate(NamedTuple):
             tensor=self.tensor,
             rules=list(space.rules),
             min_size=space.min_size,
+            offload=self.offload,
         )
         if self.microbatches == 1:
             return mesh
@@ -74,6 +82,8 @@ class Candidate(NamedTuple):
             text += f", {self.microbatches} microbatches"
         if self.remat is not None:
             text += f", remat={remat_name(self.remat)}"
+        if self.offload:
+            text += ", optimizer state on the host"
         return text
 
 

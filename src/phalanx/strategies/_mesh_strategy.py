@@ -28,7 +28,7 @@ from ._example_sums import examples_summed_by_dots
 from ._follow import follow_parameters
 from ._fully_sharded import split_by_size
 from ._per_device import shard_map_reduce, spec_axes
-from ._placement import named
+from ._placement import HOST_MEMORY, has_host_memory, named
 from ._rules import CheckedRule, Rule, RuleBook, check_rules, path_name
 from ._strategy import AxisName, LocalFn, MapFn
 
@@ -107,6 +107,8 @@ class MeshStrategy(DeviceMeshStrategy):
     # Leaves with fewer elements stay replicated over fsdp (splitting them
     # saves less than their collectives cost).
     min_size: int
+    # The optimizer state kept in host memory, brought in for each update.
+    offload: bool
 
     @validates_own_arguments
     def __init__(
@@ -118,6 +120,7 @@ class MeshStrategy(DeviceMeshStrategy):
         tensor: int = 1,
         rules: Sequence[Rule] = (),
         min_size: int = 2**12,
+        offload: bool = False,
     ):
         """
         Args:
@@ -135,6 +138,10 @@ class MeshStrategy(DeviceMeshStrategy):
                 split (see above).
             min_size: leaves with fewer elements stay replicated over fsdp
                 (a rule still splits them).
+            offload: keep the optimizer state in host memory (the devices'
+                ``pinned_host``), laid out as on the devices, and bring it
+                to them for each update: less device memory between steps,
+                the state's bytes across the host link twice a step.
 
         Raises:
             ValueError: a size is not an int >= 1 or -1, the sizes do not
@@ -158,6 +165,14 @@ class MeshStrategy(DeviceMeshStrategy):
         self.axis_name = ("data", "fsdp")
         self.mesh = make_mesh(devices, sizes)
         self.min_size = min_size
+        first = self.mesh.devices.flat[0]
+        if offload and not has_host_memory(first):
+            raise ValueError(
+                f"offload=True keeps the optimizer state in host memory, which "
+                f"the {first.platform} devices do not offer to JAX (no "
+                "'pinned_host' memory kind); pass offload=False"
+            )
+        self.offload = bool(offload)
 
     @override
     def split_min_size(self) -> int:
@@ -195,13 +210,18 @@ class MeshStrategy(DeviceMeshStrategy):
         )
         whole = named(self.mesh, P())
 
-        def place(specs: PyTree[P]) -> PyTree[NamedSharding]:
-            return jax.tree.map(lambda s: named(self.mesh, s), specs, is_leaf=_is_spec)
+        def place(specs: PyTree[P], memory: str | None = None) -> PyTree[NamedSharding]:
+            return jax.tree.map(
+                lambda s: named(self.mesh, s, memory), specs, is_leaf=_is_spec
+            )
 
         return eqx.tree_at(
             lambda s: (s.model, s.opt_state),
             jax.tree.map(lambda _: whole, state),
-            (place(model_specs), place(opt_specs)),
+            (
+                place(model_specs),
+                place(opt_specs, HOST_MEMORY if self.offload else None),
+            ),
         )
 
     @override

@@ -28,10 +28,42 @@ def single_process() -> bool:
 
 
 @functools.cache
-def named(mesh: Mesh, spec: P) -> NamedSharding:
-    """One `NamedSharding` per mesh and spec, built once (they are read per
-    batch, and a strategy's properties run on every access)."""
-    return NamedSharding(mesh, spec)
+def named(mesh: Mesh, spec: P, memory_kind: str | None = None) -> NamedSharding:
+    """One `NamedSharding` per mesh, spec and memory kind, built once (they
+    are read per batch, and a strategy's properties run on every access)."""
+    return NamedSharding(mesh, spec, memory_kind=memory_kind)
+
+
+# Host memory the devices read and write directly (what `offload` keeps
+# state in).
+HOST_MEMORY = "pinned_host"
+
+
+def has_host_memory(device: Any) -> bool:
+    """Whether `device`'s backend offers host memory for its arrays."""
+    return any(m.kind == HOST_MEMORY for m in device.addressable_memories())
+
+
+def in_device_memory(leaves: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
+    """Inside a traced step: `leaves` (laid out as `shardings`) with those
+    kept in host memory brought to the devices' memory, laid out alike."""
+    return [
+        jax.device_put(x, s.with_memory_kind("device")) if _on_host(s) else x
+        for x, s in zip(leaves, shardings, strict=True)
+    ]
+
+
+def in_stored_memory(leaves: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
+    """Inside a traced step: `leaves` back where `shardings` keep them (those
+    kept in host memory returned there)."""
+    return [
+        jax.device_put(x, s) if _on_host(s) else x
+        for x, s in zip(leaves, shardings, strict=True)
+    ]
+
+
+def _on_host(sharding: Any) -> bool:
+    return getattr(sharding, "memory_kind", None) == HOST_MEMORY
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -128,6 +128,8 @@ def _mesh_sizes(strategy: Built) -> str:
     """A mesh's axis sizes above 1 (``data=1`` where none is)."""
     sizes = dict(strategy.mesh.shape)
     shown = [f"{axis}={size}" for axis, size in sizes.items() if size > 1]
+    if getattr(strategy, "offload", False):
+        shown.append("offload=True")
     return ", ".join(shown or ["data=1"])
 
 
