@@ -222,7 +222,8 @@ def test_offloading_the_optimizer_state_fits_what_the_devices_alone_do_not():
     plan = px.plan(make, optax.adam(1e-3), BATCH, budget=budget, space=space, loss=loss)
     if plan.choice is not None:
         assert plan.choice.candidate.offload
-        assert plan.strategy().offload
+        chosen = plan.strategy()
+        assert isinstance(chosen, px.MeshStrategy) and chosen.offload
     tokens = np.random.default_rng(0).integers(0, 32, (16, 8)).astype(np.int32)
     states = []
     for offload in (False, True):
