@@ -206,7 +206,10 @@ class Plan:
             model += " (nominal: times rank the candidates, they do not predict)"
         done = f"{self.compiled} compiled in {self.seconds:.1f} s"
         if self.choice is not None and self.choice.warnings:
-            done += "".join(f"\nlayout: {line}" for line in self.choice.warnings)
+            said = self.choice.warnings
+            done += "".join(f"\nlayout: {line}" for line in said[:3])
+            if len(said) > 3:
+                done += f"\nlayout: and {len(said) - 3} more (plan.choice.warnings)"
         chosen = (
             self.nothing_fits()
             if self.choice is None
