@@ -158,6 +158,8 @@ def build_program(
 
     Raises:
         TypeError, ValueError: the batch does not fit the model or loss.
+        LayoutError: (compiled, with traced checks) the step would reshard
+            a parameter, a gradient or a state leaf (`_proofs.py`).
     """
     step, layout = parts.step, parts.layout
     train, evaluate, probe, inspect = build_steps(
