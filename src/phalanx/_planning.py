@@ -60,11 +60,15 @@ def plan(
 
     Example:
         ```python
-        plan = px.plan(lambda: make_model(jax.random.key(0)), optax.adam(3e-4),
-                       (x_shapes, y_shapes), budget="16GiB")
+        def make():
+            return px.models.MLP(64, 10, key=jax.random.key(0))
+
+        shapes = (jax.ShapeDtypeStruct((256, 64), jax.numpy.float32),
+                  jax.ShapeDtypeStruct((256,), jax.numpy.int32))
+        plan = px.plan(make, optax.adam(3e-4), shapes, budget="16MiB")
         print(plan)
-        trainer = px.DataParallelTrainer(plan.model(make_model(key)),
-                                         optax.adam(3e-4), **plan.trainer_kwargs())
+        trainer = px.DataParallelTrainer(plan.model(make()), optax.adam(3e-4),
+                                         **plan.trainer_kwargs())
         ```
     """
     build = model if not isinstance(model, eqx.Module) else (lambda: model)

@@ -35,6 +35,17 @@ UNRELATED = {
     ("value", "'exit_code'"): "the exit code of a preempted process",
     ("px_metrics", "name"): "a px.metrics function named in a call's error",
     ("function", "'__qualname__'"): "that the name is px.metrics' own function",
+    ("leaf", "'sharding'"): "a batch leaf's layout, where it is a device array",
+    ("sharding", "'spec'"): "a layout's spec in a message, where it has one",
+    ("s", "'memory_kind'"): "whether a layout keeps a leaf in host memory",
+    ("sharding", "'memory_kind'"): "whether a layout keeps a leaf in host memory",
+    ("devices[0]", "'memory_stats'"): "a device's memory limit, where JAX has one",
+    ("x", "'shape'"): "a planned batch's leaves: arrays or their shapes",
+    ("x", "'dtype'"): "a planned batch's leaves: arrays or their shapes",
+    ("stats", "'host_argument_size_in_bytes'"): "XLA's host memory, where reported",
+    ("remat", "'__name__'"): "a checkpoint policy's name in the plan's table",
+    ("node", "'remat'"): "a stack of phalanx's own Stacked (its remat field)",
+    ("strategy", "'offload'"): "a MeshStrategy's offload in its name",
 }
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from .._engine._summary import format_bytes, plain_text
+from .._telemetry._flops import format_flops
 from ..strategies import Strategy
 from ._devices import DeviceSpec
 from ._space import Candidate, PlanSpace, remat_name, with_remat
@@ -33,6 +34,11 @@ class PlanRow:
         bounds: what it costs at least, known before compiling (None where
             skipped).
         measured: its compiled figures (None where not compiled).
+
+    Its table row: the state's bytes on the fullest device (and those kept
+    in host memory), the compiled step's argument, temporary and peak bytes
+    per device, its FLOPs per device, the bytes a device sends in
+    collectives, and the predicted step time.
         warnings: the layout lint's lines for its layout (as `summary()`
             says them: a large leaf left whole, an uneven split, ...).
     """
@@ -173,13 +179,14 @@ class Plan:
             f"budget {format_bytes(self.budget)} a device (margin {self.margin:.0%})",
             caption=self._caption(),
         )
-        for column in ("mesh (data·fsdp·tensor)", "micro", "remat", "state", "peak"):
+        columns = ("mesh (data·fsdp·tensor)", "micro", "remat", "state")
+        for column in (*columns, "arguments", "temporaries", "peak", "FLOPs"):
             table.add_column(column, justify="right")
         table.add_column("collectives", justify="right")
         table.add_column(f"step ({kind})", justify="right")
         table.add_column("", justify="left")
         for row in self.rows:
-            c, m = row.candidate, row.measured
+            c, m, b = row.candidate, row.measured, row.bounds
             mark = "<- chosen" if row is self.choice else row.status
             if row.why and row is not self.choice:
                 mark += f": {row.why}"
@@ -187,8 +194,11 @@ class Plan:
                 f"{c.data}·{c.fsdp}·{c.tensor}",
                 str(c.microbatches),
                 "-" if c.remat is None else remat_name(c.remat),
-                "-" if row.bounds is None else format_bytes(row.bounds.state),
+                "-" if b is None else _on_host(format_bytes(b.state), b.host),
+                "-" if m is None else format_bytes(m.memory.arguments),
+                "-" if m is None else format_bytes(m.memory.temporaries),
                 "-" if m is None else format_bytes(m.peak),
+                "-" if b is None else format_flops(b.flops),
                 "-" if m is None else format_bytes(int(m.collectives)),
                 "-" if m is None else _time(m.seconds, self.device.relative),
                 mark,
@@ -220,6 +230,11 @@ class Plan:
     def __str__(self) -> str:
         """The table as plain text (no colours), as wide as it needs."""
         return plain_text(self.__rich__())
+
+
+def _on_host(state: str, host: int) -> str:
+    """A state's device bytes, and its host bytes where it has some."""
+    return f"{state} (+{format_bytes(host)} host)" if host else state
 
 
 def _time(seconds: float, relative: bool) -> str:

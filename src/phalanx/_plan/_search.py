@@ -6,7 +6,6 @@ the cost model, and no candidate that fits is pruned on memory).
 """
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import time
@@ -159,29 +158,25 @@ def _fewest_that_fit(
 
     def fits(k: int) -> bool:
         candidate = first._replace(microbatches=k)
+        own = bound  # its own FLOPs: a microbatch scan's may differ
         if k == 1:
-            program, flops = traced
+            program = traced[0]
         else:
             program, flops = builder.program(candidate.strategy(space, devices), layout)
+            own = bounds(layout, flops, device)
         try:
-            measured = measure(
-                program,
-                candidate,
-                dataclasses.replace(bound, flops=flops),
-                devices,
-                device,
-            )
+            measured = measure(program, candidate, own, devices, device)
         except jax.errors.JaxRuntimeError as error:  # XLA refused the program
             said = str(error).strip().splitlines()[0]
             said = said if len(said) <= 100 else said[:99] + "…"
-            rows[k] = PlanRow(candidate, "failed", f"XLA refused it: {said}", bound)
+            rows[k] = PlanRow(candidate, "failed", f"XLA refused it: {said}", own)
             return False
         ok = measured.peak <= usable
         rows[k] = PlanRow(
             candidate,
             "fits" if ok else "too big",
             "" if ok else "its peak exceeds the budget",
-            bound,
+            own,
             measured,
             lint(layout, space.min_size),
         )

@@ -5,10 +5,6 @@ the plan made and reported (`cli/_plan_report.py`, which starts JAX)."""
 from ._args import PlanArgs, UsageError
 
 
-# The exit code of a plan in which nothing fits.
-EXIT_NOTHING_FITS = 1
-
-
 def check_plan(args: PlanArgs) -> None:
     """The checks of plan's options among themselves (no JAX, no data)."""
     if args.run.distributed:

@@ -14,9 +14,12 @@ from .._plan._devices import budget_bytes, device_spec
 from .._trainer import DataParallelTrainer
 from ..strategies import ShardingStrategy
 from ._args import PlanArgs, UsageError
-from ._plan_command import EXIT_NOTHING_FITS
 from ._start import Split
 from ._train import make_model, make_optimizer, start_notes
+
+
+# The exit code of a plan in which nothing fits.
+EXIT_NOTHING_FITS = 1
 
 
 def plan_and_report(
