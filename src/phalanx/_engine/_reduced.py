@@ -16,6 +16,8 @@ from typing import Any
 
 import jax.extend.core as jex
 
+from .._telemetry._flops import inner_jaxprs, open_jaxpr
+
 
 Axes = frozenset[str]
 _NONE: Axes = frozenset()
@@ -33,7 +35,7 @@ def unreduced(jaxpr: jex.Jaxpr, names: Sequence[str]) -> list[str]:
     order, then the step's sums)."""
     found: list[str] = []
     for eqn in _shard_maps(jaxpr):
-        body = _open(eqn.params["jaxpr"])
+        body = open_jaxpr(eqn.params["jaxpr"])
         manual = frozenset(eqn.params["newly_manual_axes"])
         ins = [_spec_axes(spec) & manual for spec in eqn.params["in_specs"]]
         outs = _run(body, ins)
@@ -59,7 +61,7 @@ def _shard_maps(jaxpr: jex.Jaxpr) -> list[Any]:
         if eqn.primitive.name == "shard_map":
             found.append(eqn)
             continue
-        for inner in _inner_all(eqn.params):
+        for inner in inner_jaxprs(eqn.params):
             found.extend(_shard_maps(inner))
     return found
 
@@ -107,7 +109,7 @@ def _equation(eqn: Any, args: list[Axes]) -> list[Axes]:
 
 
 def _scan(eqn: Any, args: list[Axes]) -> list[Axes]:
-    body = _open(eqn.params["jaxpr"])
+    body = open_jaxpr(eqn.params["jaxpr"])
     consts, carries = eqn.params["num_consts"], eqn.params["num_carry"]
     carry = list(args[consts : consts + carries])
     for _ in range(len(carry) + 1):  # to a fixed point: sets only grow
@@ -122,7 +124,7 @@ def _scan(eqn: Any, args: list[Axes]) -> list[Axes]:
 
 def _while(eqn: Any, args: list[Axes]) -> list[Axes]:
     params = eqn.params
-    body = _open(params["body_jaxpr"])
+    body = open_jaxpr(params["body_jaxpr"])
     skip = params["cond_nconsts"] + params["body_nconsts"]
     consts = args[params["cond_nconsts"] : skip]
     carry = list(args[skip:])
@@ -156,22 +158,9 @@ def _spec_axes(spec: Any) -> Axes:
     return frozenset(axes)
 
 
-def _open(jaxpr: Any) -> jex.Jaxpr:
-    return jaxpr.jaxpr if isinstance(jaxpr, jex.ClosedJaxpr) else jaxpr
-
-
 def _inner_call(params: dict[str, Any]) -> jex.Jaxpr | None:
     for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
         value = params.get(key)
         if isinstance(value, jex.ClosedJaxpr | jex.Jaxpr):
-            return _open(value)
+            return open_jaxpr(value)
     return None
-
-
-def _inner_all(params: dict[str, Any]) -> list[jex.Jaxpr]:
-    found = []
-    for value in params.values():
-        for item in value if isinstance(value, tuple | list) else (value,):
-            if isinstance(item, jex.ClosedJaxpr | jex.Jaxpr):
-                found.append(_open(item))
-    return found

@@ -22,6 +22,26 @@ from ._result import Plan, PlanRow
 from ._space import Candidate, PlanSpace, mesh_splits, microbatch_counts
 
 
+class _Drop(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        del record
+        return False
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """phalanx's log lines dropped while candidates are built: a strategy
+    says what it leaves whole as it is made, and the plan's own lint says
+    it of the choice."""
+    drop = _Drop()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
+@_quiet()
 def search(
     builder: Builder,
     devices: Sequence[Any],
@@ -32,23 +52,8 @@ def search(
     margin: float,
     device: DeviceSpec,
 ) -> Plan:
-    """The plan of `builder`'s step over `space` on `devices` (see module)."""
-    with _quiet():
-        return _search(
-            builder, devices, space, remats, budget=budget, margin=margin, device=device
-        )
-
-
-def _search(
-    builder: Builder,
-    devices: Sequence[Any],
-    space: PlanSpace,
-    remats: Sequence[Any],
-    *,
-    budget: int,
-    margin: float,
-    device: DeviceSpec,
-) -> Plan:
+    """The plan of `builder`'s step over `space` on `devices` (see module);
+    phalanx's log lines dropped meanwhile (`_quiet`)."""
     began = time.perf_counter()
     usable = budget * (1 - margin)
     rows: list[PlanRow] = []
@@ -118,25 +123,6 @@ def _search(
         seconds=time.perf_counter() - began,
         space=space,
     )
-
-
-class _Drop(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        del record
-        return False
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """phalanx's log lines dropped while candidates are built: a strategy
-    says what it leaves whole as it is made, and the plan's own lint says
-    it of the choice."""
-    drop = _Drop()
-    logger.addFilter(drop)
-    try:
-        yield
-    finally:
-        logger.removeFilter(drop)
 
 
 def _fewest_that_fit(

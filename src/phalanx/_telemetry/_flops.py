@@ -97,9 +97,9 @@ def count_flops(jaxpr: jex.Jaxpr) -> float:
         elif name == "shard_map":  # its body sees one device's slice
             mesh = params["mesh"]
             copies = math.prod(mesh.shape[a] for a in params["newly_manual_axes"])
-            total += copies * count_flops(_open(params["jaxpr"]))
+            total += copies * count_flops(open_jaxpr(params["jaxpr"]))
         else:  # jit, remat, custom_jvp_call, while (its body once), ...
-            total += sum(count_flops(inner) for inner in _inner(params))
+            total += sum(count_flops(inner) for inner in inner_jaxprs(params))
     return total
 
 
@@ -132,16 +132,16 @@ def _size(var: Any) -> int:
     return math.prod(_shape(var))
 
 
-def _open(jaxpr: Any) -> jex.Jaxpr:
+def open_jaxpr(jaxpr: Any) -> jex.Jaxpr:
     """The open jaxpr of a closed or open one."""
     return jaxpr.jaxpr if isinstance(jaxpr, jex.ClosedJaxpr) else jaxpr
 
 
-def _inner(params: dict[str, Any]) -> list[jex.Jaxpr]:
+def inner_jaxprs(params: dict[str, Any]) -> list[jex.Jaxpr]:
     """The jaxprs among an equation's parameters (alone or in a tuple)."""
     found = []
     for value in params.values():
         for item in value if isinstance(value, tuple | list) else (value,):
             if isinstance(item, jex.ClosedJaxpr | jex.Jaxpr):
-                found.append(_open(item))
+                found.append(open_jaxpr(item))
     return found
