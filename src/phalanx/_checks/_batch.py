@@ -58,13 +58,10 @@ def check_batch_layout(
         ValueError: a leaf the user placed lies otherwise.
     """
     for i, leaf in enumerate(leaves):
-        sharding = getattr(leaf, "sharding", None)
-        if (
-            not isinstance(leaf, jax.Array)
-            or not leaf.committed
-            or sharding == split
-            or sharding.is_equivalent_to(split, leaf.ndim)
-        ):
+        if not isinstance(leaf, jax.Array) or not leaf.committed:
+            continue
+        sharding = leaf.sharding
+        if sharding == split or sharding.is_equivalent_to(split, leaf.ndim):
             continue
         name = _path_names(treedef)[i]
         have = sharding.spec if isinstance(sharding, NamedSharding) else sharding
