@@ -193,8 +193,9 @@ def test_devices_holding_unequal_parts_are_named():
     )
     assert warnings == [
         "the devices hold unequal parts of the state: 2.0 KiB to 4.0 KiB (100% "
-        "more on the fullest), and a step needs the fullest's memory on every "
-        "device; lay every leaf out over all of the strategy's devices"
+        "more on the fullest, most of it state.model.b), and a step needs the "
+        "fullest's memory on every device; lay every leaf out over all of the "
+        "strategy's devices"
     ]
 
 
@@ -282,6 +283,26 @@ def test_a_batch_placed_in_another_layout_is_named(spec):
         trainer.fit([(x, Y)])
     placed = jax.device_put(X, strategy.batch_sharding)
     trainer.fit([(placed, Y), (jnp.asarray(X), Y)])  # as split, or on one device
+
+
+@pytest.mark.parametrize("where", ["replicated", "one device"])
+def test_a_later_batch_placed_in_another_layout_is_named(where):
+    # Each batch that would move is read (only those: a batch laid out as
+    # the strategy splits batches costs no check), not the first alone; a
+    # leaf committed to one device (jax.device_put(x, device)) would move
+    # too, unlike an uncommitted one (jnp.asarray) the pipeline places.
+    strategy = px.MeshStrategy(data=2, fsdp=4)
+    trainer = px.DataParallelTrainer(
+        make_model(), optax.sgd(0.1), strategy=strategy, progress=False
+    )
+    target = (
+        NamedSharding(strategy.mesh, P()) if where == "replicated" else jax.devices()[1]
+    )
+    data = [(X, Y), (X, jax.device_put(Y, target))]
+    with pytest.raises(
+        ValueError, match=r"batch 1 of epoch 0 leaf batch\[1\] is placed"
+    ):
+        trainer.fit(data)
 
 
 # --- the examples say nothing ------------------------------------------------------

@@ -7,6 +7,7 @@ step run at trace time only, so they cost nothing in steady state.
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ import jax
 import jaxtyping
 import numpy as np
 from beartype import beartype
+from jax.sharding import NamedSharding
 from jaxtyping import Array, Float, jaxtyped
 
 
@@ -46,30 +48,43 @@ def check_batch_layout(
     leaves: Sequence[Any], treedef: Any, split: Any, where: str
 ) -> None:
     """A batch's device leaves must lie as the strategy splits batches
-    (`split`) where they are laid out on its devices: placed there in
-    another layout, each step would reshard them (a leaf on one device, as
-    `jnp` makes them, or on the host is the pipeline's to place).
+    (`split`) where the user placed them (a committed `jax.Array`: on the
+    strategy's devices in another layout, or on one device): each step
+    would move them. Host leaves, and uncommitted arrays as `jnp` makes
+    them, are the pipeline's to place. Read for the first batch, then for
+    each batch that must move (`put_batch`'s `before_move`).
 
     Raises:
-        ValueError: a leaf is laid out on the strategy's devices otherwise.
+        ValueError: a leaf the user placed lies otherwise.
     """
-    if not isinstance(split, jax.sharding.NamedSharding):
-        return
     for i, leaf in enumerate(leaves):
-        sharding = getattr(leaf, "sharding", None)
-        if (
-            not isinstance(sharding, jax.sharding.NamedSharding)
-            or sharding.device_set != split.device_set
-            or sharding.is_equivalent_to(split, leaf.ndim)
-        ):
+        if not isinstance(leaf, jax.Array) or not leaf.committed:
+            continue
+        sharding = leaf.sharding
+        if sharding == split or sharding.is_equivalent_to(split, leaf.ndim):
             continue
         name = _path_names(treedef)[i]
+        have = sharding.spec if isinstance(sharding, NamedSharding) else sharding
+        want = split.spec if isinstance(split, NamedSharding) else split
         raise ValueError(
-            f"data: {where} leaf {name} is placed on the strategy's devices as "
-            f"{sharding.spec}, and the strategy splits batches as {split.spec}: "
-            "every step would reshard it; pass NumPy arrays (the trainer places "
-            "them), or place them as trainer.strategy.batch_sharding says"
+            f"data: {where} leaf {name} is placed as {have}, and the strategy "
+            f"splits batches as {want}: every step would reshard it; pass NumPy "
+            "arrays (the trainer places them), or place them as "
+            "trainer.strategy.batch_sharding says"
         )
+
+
+def layout_check(
+    treedef: Any, split: Any, where: str | None
+) -> Callable[[Sequence[Any]], None] | None:
+    """`check_batch_layout` of a batch's leaves (of `treedef`, called `where`),
+    for `put_batch`'s `before_move`; None where there is nothing to check (a
+    batch padded by the pipeline: a new array, no layout of the user's)."""
+    if where is None:
+        return None
+    return functools.partial(
+        check_batch_layout, treedef=treedef, split=split, where=where
+    )
 
 
 def batch_leaf_names(batch: Any, inputs: Any, targets: Any) -> list[str]:

@@ -72,7 +72,7 @@ def layout_warnings(
                 "split a dimension its number of shards divides (or pad the "
                 "dimension to a multiple of it)"
             )
-    imbalance = _imbalance(structs, shardings)
+    imbalance = _imbalance(paths, structs, shardings)
     if imbalance:
         found.append(imbalance)
     return found
@@ -113,21 +113,31 @@ def held_bytes(
 
 
 def _imbalance(
-    structs: Sequence[jax.ShapeDtypeStruct], shardings: Sequence[Any]
+    paths: Sequence[str],
+    structs: Sequence[jax.ShapeDtypeStruct],
+    shardings: Sequence[Any],
 ) -> str | None:
     """One line if the fullest device holds over 5% more of the state than
-    the emptiest (uneven splits leave some devices smaller shards)."""
+    the emptiest (uneven splits leave some devices smaller shards), naming
+    the leaf that tips it most (its bytes on the fullest less those on the
+    emptiest)."""
     held = held_bytes(structs, shardings)
     if len(held) < 2:
         return None
-    most, least = max(held.values()), min(held.values())
+    fullest, emptiest = max(held, key=held.__getitem__), min(held, key=held.__getitem__)
+    most, least = held[fullest], held[emptiest]
     if most <= least * 1.05:
         return None
+    tips = []
+    for path, struct, sharding in zip(paths, structs, shardings, strict=True):
+        one = held_bytes([struct], [sharding])
+        tips.append((one.get(fullest, 0) - one.get(emptiest, 0), path))
+    _, path = max(tips)
     return (
         f"the devices hold unequal parts of the state: {human_bytes(least)} to "
-        f"{human_bytes(most)} ({most / least - 1:.0%} more on the fullest), and "
-        "a step needs the fullest's memory on every device; lay every leaf out "
-        "over all of the strategy's devices"
+        f"{human_bytes(most)} ({most / least - 1:.0%} more on the fullest, most "
+        f"of it {path}), and a step needs the fullest's memory on every device; "
+        "lay every leaf out over all of the strategy's devices"
     )
 
 

@@ -25,6 +25,7 @@ from .._checks._batch import (
     check_labels,
     check_sample_weight,
     flatten_batch,
+    layout_check,
     num_examples,
     signature,
     zero_weight_message,
@@ -292,7 +293,7 @@ class BatchPipeline:
             key = (quick_signature, first, train)
             quick = self._quick.get(key)
             if quick is not None:
-                return quick._replace(leaves=self.place(leaves))
+                return quick._replace(leaves=self.place(leaves, treedef, where))
         flat = (leaves, treedef, quick_signature)
         leaves, treedef, n, sample_weight = self.check(parts, flat, where)
         if first is None:  # a pass's first batch fixes its step's shape
@@ -313,7 +314,7 @@ class BatchPipeline:
             and single_process()  # else a slice; the devices see it all
         ):
             raise ValueError(zero_weight_message(where))
-        placed = self.place(pad(leaves, size))
+        placed = self.place(pad(leaves, size), treedef, where if n == size else None)
         # Weights are always on the devices: cached ones without sample
         # weights (nothing to transfer), placed ones with (a step given NumPy
         # weights here and device weights there would compile twice).
@@ -335,14 +336,19 @@ class BatchPipeline:
             self._quick.remember(key, prepared._replace(leaves=[]))
         return prepared
 
-    def place(self, leaves: list[Leaf]) -> list[jax.Array | np.ndarray]:
+    def place(
+        self, leaves: list[Leaf], treedef: Any, where: str | None
+    ) -> list[jax.Array | np.ndarray]:
         """Leaves for a step: NumPy leaves of a single process as they are
         (the compiled step's input shardings split them across the devices
         as it is called, in C++: cheaper than a `jax.device_put` first),
-        anything else placed by the strategy."""
+        anything else placed by the strategy; leaves the user placed in another
+        layout refused where they would move (`where`: None for a batch padded
+        here, a new array: not checked)."""
         if single_process() and all(isinstance(x, np.ndarray) for x in leaves):
             return [*leaves]
-        return [*put_batch(leaves, self._split)]
+        check = layout_check(treedef, self._split, where)
+        return [*put_batch(leaves, self._split, before_move=check)]
 
     def weights(self, n: int, size: int) -> jax.Array:
         """Device weights for n real examples padded to size (cached)."""

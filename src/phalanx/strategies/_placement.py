@@ -11,7 +11,7 @@ each process's slice of a batch).
 """
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -144,14 +144,20 @@ def on_device(tree: PyTree, device: Any) -> PyTree:
 
 
 def put_batch(
-    leaves: Sequence[np.ndarray | jax.Array], sharding: Sharding
+    leaves: Sequence[np.ndarray | jax.Array],
+    sharding: Sharding,
+    *,
+    before_move: Callable[[Sequence[Any]], None] | None = None,
 ) -> list[jax.Array]:
     """Place batch leaves (host arrays, or arrays on any devices) split as
     `sharding` says; in a multi-process run each process holds its own slice
-    of the global batch."""
+    of the global batch. `before_move(leaves)` is called only where some
+    leaf must move (it may raise: a layout the caller refuses)."""
     placed = [x for x in leaves if isinstance(x, jax.Array) and laid_out(x, sharding)]
     if len(placed) == len(leaves):
         return placed  # already there: nothing to dispatch
+    if before_move is not None:
+        before_move(leaves)
     if single_process():
         return jax.device_put(list(leaves), sharding)
     return [
