@@ -86,6 +86,8 @@ def dot_product_attention(
         out = px.models.dot_product_attention(x, x, x, causal=True)  # (128, 4, 16)
         ```
     """
+    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+    mask = None if mask is None else jnp.asarray(mask)
     _check(query, key, value, mask, implementation)
     split = sequence_split()
     if split is None or split.size == 1:
@@ -152,11 +154,18 @@ def _whole(
     if _platform() == "gpu":
         try:
             return jax.nn.dot_product_attention(
-                query, key, value, mask=visible, is_causal=causal, implementation="cudnn"
+                query,
+                key,
+                value,
+                mask=visible,
+                is_causal=causal,
+                implementation="cudnn",
             )
         # cuDNN says no at trace time, for its dtypes, shapes or version.
         except (ValueError, NotImplementedError, RuntimeError) as refusal:
-            reason = str(refusal).splitlines()[0] if str(refusal) else type(refusal).__name__
+            reason = (
+                str(refusal).splitlines()[0] if str(refusal) else type(refusal).__name__
+            )
             if reason not in _refusals:
                 _refusals.add(reason)
                 logger.warning(

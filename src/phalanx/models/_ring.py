@@ -59,7 +59,9 @@ def ring_attention(
     q, k, v, m = chunks
     assert q is not None and k is not None and v is not None
     _, seq, heads, dim = q.shape
-    stats = jax.tree.map(lambda *s: jnp.stack(s), *[empty_stats(seq, heads, dim)] * parts)
+    stats = jax.tree.map(
+        lambda *s: jnp.stack(s), *[empty_stats(seq, heads, dim)] * parts
+    )
 
     schedule = ring_schedule(n, causal=causal, layout="balanced")
     first = functools.partial(_step, *slot_tables(schedule, range(1)), step=0)
@@ -77,7 +79,9 @@ def ring_attention(
     arriving = send(chunk)
     stats = first(stats, q, chunk, device)
 
-    def body(carry: tuple[_Chunk, Stats], step: Array) -> tuple[tuple[_Chunk, Stats], None]:
+    def body(
+        carry: tuple[_Chunk, Stats], step: Array
+    ) -> tuple[tuple[_Chunk, Stats], None]:
         chunk, stats = carry
         arriving = send(chunk)
         return (arriving, later(stats, q, chunk, device, step=step - 1)), None
@@ -114,9 +118,9 @@ def _step(
         if causal:
             diagonal = jnp.tril(jnp.ones((seq, seq), bool))
             visible = diagonal if visible is None else diagonal & visible
-        old = jax.tree.map(lambda s: s[qi], stats)
+        old = jax.tree.map(lambda s, qi=qi: s[qi], stats)
         new = attend_block(old, query[qi], keys[ki], values[ki], visible)
-        stats = jax.tree.map(lambda s, x: s.at[qi].set(x), stats, new)
+        stats = jax.tree.map(lambda s, x, qi=qi: s.at[qi].set(x), stats, new)
     return stats
 
 
@@ -129,7 +133,9 @@ def _balancing_moves(n: int) -> tuple[list[tuple[int, int]], list[tuple[int, int
     def home(a: int) -> int:
         return a if a < n else 2 * n - 1 - a
 
-    return [(i, home(2 * i)) for i in range(n)], [(i, home(2 * i + 1)) for i in range(n)]
+    return [(i, home(2 * i)) for i in range(n)], [
+        (i, home(2 * i + 1)) for i in range(n)
+    ]
 
 
 def _to_balanced(x: Array, axis: str, n: int) -> Array:
@@ -156,4 +162,3 @@ def _to_contiguous(x: Array, axis: str, n: int) -> Array:
     first = jax.lax.ppermute(even, axis, [(b, a) for a, b in evens])
     second = jax.lax.ppermute(odd, axis, [(b, a) for a, b in odds])
     return jnp.concatenate([first, second])
-

@@ -12,6 +12,7 @@ mesh axes (``"tensor"``, splitting heads) stay automatic.
 
 import functools
 from collections.abc import Callable
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -93,7 +94,6 @@ def all_gather_attention(
     )
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
 def _gather(x: Array, axis: str) -> Array:
     """Every device's chunk of `x`, in order along the first axis.
 
@@ -102,11 +102,16 @@ def _gather(x: Array, axis: str) -> Array:
     axes under `jax.vmap` (an AssertionError); the sum over devices and the
     device's own slice of it is the same gradient.
     """
+    return cast(Array, _gather_differentiable(x, axis))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _gather_differentiable(x: Array, axis: str) -> Array:
     return jax.lax.all_gather(x, axis, axis=0, tiled=True)
 
 
 def _gather_forward(x: Array, axis: str) -> tuple[Array, int]:
-    return _gather(x, axis), x.shape[0]
+    return jax.lax.all_gather(x, axis, axis=0, tiled=True), x.shape[0]
 
 
 def _gather_backward(axis: str, size: int, grad: Array) -> tuple[Array]:
@@ -115,4 +120,4 @@ def _gather_backward(axis: str, size: int, grad: Array) -> tuple[Array]:
     return (jax.lax.dynamic_slice_in_dim(total, start, size, 0),)
 
 
-_gather.defvjp(_gather_forward, _gather_backward)
+_gather_differentiable.defvjp(_gather_forward, _gather_backward)
