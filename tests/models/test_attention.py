@@ -208,6 +208,36 @@ def test_the_balanced_causal_ring_gives_each_device_the_same_flops():
     assert spread["contiguous"] > 2  # the last device works ~5x the first
 
 
+def step_temporaries(context, implementation, seq=8192):
+    """Per-device temporaries (MiB) of a causal attention loss's gradient,
+    two examples over data=2, the sequence over `context`: compiled only."""
+    mesh = make_mesh(2 * context, {"data": 2, "fsdp": 1, "context": context})
+    laid_out = NamedSharding(mesh, P(BATCH, "context"))
+    x = jax.ShapeDtypeStruct((2, seq, 2, 16), jnp.float32, sharding=laid_out)
+    attend = functools.partial(
+        px.models.dot_product_attention, causal=True, implementation=implementation
+    )
+
+    def loss(q, k, v):
+        with splitting_sequences(SequenceSplit(mesh, "context", BATCH)):
+            out = jax.vmap(attend, spmd_axis_name=BATCH)(q, k, v)
+        return jnp.sum(out**2)
+
+    step = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, x, x).compile()
+    memory = step.memory_analysis()
+    assert memory is not None
+    return memory.temp_size_in_bytes / 2**20
+
+
+def test_the_ring_keeps_no_score_matrix_for_the_backward_pass():
+    # Measured: 1537 MiB whole, 514 all-gathered over 4, 69 round a ring of
+    # 4 (101 keeping each block's scores, 85 recomputing a step at a time).
+    whole = step_temporaries(1, "ring")
+    ring, gathered = step_temporaries(4, "ring"), step_temporaries(4, "all_gather")
+    assert ring <= 0.35 * whole
+    assert ring <= 0.15 * gathered
+
+
 # --- bad inputs -----------------------------------------------------------------
 
 

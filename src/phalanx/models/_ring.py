@@ -11,7 +11,7 @@ Causal attention first moves each device's halves to the balanced layout
 (device ``d`` holds the halves ``d`` and ``2n - 1 - d``), so that every
 device computes two full blocks a step instead of device ``n - 1`` computing
 ``n`` times device 0's; the output moves back. The blocks each step computes
-are `_ring_schedule.ring_schedule`'s. Each step's scores are recomputed in
+are `_ring_schedule.ring_schedule`'s. Each block's scores are recomputed in
 the backward pass (`jax.checkpoint`): the step keeps the chunks it received,
 not their scores.
 """
@@ -66,8 +66,6 @@ def ring_attention(
     schedule = ring_schedule(n, causal=causal, layout="balanced")
     first = functools.partial(_step, *slot_tables(schedule, range(1)), step=0)
     later = functools.partial(_step, *slot_tables(schedule, range(1, n)))
-    # Recompute each step's scores in the backward pass: keep the chunks.
-    first, later = jax.checkpoint(first), jax.checkpoint(later)
     ring = [(i, (i + 1) % n) for i in range(n)]
 
     def send(chunk: _Chunk) -> _Chunk:
@@ -119,7 +117,13 @@ def _step(
             diagonal = jnp.tril(jnp.ones((seq, seq), bool))
             visible = diagonal if visible is None else diagonal & visible
         old = jax.tree.map(lambda s, qi=qi: s[qi], stats)
-        new = attend_block(old, query[qi], keys[ki], values[ki], visible)
+        # Each block's scores are recomputed in the backward pass, one block
+        # at a time: the step keeps its inputs (the chunks, the running
+        # softmax), never a score matrix. Measured at seq 8192 over
+        # context=4: 69 MiB of temporaries a device, 85 MiB checkpointing
+        # each step whole, 101 MiB keeping the scores (docs/guides).
+        block = jax.checkpoint(attend_block)
+        new = block(old, query[qi], keys[ki], values[ki], visible)
         stats = jax.tree.map(lambda s, x, qi=qi: s.at[qi].set(x), stats, new)
     return stats
 
