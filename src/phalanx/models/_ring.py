@@ -86,7 +86,7 @@ def ring_attention(
 
     (chunk, stats), _ = jax.lax.scan(body, (arriving, stats), jnp.arange(1, n - 1))
     stats = later(stats, q, chunk, device, step=n - 2)
-    out = jax.vmap(finish, in_axes=(0, None))(stats, query.dtype)
+    out = jax.vmap(lambda part: finish(part, query.dtype))(stats)
     if causal:
         return _to_contiguous(out, axis, n)
     return out[0]
