@@ -16,8 +16,29 @@ from phalanx.strategies._device_mesh import make_mesh
 BATCH = ("data", "fsdp")
 
 
-@pytest.mark.parametrize("implementation", ["ring", "all_gather"])
-def test_stacked_blocks_on_a_split_sequence_equal_one_device(implementation):
+def tensor_spec(path, leaf):
+    """The heads over "tensor": the projections to q, k, v split on their
+    outputs, the projection back on its inputs (after the layer axis)."""
+    name = jax.tree_util.keystr(path)
+    if name.endswith(("query_proj.weight", "key_proj.weight", "value_proj.weight")):
+        return P(None, "tensor", None)
+    if name.endswith(("query_proj.bias", "key_proj.bias", "value_proj.bias")):
+        return P(None, "tensor")
+    if name.endswith("output_proj.weight"):
+        return P(None, None, "tensor")
+    return P()
+
+
+@pytest.mark.parametrize(
+    ("implementation", "axes"),
+    [
+        ("ring", {"data": 2, "fsdp": 1, "context": 4, "tensor": 1}),
+        ("all_gather", {"data": 2, "fsdp": 1, "context": 4, "tensor": 1}),
+        ("ring", {"data": 1, "fsdp": 2, "context": 2, "tensor": 2}),
+    ],
+    ids=["ring", "all_gather", "ring-heads-over-tensor"],
+)
+def test_stacked_blocks_on_a_split_sequence_equal_one_device(implementation, axes):
     model = px.models.Stacked(
         lambda key: px.models.TransformerBlock(
             16, heads=2, mlp_width=32, implementation=implementation, key=key
@@ -28,7 +49,7 @@ def test_stacked_blocks_on_a_split_sequence_equal_one_device(implementation):
     )
     params, static = eqx.partition(model, eqx.is_array)
     x = jax.random.normal(jax.random.key(1), (2, 16, 16))
-    mesh = make_mesh(None, {"data": 2, "fsdp": 1, "context": 4, "tensor": 1})
+    mesh = make_mesh(None, axes)
 
     def loss(params, x, split):
         model = eqx.combine(params, static)
@@ -39,7 +60,13 @@ def test_stacked_blocks_on_a_split_sequence_equal_one_device(implementation):
     want = jax.jit(jax.value_and_grad(loss), static_argnums=2)(params, x, None)
     split = SequenceSplit(mesh, "context", BATCH)
     x = jax.device_put(x, NamedSharding(mesh, P(BATCH, "context")))
-    have = jax.jit(jax.value_and_grad(loss), static_argnums=2)(params, x, split)
+    placed = jax.tree_util.tree_map_with_path(
+        lambda path, leaf: jax.device_put(
+            leaf, NamedSharding(mesh, tensor_spec(path, leaf))
+        ),
+        params,
+    )
+    have = jax.jit(jax.value_and_grad(loss), static_argnums=2)(placed, x, split)
     for a, b in zip(jax.tree.leaves(have), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 

@@ -21,6 +21,10 @@ class TransformerBlock(eqx.Module):
     back (pre-norm residual): ``x + attention(norm(x))``, then
     ``x + mlp(norm(x))``. Shape-preserving, so `Stacked` stacks it.
 
+    The query, key and value projections are separate layers whose outputs
+    are the heads in order: a tensor rule splitting their weights' first
+    axis (and `output_proj`'s second) splits the heads.
+
     Example:
         ```python
         blocks = px.models.Stacked(
@@ -32,8 +36,10 @@ class TransformerBlock(eqx.Module):
     """
 
     attention_norm: eqx.nn.LayerNorm
-    qkv: eqx.nn.Linear
-    attention_out: eqx.nn.Linear
+    query_proj: eqx.nn.Linear
+    key_proj: eqx.nn.Linear
+    value_proj: eqx.nn.Linear
+    output_proj: eqx.nn.Linear
     mlp_norm: eqx.nn.LayerNorm
     mlp_in: eqx.nn.Linear
     mlp_out: eqx.nn.Linear
@@ -80,13 +86,15 @@ class TransformerBlock(eqx.Module):
             raise ValueError(
                 f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}"
             )
-        keys = jr.split(key, 4)
+        keys = jr.split(key, 6)
         self.attention_norm = eqx.nn.LayerNorm(width)
-        self.qkv = eqx.nn.Linear(width, 3 * width, key=keys[0])
-        self.attention_out = eqx.nn.Linear(width, width, key=keys[1])
+        self.query_proj = eqx.nn.Linear(width, width, key=keys[0])
+        self.key_proj = eqx.nn.Linear(width, width, key=keys[1])
+        self.value_proj = eqx.nn.Linear(width, width, key=keys[2])
+        self.output_proj = eqx.nn.Linear(width, width, key=keys[3])
         self.mlp_norm = eqx.nn.LayerNorm(width)
-        self.mlp_in = eqx.nn.Linear(width, mlp_width, key=keys[2])
-        self.mlp_out = eqx.nn.Linear(mlp_width, width, key=keys[3])
+        self.mlp_in = eqx.nn.Linear(width, mlp_width, key=keys[4])
+        self.mlp_out = eqx.nn.Linear(mlp_width, width, key=keys[5])
         self.width = width
         self.heads = heads
         self.causal = causal
@@ -105,15 +113,16 @@ class TransformerBlock(eqx.Module):
             )
         seq = x.shape[0]
         each = jax.vmap  # the layers below act on one position
+        normed = each(self.attention_norm)(x)
+        shape = (seq, self.heads, self.width // self.heads)
         q, k, v = (
-            each(self.qkv)(each(self.attention_norm)(x))
-            .reshape(seq, 3, self.heads, self.width // self.heads)
-            .transpose(1, 0, 2, 3)
+            each(proj)(normed).reshape(shape)
+            for proj in (self.query_proj, self.key_proj, self.value_proj)
         )
         attended = dot_product_attention(
             q, k, v, causal=self.causal, implementation=self.implementation
         )
-        x = x + each(self.attention_out)(attended.reshape(seq, self.width))
+        x = x + each(self.output_proj)(attended.reshape(seq, self.width))
         hidden = jax.nn.gelu(each(self.mlp_in)(each(self.mlp_norm)(x)))
         return x + each(self.mlp_out)(hidden)
 
