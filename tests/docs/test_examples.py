@@ -164,7 +164,7 @@ def test_transformer():
     # Issue 31, acceptance 7: a Stacked transformer on a (2, 2, 2) mesh, its
     # weights split by the rules, built in its shards; its loss falls.
     out = run_example("transformer.py", *ARGS["transformer.py"])
-    assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in out, out
+    assert "mesh {'data': 2, 'fsdp': 2, 'context': 1, 'tensor': 2}" in out, out
     layout = dict(
         re.findall(r"(?m)^  (attention query|mlp down)\s+\(.*?\)\s+(P\(.*?\))", out)
     )
