@@ -215,3 +215,17 @@ def test_several_steps_per_call_and_bf16_take_split_sequences():
     low = make_trainer(px.MeshStrategy(**CONTEXT), precision="bf16")
     low.fit(data)
     assert np.isfinite(np.asarray(low.history["loss"], float)).all()
+
+
+def test_a_plan_keeps_the_context_axis():
+    # The planner splits what context leaves of the devices (8 / 4: data
+    # and fsdp of 2), and its strategy splits the sequences as the trainer's.
+    trainer = make_trainer(px.MeshStrategy(**CONTEXT))
+    plan = trainer.plan(batches()[0], budget="1GiB")
+    chosen = plan.strategy()
+    inner = chosen.inner if isinstance(chosen, px.AccumulatingStrategy) else chosen
+    assert isinstance(inner, px.MeshStrategy)
+    assert inner.mesh.shape["context"] == 4
+    names, shapes = ["x", "y"], [(SEQ,), (SEQ,)]
+    specs = [_spec(s) for s in inner.batch_leaf_shardings(names, shapes)]
+    assert specs == [P(("data", "fsdp"), "context")] * 2
