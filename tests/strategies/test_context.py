@@ -11,6 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import phalanx as px
+from phalanx._sequence import sequence_split
 from phalanx.strategies import _mesh_leaves
 
 
@@ -229,3 +230,41 @@ def test_a_plan_keeps_the_context_axis():
     names, shapes = ["x", "y"], [(SEQ,), (SEQ,)]
     specs = [_spec(s) for s in inner.batch_leaf_shardings(names, shapes)]
     assert specs == [P(("data", "fsdp"), "context")] * 2
+
+
+class ChunkAttentionLM(TinyLM):
+    """A planted mistake: under a sequence split, each device attends within
+    its own chunk of the sequence only (a shard_map that exchanges nothing)."""
+
+    def __call__(self, tokens):
+        split = sequence_split()
+        if split is None:
+            return super().__call__(tokens)
+        x = jax.vmap(self.embed)(tokens)
+        q, k, v = jnp.split(jax.vmap(self.qkv)(x)[:, None], 3, axis=-1)
+
+        def chunk(q, k, v):
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
+        h = jax.shard_map(
+            chunk,
+            mesh=split.mesh,
+            in_specs=P("context"),
+            out_specs=P("context"),
+            axis_names={split.axis, *split.batch_axes},
+            check_vma=False,
+        )(q, k, v)[:, 0]
+        return jax.vmap(self.out)(x + h)
+
+
+def test_attention_that_ignores_the_split_is_caught():
+    # assert_equivalent compares with one device on whole sequences.
+    with pytest.raises(AssertionError, match="gradient|loss"):
+        px.testing.assert_equivalent(
+            lambda strategy: make_trainer(
+                strategy, ChunkAttentionLM(jax.random.key(0))
+            ),
+            batches(),
+            strategies=[px.MeshStrategy(**CONTEXT)],
+            steps=1,
+        )
