@@ -72,10 +72,10 @@ def check_batch_layout(
     """A batch's device leaves must lie as the strategy splits batches
     (`splits`: each leaf's layout) where the user placed them (a committed
     `jax.Array`: on the strategy's devices in another layout, or on one
-    device): each step
-    would move them. Host leaves, and uncommitted arrays as `jnp` makes
-    them, are the pipeline's to place. Read for the first batch, then for
-    each batch that must move (`put_batch`'s `before_move`).
+    device): each step would move them. Host leaves, and uncommitted arrays
+    as `jnp` makes them, are the pipeline's to place. Read for the first
+    batch, then for each batch that must move (`put_batch`'s
+    `before_move`).
 
     Raises:
         ValueError: a leaf the user placed lies otherwise.
