@@ -232,16 +232,18 @@ def test_a_plan_keeps_the_context_axis():
     assert specs == [P(("data", "fsdp"), "context")] * 2
 
 
-class ChunkAttentionLM(TinyLM):
-    """A planted mistake: under a sequence split, each device attends within
-    its own chunk of the sequence only (a shard_map that exchanges nothing)."""
+class ChunkAttentionLM(eqx.Module):
+    """A planted mistake: `lm`, but under a sequence split each device
+    attends within its own chunk only (a shard_map that exchanges nothing)."""
+
+    lm: TinyLM
 
     def __call__(self, tokens):
         split = sequence_split()
         if split is None:
-            return super().__call__(tokens)
-        x = jax.vmap(self.embed)(tokens)
-        q, k, v = jnp.split(jax.vmap(self.qkv)(x)[:, None], 3, axis=-1)
+            return self.lm(tokens)
+        x = jax.vmap(self.lm.embed)(tokens)
+        q, k, v = jnp.split(jax.vmap(self.lm.qkv)(x)[:, None], 3, axis=-1)
 
         def chunk(q, k, v):
             return jax.nn.dot_product_attention(q, k, v, is_causal=True)
@@ -254,7 +256,7 @@ class ChunkAttentionLM(TinyLM):
             axis_names={split.axis, *split.batch_axes},
             check_vma=False,
         )(q, k, v)[:, 0]
-        return jax.vmap(self.out)(x + h)
+        return jax.vmap(self.lm.out)(x + h)
 
 
 def test_attention_that_ignores_the_split_is_caught():

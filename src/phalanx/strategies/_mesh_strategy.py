@@ -35,6 +35,7 @@ from ._rules import CheckedRule, Rule, RuleBook, check_rules, path_name
 from ._sequences import (
     SequenceDims,
     check_sequence_dims,
+    check_within_processes,
     sequence_specs,
     traced_with_split,
 )
@@ -204,6 +205,7 @@ class MeshStrategy(DeviceMeshStrategy):
             )
         self.axis_name = ("data", "fsdp")
         self.mesh = make_mesh(devices, sizes)
+        check_within_processes(self.mesh)
         self.min_size = min_size
         first = self.mesh.devices.flat[0]
         if offload and not has_host_memory(first):

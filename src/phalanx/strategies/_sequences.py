@@ -17,6 +17,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
+import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from .._sequence import SequenceSplit, splitting_sequences
@@ -145,6 +147,25 @@ def sequence_specs(
             )
         specs.append(P(batch, *[None] * (dim - 1), "context"))
     return specs
+
+
+def check_within_processes(mesh: Mesh) -> None:
+    """Each sequence's devices (a line along ``context``) must be one
+    process's: each process reads whole sequences of its own examples.
+
+    Raises:
+        ValueError: a line along ``context`` holds devices of two processes.
+    """
+    lines = np.moveaxis(mesh.devices, mesh.axis_names.index("context"), -1)
+    for line in lines.reshape(-1, lines.shape[-1]):
+        if len({device.process_index for device in line}) > 1:
+            raise ValueError(
+                f"context={line.size} splits each sequence over devices of "
+                "several processes; each process reads whole sequences, so "
+                "keep context x tensor within one process's devices "
+                f"({jax.local_device_count()} here), and let data or fsdp span "
+                "the processes"
+            )
 
 
 def _dim(dims: SequenceDims, name: str, ndim: int) -> int | None:
