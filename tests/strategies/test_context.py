@@ -264,7 +264,7 @@ def test_attention_that_ignores_the_split_is_caught():
     with pytest.raises(AssertionError, match="gradient|loss"):
         px.testing.assert_equivalent(
             lambda strategy: make_trainer(
-                strategy, ChunkAttentionLM(jax.random.key(0))
+                strategy, ChunkAttentionLM(TinyLM(jax.random.key(0)))
             ),
             batches(),
             strategies=[px.MeshStrategy(**CONTEXT)],
