@@ -1,0 +1,67 @@
+"""``fit(resume="latest")`` across processes (issue 45, acceptance 6): on 2
+processes × 4 fake CPU devices, with no checkpoint yet it starts fresh, and
+with checkpoints it resumes, ending where 1 process × 8 devices ends.
+
+It used to abort every time on a folder not made yet: process 0 found no
+folder and went on to train (its `Checkpoint` making the folder), process 1
+then found the folder and opened an orbax manager on it, whose collectives
+met process 0's first batch check (garbage bytes, then gloo aborted). Now
+process 0's view decides on every process."""
+
+import pathlib
+
+import pytest
+
+from multiprocess_run import STRATEGIES, parameters, train
+from test_multiprocess import assert_ranks_hold, launch
+
+
+# Each strategy's tolerance against one process: with the deterministic
+# reduction 2 processes end bitwise where 1 ends; the default strategy's
+# all-reduce sums in another order.
+TOLERANCE = {"sharding-deterministic": 0, "sharding": 1e-6}
+# Where the checkpoint folder exists, empty, before the first fit (for the
+# others the first fit's Checkpoint makes it).
+MADE = {"sharding"}
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> tuple[pathlib.Path, str]:
+    """One launch of 2 processes × 4 devices: for each strategy, a fit to
+    step 13 with ``resume="latest"`` saving every 5 steps in
+    OUT/checkpoints-NAME (nothing there yet: it starts fresh), in
+    OUT/fresh-NAME, then one to step 20 resuming from it, in
+    OUT/resumed-NAME. The folder and the launch's output."""
+    out = tmp_path_factory.mktemp("resumed")
+    jobs = []
+    for name in TOLERANCE:
+        checkpoints = out / f"checkpoints-{name}"
+        if name in MADE:
+            checkpoints.mkdir()
+        # Process 1 looks for checkpoints after process 0 has gone on.
+        jobs.append(f"fresh-{name}={name}:13:{checkpoints}:late")
+        jobs.append(f"resumed-{name}={name}:20:{checkpoints}:resume")
+    done = launch(str(out), *jobs, devices=4)
+    return out, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(TOLERANCE))
+def test_resume_latest_across_processes(launched, name):
+    out, output = launched
+    atol = TOLERANCE[name]
+    checkpoints = out / f"checkpoints-{name}"
+    # Nothing to resume from: started fresh, said once (by process 0).
+    fresh = f"no checkpoint in {checkpoints} yet; starting fresh"
+    assert [line[:4] for line in output.splitlines() if fresh in line] == ["[0] "]
+    assert_ranks_hold(
+        out / f"fresh-{name}",
+        parameters(train(STRATEGIES[name](8), steps=13)),
+        atol=atol,
+    )
+    # Checkpoints at 5, 10 and 13: resumed from 13.
+    resumed = f"resumed from step 13 (epoch 3) of {checkpoints}/13"
+    assert [line[:4] for line in output.splitlines() if resumed in line] == ["[0] "]
+    assert_ranks_hold(
+        out / f"resumed-{name}", parameters(train(STRATEGIES[name](8))), atol=atol
+    )
