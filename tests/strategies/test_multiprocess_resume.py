@@ -65,3 +65,23 @@ def test_resume_latest_across_processes(launched, name):
     assert_ranks_hold(
         out / f"resumed-{name}", parameters(train(STRATEGIES[name](8))), atol=atol
     )
+
+
+@pytest.mark.slow
+def test_processes_agree_on_what_they_read():
+    # Process 0's view decides; a read that fails on one process fails on all,
+    # each naming why (its own error, or the process where it failed).
+    script = """
+import jax
+import phalanx as px
+from phalanx.checkpoint._agreement import failed_on, from_process_zero
+px.distributed.initialize()
+rank = jax.process_index()
+print("seen", from_process_zero([rank, "steps", None]), from_process_zero(rank == 1))
+print("read", failed_on(None), failed_on("truncated" if rank == 1 else None))
+"""
+    output = launch("-c", script, devices=1).stdout.splitlines()
+    for rank in (0, 1):
+        assert f"[{rank}] seen [0, 'steps', None] False" in output
+    assert "[0] read None it cannot be read on process 1" in output
+    assert "[1] read None truncated" in output
