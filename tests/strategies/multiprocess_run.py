@@ -116,5 +116,9 @@ if __name__ == "__main__":
     # Under phalanx launch: OUT JOB... (see run_job), one after another: a
     # launch's processes start, import and connect once for all of them.
     px.distributed.initialize()
+    print(
+        f"process {jax.process_index()} of {jax.process_count()}, "
+        f"{jax.local_device_count()} of {jax.device_count()} devices"
+    )
     for job in sys.argv[2:]:
         run_job(sys.argv[1], job)
