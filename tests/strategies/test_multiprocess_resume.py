@@ -12,6 +12,7 @@ import pathlib
 
 import pytest
 
+import phalanx as px
 from multiprocess_run import STRATEGIES, parameters, train
 from test_multiprocess import assert_ranks_hold, launch
 
@@ -23,6 +24,8 @@ TOLERANCE = {"sharding-deterministic": 0, "sharding": 1e-6}
 # Where the checkpoint folder exists, empty, before the first fit (for the
 # others the first fit's Checkpoint makes it).
 MADE = {"sharding"}
+# The strategy of the run resumed past a damaged checkpoint.
+DAMAGED = "sharding-deterministic"
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +44,12 @@ def launched(tmp_path_factory) -> tuple[pathlib.Path, str]:
         # Process 1 looks for checkpoints after process 0 has gone on.
         jobs.append(f"fresh-{name}={name}:13:{checkpoints}:late")
         jobs.append(f"resumed-{name}={name}:20:{checkpoints}:resume")
+    # 1 process saved (steps 5, 10, 13), step 13 damaged: 2 resume from 10.
+    damaged = out / "checkpoints-damaged"
+    one = px.callbacks.Checkpoint(damaged, every_n_steps=5)
+    train(STRATEGIES[DAMAGED](8), [one], steps=13)
+    (damaged / "13" / "host" / "metadata").write_text("{")
+    jobs.append(f"damaged={DAMAGED}:20:{damaged}:resume")
     done = launch(str(out), *jobs, devices=4)
     return out, done.stdout + done.stderr
 
@@ -68,9 +77,22 @@ def test_resume_latest_across_processes(launched, name):
 
 
 @pytest.mark.slow
+def test_a_damaged_newest_checkpoint_is_skipped_on_every_process(launched):
+    out, output = launched
+    damaged = out / "checkpoints-damaged"
+    lines = output.splitlines()
+    skipped = f"resume='latest': skipped checkpoint {damaged}/13, which cannot be read"
+    assert [line[:4] for line in lines if skipped in line] == ["[0] "]
+    resumed = f"resumed from step 10 (epoch 1) of {damaged}/10"
+    assert [line[:4] for line in lines if resumed in line] == ["[0] "]
+    straight = parameters(train(STRATEGIES[DAMAGED](8)))
+    assert_ranks_hold(out / "damaged", straight, atol=0)
+
+
+@pytest.mark.slow
 def test_processes_agree_on_what_they_read():
     # Process 0's view decides; a read that fails on one process fails on all,
-    # each naming why (its own error, or the process where it failed).
+    # for the reason (and naming the process) where it failed.
     script = """
 import jax
 import phalanx as px
@@ -83,5 +105,5 @@ print("read", failed_on(None), failed_on("truncated" if rank == 1 else None))
     output = launch("-c", script, devices=1).stdout.splitlines()
     for rank in (0, 1):
         assert f"[{rank}] seen [0, 'steps', None] False" in output
-    assert "[0] read None it cannot be read on process 1" in output
-    assert "[1] read None truncated" in output
+    for rank in (0, 1):
+        assert f"[{rank}] read None on process 1: truncated" in output

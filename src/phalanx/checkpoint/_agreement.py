@@ -8,8 +8,9 @@ nothing and went on to train; listed while a file was half-written; one
 that fails to read a step the others read) would run other collectives
 than the rest, which then pair with the wrong partners: garbage bytes,
 then gloo aborts. So process 0's view decides, and is broadcast
-(`from_process_zero`); a read that fails on any process fails on all
-(`failed_on`). Each is one tiny collective, in a multi-process run only.
+(`from_process_zero`); a read that fails on any process fails on all, for
+the same reason (`failed_on`). Each is one tiny collective, in a
+multi-process run only.
 """
 
 import json
@@ -18,6 +19,9 @@ from typing import Any
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+
+
+_WIDTH = 512  # bytes of each process's reason that are compared
 
 
 def from_process_zero(value: Any) -> Any:
@@ -34,14 +38,17 @@ def from_process_zero(value: Any) -> Any:
 
 
 def failed_on(why: str | None) -> str | None:
-    """Why a read failed on some process (None: every process read it),
-    given why it failed on this one (None: it read it). Every process
-    returns a reason, or None, alike: this one's own, or one naming the
-    processes where it failed."""
+    """Why a read failed (None: it succeeded on every process), the same on
+    every process, given why it failed on this one (None: it read it): the
+    first failing process's reason, named by process where that is not 0."""
     if jax.process_count() == 1:
         return why
-    failed = np.asarray(multihost_utils.process_allgather(np.int32(why is not None)))
-    if why is not None or not failed.any():
-        return why
-    ranks = ", ".join(str(rank) for rank in np.flatnonzero(failed))
-    return f"it cannot be read on process {ranks}"
+    mine = np.zeros(_WIDTH, np.uint8)
+    raw = (why or "").encode()[:_WIDTH]
+    mine[: len(raw)] = np.frombuffer(raw, np.uint8)
+    gathered = np.asarray(multihost_utils.process_allgather(mine))
+    reasons = [bytes(row).rstrip(b"\0").decode(errors="replace") for row in gathered]
+    for rank, reason in enumerate(reasons):
+        if reason:
+            return reason if rank == 0 else f"on process {rank}: {reason}"
+    return None

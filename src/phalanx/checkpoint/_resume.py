@@ -175,7 +175,8 @@ def read_checkpoint(like: Snapshot, resume: Any, directory: Path) -> Restored | 
             if why is not None:
                 damaged.append((path, why))
                 continue
-            for skipped, why in damaged:
+            for skipped, why in damaged if jax.process_index() == 0 else ():
+                # (Said once: every process skipped it, for the same reason.)
                 logger.warning(
                     f"{shown}: skipped checkpoint {skipped}, which cannot be read "
                     f"({why}); resuming from {path}"
