@@ -10,9 +10,12 @@ older one is tried. With nothing to resume from yet, ``"latest"`` starts
 fresh (a first run of a script that resumes whenever it can); a path that
 names no checkpoint is an error, as is a folder whose every checkpoint is
 damaged. A checkpoint read to resume from is said in one line, ``resumed
-from step N (epoch E) of PATH``. This module reads; it never sets anything
-on the trainer (the caller restores the snapshot it returns, and puts the
-data back where the run had read it to: `resume_data`).
+from step N (epoch E) of PATH``. In a multi-process run every process takes
+the same path: process 0's view of the folder decides, and a checkpoint
+unreadable on one process is skipped on all (`_agreement.py`). This module
+reads; it never sets anything on the trainer (the caller restores the
+snapshot it returns, and puts the data back where the run had read it to:
+`resume_data`).
 """
 
 import dataclasses
