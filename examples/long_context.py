@@ -174,7 +174,9 @@ def main() -> None:
         )
 
     strategy = px.MeshStrategy(data=2, context=4, sequence_dims=SEQUENCE_DIMS)
-    print(f"training on {strategy.num_devices} devices, mesh {dict(strategy.mesh.shape)}")
+    print(
+        f"training on {strategy.num_devices} devices, mesh {dict(strategy.mesh.shape)}"
+    )
     trainer(strategy, callbacks=[PrintLoss()]).fit(data, steps=args.steps)
 
 
