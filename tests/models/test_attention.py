@@ -1,0 +1,275 @@
+"""`px.models.dot_product_attention` over a sequence split over the context
+axis: equal to one device's attention (values and gradients), the collectives
+each implementation compiles to, the balanced ring's per-device FLOPs, and
+its bad inputs."""
+
+import functools
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import phalanx as px
+from phalanx._sequence import SequenceSplit, splitting_sequences
+from phalanx.models import _attention
+from phalanx.models._blockwise import attend_block, empty_stats, finish
+from phalanx.models._ring_schedule import part_positions, ring_schedule
+from phalanx.strategies._device_mesh import make_mesh
+
+
+BATCH = ("data", "fsdp")
+MESHES = {
+    "data2-context4": {"data": 2, "fsdp": 1, "context": 4, "tensor": 1},
+    "fsdp2-context2-tensor2": {"data": 1, "fsdp": 2, "context": 2, "tensor": 2},
+}
+SEQ, HEADS, DIM = 16, 2, 4
+
+
+@functools.cache
+def mesh_of(name):
+    return make_mesh(None, MESHES[name])
+
+
+def inputs(examples):
+    rng = np.random.default_rng(0)
+    q, k, v, w = (
+        rng.standard_normal((examples, SEQ, HEADS, DIM)).astype(np.float32)
+        for _ in range(4)
+    )
+    # Padding at the end, longer in the first example: every query keeps a key.
+    mask = np.ones((examples, SEQ), bool)
+    mask[:, -3:] = False
+    mask[0, -7:] = False
+    return q, k, v, w, mask
+
+
+def one_device(q, k, v, w, mask, causal):
+    """The loss and its gradients by `jax.nn.dot_product_attention`, whole."""
+
+    def loss(q, k, v):
+        out = jax.nn.dot_product_attention(
+            q, k, v, mask=mask[:, None, None, :], is_causal=causal
+        )
+        return jnp.sum(out * w)
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+
+def split_loss(mesh, implementation, causal, nested):
+    """The same loss with the sequence split over "context": in the global
+    view (vmap with spmd_axis_name), or inside a per-device program manual
+    over the data axes (AccumulatingStrategy's)."""
+    attend = functools.partial(
+        px.models.dot_product_attention, causal=causal, implementation=implementation
+    )
+
+    def over_examples(q, k, v, mask, batch_axes):
+        with splitting_sequences(SequenceSplit(mesh, "context", batch_axes)):
+            return jax.vmap(
+                lambda q, k, v, m: attend(q, k, v, mask=m),
+                axis_name="batch",
+                spmd_axis_name=batch_axes or None,
+            )(q, k, v, mask)
+
+    def global_view(q, k, v, w, mask):
+        return jnp.sum(over_examples(q, k, v, mask, BATCH) * w)
+
+    def per_device(q, k, v, w, mask):
+        def local(q, k, v, w, mask):
+            return jax.lax.psum(jnp.sum(over_examples(q, k, v, mask, ()) * w), BATCH)
+
+        return jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=P(BATCH),
+            out_specs=P(),
+            axis_names=set(BATCH),
+            check_vma=False,
+        )(q, k, v, w, mask)
+
+    return per_device if nested else global_view
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["global", "per-device"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("implementation", ["all_gather", "ring"])
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_split_attention_equals_one_device(mesh_name, implementation, causal, nested):
+    mesh = mesh_of(mesh_name)
+    q, k, v, w, mask = inputs(mesh.shape["data"] * mesh.shape["fsdp"])
+    want_loss, want_grads = one_device(q, k, v, w, mask, causal)
+
+    loss = split_loss(mesh, implementation, causal, nested)
+    laid_out = NamedSharding(mesh, P(BATCH, "context"))
+    args = [jax.device_put(x, laid_out) for x in (q, k, v, w, mask)]
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    compiled = step.lower(*args).compile()
+    have_loss, have_grads = compiled(*args)
+
+    np.testing.assert_allclose(have_loss, want_loss, rtol=1e-5)
+    for have, want in zip(have_grads, want_grads, strict=True):
+        np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5)
+    assert have_grads[0].sharding.spec == P(BATCH, "context")
+    hlo = compiled.as_text() or ""
+    if implementation == "ring":
+        # K/V go round the ring: permutes only, nothing gathered.
+        assert "collective-permute(" in hlo
+        assert "all-gather(" not in hlo
+    else:
+        assert "all-gather(" in hlo
+
+
+def test_a_whole_sequence_is_jax_attention():
+    q, k, v, _, mask = inputs(1)
+    want = jax.nn.dot_product_attention(q[0], k[0], v[0], is_causal=True)
+    one = SequenceSplit(make_mesh(1, {"context": 1}), "context", ())
+    for split in (None, one):
+        with splitting_sequences(split):
+            for implementation in ("auto", "ring", "all_gather"):
+                have = px.models.dot_product_attention(
+                    q[0], k[0], v[0], causal=True, implementation=implementation
+                )
+                np.testing.assert_allclose(have, want, rtol=1e-6)
+    masked = px.models.dot_product_attention(q[0], k[0], v[0], mask=mask[0])
+    want = jax.nn.dot_product_attention(q[0], k[0], v[0], mask=mask[0, None, None])
+    np.testing.assert_allclose(masked, want, rtol=1e-6)
+
+
+def test_a_gpu_without_cudnn_falls_back_with_one_warning(monkeypatch, capsys):
+    # On a GPU attention asks cuDNN first; here cuDNN refuses (no GPU), as it
+    # refuses float32 on a GPU: XLA's attention, and one line saying why.
+    monkeypatch.setattr(_attention, "_platform", lambda: "gpu")
+    monkeypatch.setattr(_attention, "_refusals", set())
+    logging.getLogger("phalanx").setLevel(logging.INFO)
+    q, k, v, _, _ = inputs(1)
+    attend = jax.jit(px.models.dot_product_attention, static_argnames="causal")
+    first = attend(q[0], k[0], v[0], causal=True)
+    attend(q[0, :8], k[0, :8], v[0, :8], causal=True)  # traced again
+    np.testing.assert_allclose(
+        first, jax.nn.dot_product_attention(q[0], k[0], v[0], is_causal=True), rtol=1e-6
+    )
+    said = capsys.readouterr().err
+    assert said.count("cuDNN's fused attention does not take") == 1
+
+
+# --- the load-balanced causal ring ------------------------------------------
+
+
+def test_the_schedule_computes_every_visible_block_once():
+    n = 4
+    for layout in ("balanced", "contiguous"):
+        schedule = ring_schedule(n, causal=True, layout=layout)
+        for device, steps in enumerate(schedule):
+            queries = part_positions(layout, 2, n, device)
+            seen = []
+            for step, blocks in enumerate(steps):
+                keys = part_positions(layout, 2, n, (device - step) % n)
+                seen += [(queries[b.query_part], keys[b.key_part]) for b in blocks]
+            visible = [(q, k) for q in queries for k in range(2 * n) if k <= q]
+            assert sorted(seen) == sorted(visible)
+
+
+def device_flops(schedule, device, part):
+    """FLOPs of one device's blocks of `schedule` (no collectives: the same
+    block kernel on stand-in chunks, one per step so that XLA cannot merge
+    the steps' blocks), from XLA's compiled cost."""
+    diagonal = jnp.tril(jnp.ones((part, part), bool))
+    steps = len(schedule[device])
+
+    def work(q, k, v):
+        stats = [empty_stats(part, HEADS, DIM) for _ in range(2)]
+        for step, blocks in enumerate(schedule[device]):
+            for b in blocks:
+                visible = diagonal if b.causal else None
+                qp, kp = b.query_part, b.key_part
+                stats[qp] = attend_block(
+                    stats[qp], q[qp], k[step, kp], v[step, kp], visible
+                )
+        return [finish(s, q.dtype) for s in stats]
+
+    queries = jax.ShapeDtypeStruct((2, part, HEADS, DIM), jnp.float32)
+    chunks = jax.ShapeDtypeStruct((steps, 2, part, HEADS, DIM), jnp.float32)
+    cost = jax.jit(work).lower(queries, chunks, chunks).compile().cost_analysis()
+    assert cost is not None
+    return cost["flops"]
+
+
+def test_the_balanced_causal_ring_gives_each_device_the_same_flops():
+    n, part = 4, 64
+    spread = {}
+    for layout in ("balanced", "contiguous"):
+        schedule = ring_schedule(n, causal=True, layout=layout)
+        flops = [device_flops(schedule, d, part) for d in range(n)]
+        spread[layout] = max(flops) / min(flops) - 1
+    assert spread["balanced"] <= 0.10
+    assert spread["contiguous"] > 2  # the last device works ~5x the first
+
+
+# --- bad inputs -----------------------------------------------------------------
+
+
+def split_over(n):
+    mesh = make_mesh(n, {"context": n})
+    return splitting_sequences(SequenceSplit(mesh, "context", ()))
+
+
+@pytest.mark.parametrize(
+    ("shapes", "kwargs", "split", "message"),
+    [
+        (
+            (8, 8),
+            {"implementation": "flash"},
+            1,
+            "implementation='flash' is not one of",
+        ),
+        (
+            (8, 8),
+            {"mask": np.ones(7, bool)},
+            1,
+            "must be a boolean padding mask of shape (8,)",
+        ),
+        (
+            (8, 8),
+            {"mask": np.ones(8, np.float32)},
+            1,
+            "dtype float32 must be a boolean",
+        ),
+        (
+            (6, 6),
+            {"implementation": "ring", "causal": True},
+            2,
+            "divisible by 2 × 2 = 4",
+        ),
+        ((6, 4), {}, 4, "must be divisible by the context axis' 4 devices"),
+        ((8, 4), {"implementation": "ring", "causal": True}, 2, "seq == kv_seq"),
+    ],
+    ids=[
+        "implementation",
+        "mask-shape",
+        "mask-dtype",
+        "ring-halves",
+        "context",
+        "causal-cross",
+    ],
+)
+def test_bad_input_is_refused_in_one_line(shapes, kwargs, split, message):
+    seq, kv_seq = shapes
+    q = jnp.ones((seq, HEADS, DIM))
+    kv = jnp.ones((kv_seq, HEADS, DIM))
+    with split_over(split), pytest.raises(ValueError, match=None) as raised:
+        px.models.dot_product_attention(q, kv, kv, **kwargs)
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_shapes_that_do_not_agree_are_refused():
+    q = jnp.ones((8, HEADS, DIM))
+    with pytest.raises(ValueError, match="the same heads and dim"):
+        px.models.dot_product_attention(q, jnp.ones((8, HEADS, DIM + 1)), q)
+    with pytest.raises(
+        ValueError, match=r"must be floating of shape \(seq, heads, dim\)"
+    ):
+        px.models.dot_product_attention(q[None], q[None], q[None])
