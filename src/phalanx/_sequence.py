@@ -61,13 +61,13 @@ def sequence_split(*, record: bool = True) -> SequenceSplit | None:
 
 
 @contextlib.contextmanager
-def splitting_sequences(split: SequenceSplit) -> Iterator[list[bool]]:
-    """Trace the model with `split` as the sequence split; yields a flag
-    (``[asked]``) that says, once the trace is done, whether anything in
-    the model asked for it (`sequence_split`): attention that did not
-    splits nothing (XLA gathers each whole sequence for it)."""
+def splitting_sequences(split: SequenceSplit | None) -> Iterator[list[bool]]:
+    """Trace the model with `split` as the sequence split (None: whole);
+    yields a flag (``[asked]``) that says, once the trace is done, whether
+    anything in the model asked for it (`sequence_split`): attention that
+    did not splits nothing (XLA gathers each whole sequence for it)."""
     asked = [False]
-    token = _CURRENT.set((split, asked))
+    token = _CURRENT.set(None if split is None else (split, asked))
     try:
         yield asked
     finally:
