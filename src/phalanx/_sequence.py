@@ -41,22 +41,34 @@ class SequenceSplit:
         return int(self.mesh.shape[self.axis])
 
 
-_CURRENT: contextvars.ContextVar[SequenceSplit | None] = contextvars.ContextVar(
-    "phalanx_sequence_split", default=None
+# The split being traced, and whether anything asked for it (`asked`).
+_CURRENT: contextvars.ContextVar[tuple[SequenceSplit, list[bool]] | None] = (
+    contextvars.ContextVar("phalanx_sequence_split", default=None)
 )
 
 
-def sequence_split() -> SequenceSplit | None:
+def sequence_split(*, record: bool = True) -> SequenceSplit | None:
     """The sequence split of the step being traced; None where each example's
-    sequence is whole on its devices."""
-    return _CURRENT.get()
+    sequence is whole on its devices. Asking is recorded (`splitting_sequences`
+    says whether the model asked), unless `record` is False (phalanx's own
+    look, not the model's)."""
+    current = _CURRENT.get()
+    if current is None:
+        return None
+    split, asked = current
+    asked[0] = asked[0] or record
+    return split
 
 
 @contextlib.contextmanager
-def splitting_sequences(split: SequenceSplit | None) -> Iterator[None]:
-    """Trace the model with `split` as the sequence split (None: whole)."""
-    token = _CURRENT.set(split)
+def splitting_sequences(split: SequenceSplit | None) -> Iterator[list[bool]]:
+    """Trace the model with `split` as the sequence split (None: whole);
+    yields a flag (``[asked]``) that says, once the trace is done, whether
+    anything in the model asked for it (`sequence_split`): attention that
+    did not splits nothing (XLA gathers each whole sequence for it)."""
+    asked = [False]
+    token = _CURRENT.set(None if split is None else (split, asked))
     try:
-        yield
+        yield asked
     finally:
         _CURRENT.reset(token)

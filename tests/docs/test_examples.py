@@ -23,6 +23,7 @@ ARGS = {
     "custom_data.py": ["--epochs", "3"],
     "transformer.py": ["--steps", "20"],
     "gan.py": ["--steps", "800"],
+    "long_context.py": ["--steps", "2"],
 }
 
 
@@ -164,7 +165,7 @@ def test_transformer():
     # Issue 31, acceptance 7: a Stacked transformer on a (2, 2, 2) mesh, its
     # weights split by the rules, built in its shards; its loss falls.
     out = run_example("transformer.py", *ARGS["transformer.py"])
-    assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in out, out
+    assert "mesh {'data': 2, 'fsdp': 2, 'context': 1, 'tensor': 2}" in out, out
     layout = dict(
         re.findall(r"(?m)^  (attention query|mlp down)\s+\(.*?\)\s+(P\(.*?\))", out)
     )
@@ -190,3 +191,20 @@ def test_gan():
     assert after < before / 2, out
     losses = re.search(r"losses: generator ([\d.]+), discriminator ([\d.]+)", out)
     assert losses and all(float(loss) > 0 for loss in losses.groups()), out
+
+
+@pytest.mark.slow
+def test_long_context():
+    # Issue 44, acceptance 4: sequences of 4,096 under data=2 x context=4; a
+    # device's temporaries shrink as the sequence is split over more devices.
+    out = run_example("long_context.py", *ARGS["long_context.py"])
+    assert "72 windows of 4096" in out, out
+    temporaries = dict(
+        (int(c), float(t))
+        for c, t in re.findall(r"context=(\d): .*temporaries\s+([\d.]+) MiB", out)
+    )
+    assert sorted(temporaries) == [1, 2, 4], out
+    assert temporaries[4] <= 0.35 * temporaries[1], out
+    assert "mesh {'data': 2, 'fsdp': 1, 'context': 4, 'tensor': 1}" in out, out
+    losses = floats(r"(?m)^step\s+\d+\s+loss (\S+)", out)
+    assert len(losses) == 2 and losses[1] < losses[0], out

@@ -364,6 +364,6 @@ def test_predict_runs_in_the_compute_dtype():
     # The predict program's dot products run in bfloat16.
     rows = np.zeros((8, x.shape[1]), np.float32)  # a row per device
     compiler = trainer._parts.preparer.compiler
-    step = compiler.predict(jax.tree.structure(rows), [rows])
+    step, _ = compiler.predict(jax.tree.structure(rows), [rows])
     lowered = step.lower(compiler.layout.structs, [rows]).as_text()
     assert dot_types(lowered) == {"bf16"}

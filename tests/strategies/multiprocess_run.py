@@ -4,6 +4,7 @@ by test_multiprocess.py, and run by the processes it launches)."""
 import functools as ft
 import os
 import sys
+import time
 from collections.abc import Callable
 
 import equinox as eqx
@@ -79,8 +80,9 @@ def parameters(trainer: px.DataParallelTrainer) -> list[np.ndarray]:
 
 def run_job(out: str, job: str) -> None:
     """One job of a launch: ``LABEL=STRATEGY`` trains 20 steps,
-    ``LABEL=STRATEGY:STEPS:CHECKPOINTS:resume|fresh`` to STEPS saving every 5
-    steps in CHECKPOINTS (resuming from its latest or not); each writes its
+    ``LABEL=STRATEGY:STEPS:CHECKPOINTS:resume|late|fresh`` to STEPS saving
+    every 5 steps in CHECKPOINTS (resuming from its latest, so with process
+    1 starting its fit a second after process 0, or not); each writes its
     parameters, model, predictions, logs and a history line in OUT/LABEL."""
     label, spec = job.split("=")
     name, *rest = spec.split(":")
@@ -94,7 +96,10 @@ def run_job(out: str, job: str) -> None:
     if rest:
         steps, checkpoints, mode = int(rest[0]), rest[1], rest[2]
         callbacks.append(px.callbacks.Checkpoint(checkpoints, every_n_steps=5))
-        resume = "latest" if mode == "resume" else None
+        resume = None if mode == "fresh" else "latest"
+        if mode == "late" and jax.process_index() == 1:
+            # Process 0 has looked for checkpoints and gone on by then.
+            time.sleep(1)
     trainer = train(STRATEGIES[name](None), callbacks, steps=steps, resume=resume)
     np.savez(f"{folder}/rank{jax.process_index()}.npz", *parameters(trainer))
     px.save_model(f"{folder}/model.npz", trainer.model)
@@ -111,5 +116,9 @@ if __name__ == "__main__":
     # Under phalanx launch: OUT JOB... (see run_job), one after another: a
     # launch's processes start, import and connect once for all of them.
     px.distributed.initialize()
+    print(
+        f"process {jax.process_index()} of {jax.process_count()}, "
+        f"{jax.local_device_count()} of {jax.device_count()} devices"
+    )
     for job in sys.argv[2:]:
         run_job(sys.argv[1], job)

@@ -121,12 +121,22 @@ def test_every_mesh_is_the_update_of_one_device():
 
 def test_the_mesh_and_the_batch_split():
     strategy = mesh(data=2, fsdp=-1, tensor=2)
-    assert dict(strategy.mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert dict(strategy.mesh.shape) == {
+        "data": 2,
+        "fsdp": 2,
+        "context": 1,
+        "tensor": 2,
+    }
     assert strategy.num_devices == 8 and strategy.batch_multiple == 4
     assert strategy.batch_sharding.spec == P(("data", "fsdp"))
     # The last axis varies fastest: a tensor pair is two consecutive devices.
-    assert list(strategy.mesh.devices[0, 0]) == jax.devices()[:2]
-    assert dict(px.MeshStrategy().mesh.shape) == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert list(strategy.mesh.devices[0, 0, 0]) == jax.devices()[:2]
+    assert dict(px.MeshStrategy().mesh.shape) == {
+        "data": 8,
+        "fsdp": 1,
+        "context": 1,
+        "tensor": 1,
+    }
 
 
 def test_rules_then_size_lay_out_the_state():
@@ -282,10 +292,10 @@ def test_a_large_leaf_left_whole_is_named_once(caplog):
             px.DataParallelTrainer(odd, optax.adam(1e-2), strategy=strategy)
     lines = [r.getMessage() for r in caplog.records if "kept whole" in r.getMessage()]
     assert lines == [
-        "MeshStrategy({'data': 4, 'fsdp': 2, 'tensor': 1}): kept whole on every "
-        "device: layers.0.weight float32[15, 5] (300 bytes); layers.0.bias "
-        "float32[15] (60 bytes); layers.1.weight float32[3, 15] (180 bytes); add "
-        "a rule for it, or make a dimension divisible by fsdp"
+        "MeshStrategy({'data': 4, 'fsdp': 2, 'context': 1, 'tensor': 1}): kept "
+        "whole on every device: layers.0.weight float32[15, 5] (300 bytes); "
+        "layers.0.bias float32[15] (60 bytes); layers.1.weight float32[3, 15] "
+        "(180 bytes); add a rule for it, or make a dimension divisible by fsdp"
     ]
 
 

@@ -22,18 +22,18 @@ RUN = pathlib.Path(__file__).with_name("multiprocess_run.py")
 
 
 def launch(
-    *args: str, ok: bool = True, timeout: int = 300
+    *args: str, ok: bool = True, timeout: int = 300, devices: int = 2
 ) -> subprocess.CompletedProcess:
     """`multiprocess_run.py ARGS` (or `python ARGS`, e.g. ``-c SCRIPT``, when
-    the first one starts with -) in 2 processes × 2 fake CPU devices."""
+    the first one starts with -) in 2 processes × `devices` fake CPU devices."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA"))}
-    env.pop("NPROC", None)  # launch sets it for 2 devices per process
+    env.pop("NPROC", None)  # launch sets it for the devices per process
     # The compiler flags of the tests (conftest.py), which the in-process
     # reference is compiled with too: bitwise comparisons need the same code.
     env["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
     done = subprocess.run(
         [sys.executable, "-m", "phalanx", "launch", "--nproc", "2"]
-        + ["--devices-per-process", "2", "--", sys.executable]
+        + ["--devices-per-process", str(devices), "--", sys.executable]
         + ([] if args[0].startswith("-") else [str(RUN)])
         + list(args),
         env=env | {"JAX_PLATFORMS": "cpu"},

@@ -44,20 +44,43 @@ def _path_names(treedef: Any) -> list[str]:
     return ["batch" + jax.tree_util.keystr(path) for path, _ in paths]
 
 
+def leaf_names(treedef: Any) -> list[str]:
+    """Each leaf's name in ``(x, y)`` (the structure of ``(inputs,
+    targets)``), as a strategy's per-leaf settings match it: ``"x"``,
+    ``"y"``, ``"x.tokens"``, ``"y.1"`` (the path from the inputs or the
+    targets, keys joined by dots)."""
+    paths = jax.tree_util.tree_flatten_with_path(
+        jax.tree.unflatten(treedef, [0] * treedef.num_leaves)
+    )[0]
+    names = []
+    for path, _ in paths:
+        part = "x" if getattr(path[0], "idx", 0) == 0 else "y"
+        rest = jax.tree_util.keystr(tuple(path[1:]), simple=True, separator=".")
+        names.append(f"{part}.{rest}" if rest else part)
+    return names
+
+
+def input_names(treedef: Any) -> list[str]:
+    """Each leaf's name (`leaf_names`) in inputs of structure `treedef`."""
+    inputs = jax.tree.unflatten(treedef, [0] * treedef.num_leaves)
+    return leaf_names(jax.tree.structure((inputs, None)))
+
+
 def check_batch_layout(
-    leaves: Sequence[Any], treedef: Any, split: Any, where: str
+    leaves: Sequence[Any], treedef: Any, splits: Sequence[Any], where: str
 ) -> None:
     """A batch's device leaves must lie as the strategy splits batches
-    (`split`) where the user placed them (a committed `jax.Array`: on the
-    strategy's devices in another layout, or on one device): each step
-    would move them. Host leaves, and uncommitted arrays as `jnp` makes
-    them, are the pipeline's to place. Read for the first batch, then for
-    each batch that must move (`put_batch`'s `before_move`).
+    (`splits`: each leaf's layout) where the user placed them (a committed
+    `jax.Array`: on the strategy's devices in another layout, or on one
+    device): each step would move them. Host leaves, and uncommitted arrays
+    as `jnp` makes them, are the pipeline's to place. Read for the first
+    batch, then for each batch that must move (`put_batch`'s
+    `before_move`).
 
     Raises:
         ValueError: a leaf the user placed lies otherwise.
     """
-    for i, leaf in enumerate(leaves):
+    for i, (leaf, split) in enumerate(zip(leaves, splits, strict=True)):
         if not isinstance(leaf, jax.Array) or not leaf.committed:
             continue
         sharding = leaf.sharding
@@ -70,12 +93,12 @@ def check_batch_layout(
             f"data: {where} leaf {name} is placed as {have}, and the strategy "
             f"splits batches as {want}: every step would reshard it; pass NumPy "
             "arrays (the trainer places them), or place them as "
-            "trainer.strategy.batch_sharding says"
+            "trainer.strategy.batch_leaf_shardings says"
         )
 
 
 def layout_check(
-    treedef: Any, split: Any, where: str | None
+    treedef: Any, splits: Sequence[Any], where: str | None
 ) -> Callable[[Sequence[Any]], None] | None:
     """`check_batch_layout` of a batch's leaves (of `treedef`, called `where`),
     for `put_batch`'s `before_move`; None where there is nothing to check (a
@@ -83,7 +106,7 @@ def layout_check(
     if where is None:
         return None
     return functools.partial(
-        check_batch_layout, treedef=treedef, split=split, where=where
+        check_batch_layout, treedef=treedef, splits=splits, where=where
     )
 
 
@@ -182,6 +205,10 @@ class BatchSpec:
             tuple(leaf.dtype for leaf in leaves),
             leaves[0].shape[0],
         )
+
+    def shardings(self, strategy: Any) -> list[Any]:
+        """Where `strategy` lays out each leaf (`batch_leaf_shardings`)."""
+        return strategy.batch_leaf_shardings(leaf_names(self.treedef), self.shapes)
 
     def describe(self) -> str:
         parts = [

@@ -11,8 +11,9 @@ import jax
 import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Sharding
 
-from .._checks._batch import BatchSpec, Leaf
+from .._checks._batch import BatchSpec, Leaf, input_names
 from .._checks._hooks import HookError
 from .._state._sums import NO_FLAGS, EpochSums
 from .._state._train_state import TrainState
@@ -72,7 +73,7 @@ class StepCompiler:
         )
         if steps_per_call > 1:  # checked before anything is built
             stacked(parts.strategy.batch_sharding)
-        self._predict: dict[Any, jax.stages.Wrapped] = {}
+        self._predict: dict[Any, tuple[jax.stages.Wrapped, list[Sharding]]] = {}
         self._mesh = parts.strategy.mesh
         self._flops = FlopCounter()
 
@@ -102,11 +103,18 @@ class StepCompiler:
             grads, program.step_sums.means(host), self.layout.unflatten(new)
         )
 
-    def predict(self, treedef: Any, leaves: list[Leaf]) -> jax.stages.Wrapped:
-        """The jitted predict step for inputs of this structure (validated once)."""
-        step = self._predict.get(treedef)
-        if step is None:
+    def predict(
+        self, treedef: Any, leaves: list[Leaf]
+    ) -> tuple[jax.stages.Wrapped, list[Sharding]]:
+        """The jitted predict step for inputs of this structure and shapes per
+        example (validated once), and where each input leaf goes."""
+        key = (treedef, tuple(leaf.shape[1:] for leaf in leaves))
+        found = self._predict.get(key)
+        if found is None:
             strategy = self.parts.strategy
+            splits = strategy.batch_leaf_shardings(
+                input_names(treedef), key[1], whole=False
+            )
             fn = build_predict_step(self.parts, self.layout, treedef)
             shapes = [
                 jax.ShapeDtypeStruct(
@@ -124,12 +132,13 @@ class StepCompiler:
                     "not fit the model; pass rows the model accepts. "
                     f"The error was: {error}"
                 ) from error
-            step = self._predict[treedef] = jax.jit(
+            step = jax.jit(
                 fn,
-                in_shardings=(self.layout.shardings, strategy.batch_sharding),
+                in_shardings=(self.layout.shardings, splits),
                 out_shardings=strategy.batch_sharding,
             )
-        return step
+            found = self._predict[key] = (step, splits)
+        return found
 
     def epoch_sums(self, program: Program) -> EpochSums:
         """Zeroed on-device sums of an epoch, and the non-finite step record."""

@@ -11,6 +11,7 @@ import jax
 import jax.random as jr
 from jaxtyping import Array, Key, PRNGKeyArray, PyTree
 
+from .._sequence import sequence_split
 from .._typing import ExampleIndex
 
 
@@ -54,9 +55,21 @@ def forward(
             return model(x, **kwargs), None
         return model(x, state, **kwargs)
 
-    return jax.vmap(one, in_axes=(0, 0, None), out_axes=(0, None), axis_name="batch")(
-        inputs, keys, state
-    )
+    return jax.vmap(
+        one,
+        in_axes=(0, 0, None),
+        out_axes=(0, None),
+        axis_name="batch",
+        spmd_axis_name=_examples_split(),
+    )(inputs, keys, state)
+
+
+def _examples_split() -> tuple[str, ...] | None:
+    """The mesh axes the examples are split over where a sequence split's
+    attention needs to know (its `jax.shard_map`, under this `jax.vmap`,
+    then keeps them split instead of gathering them); None elsewhere."""
+    split = sequence_split(record=False)
+    return split.batch_axes if split is not None and split.batch_axes else None
 
 
 class InferenceKeyError(RuntimeError):
@@ -89,9 +102,13 @@ def infer(
                 return call(x, **kwargs), None
             return call(x, state, **kwargs)
 
-        return jax.vmap(one, in_axes=(0, None), out_axes=(0, None), axis_name="batch")(
-            inputs, state
-        )
+        return jax.vmap(
+            one,
+            in_axes=(0, None),
+            out_axes=(0, None),
+            axis_name="batch",
+            spmd_axis_name=_examples_split(),
+        )(inputs, state)
 
     try:
         return over_batch(None)

@@ -8,8 +8,7 @@ placed, batches prepared before) is in bounded `Memo`s."""
 
 import functools
 import math
-from collections.abc import Callable, Hashable
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,35 +38,8 @@ from ..strategies._placement import (
     single_process,
     stacked,
 )
+from ._memo import Memo
 from ._processes import check_same_slices
-
-
-_K = TypeVar("_K", bound=Hashable)
-_V = TypeVar("_V")
-
-
-class Memo(Generic[_K, _V]):
-    """Values by key, made once each: at most `size` remembered (the first
-    ones; a pass's few batch sizes and totals repeat, and anything past
-    the bound is made again each time instead of growing without end)."""
-
-    def __init__(self, size: int = 64):
-        self._values: dict[_K, _V] = {}
-        self._size = size
-
-    def get(self, key: _K) -> _V | None:
-        return self._values.get(key)
-
-    def remember(self, key: _K, value: _V) -> _V:
-        """Keep `value` for `key` while there is room; return it."""
-        if len(self._values) < self._size:
-            self._values[key] = value
-        return value
-
-    def get_or_make(self, key: _K, make: Callable[[], _V]) -> _V:
-        """The value for `key`, made (and remembered) the first time."""
-        value = self._values.get(key)
-        return self.remember(key, make()) if value is None else value
 
 
 class FirstBatch(NamedTuple):
@@ -143,7 +115,10 @@ class BatchPipeline:
         self._sizes: Memo[Signature, int] = Memo()
         self._weights: Memo[tuple[int, int], jax.Array] = Memo()
         self._totals: Memo[float, jax.Array] = Memo()
-        self._split = strategy.batch_sharding
+        self._split = strategy.batch_sharding  # the weights'
+        # Each leaf's layout (`Strategy.batch_leaf_shardings`), from the first
+        # batch: every later one has its structure and shapes per example.
+        self.splits: list[Any] = []
         self._mesh = strategy.mesh
         self._replicated = replicated(self._mesh)
         self._device_total = jax.jit(jnp.sum, out_shardings=self._replicated)
@@ -153,27 +128,33 @@ class BatchPipeline:
         self._stacked_totals: Memo[tuple[float, ...], jax.Array] = Memo()
         # Batches prepared before, less their leaves, by `_quick_key`.
         self._quick: Memo[Any, DeviceBatch] = Memo()
+        self._stackers: Memo[tuple[Any, ...], Any] = Memo()
 
-    @functools.cached_property
-    def _stack_on_devices(self) -> Any:
-        """Stacks each list of arrays along a new leading (steps) axis, on
-        the devices, split as a stacked batch."""
-        steps = stacked(self.strategy.batch_sharding)
-        return jax.jit(lambda xs: [jnp.stack(x) for x in xs], out_shardings=steps)
+    def _stack_on_devices(self, columns: list[list[Any]], splits: list[Any]) -> Any:
+        """Each list of arrays stacked along a new leading (steps) axis, on
+        the devices, split as a stacked batch (`splits`: each one's layout)."""
+        stack = self._stackers.get_or_make(
+            tuple(splits),
+            lambda: jax.jit(
+                lambda xs: [jnp.stack(x) for x in xs],
+                out_shardings=[stacked(split) for split in splits],
+            ),
+        )
+        return stack(columns)
 
     @functools.cached_property
     def _stack_totals(self) -> Any:
         return jax.jit(jnp.stack, out_shardings=self._replicated)
 
-    def _stack_leaves(self, columns: list[list[Any]]) -> list[Any]:
+    def _stack_leaves(self, columns: list[list[Any]], splits: list[Any]) -> list[Any]:
         """Each column of arrays stacked along a new leading (steps) axis: on
         the host where all are host arrays of one process, else on the
-        devices."""
+        devices (laid out as `splits` says, a stacked axis first)."""
         if single_process() and all(
             isinstance(x, np.ndarray) for column in columns for x in column
         ):
             return [np.stack(column) for column in columns]
-        return self._stack_on_devices(columns)
+        return self._stack_on_devices(columns, splits)
 
     def stack(self, group: list[DeviceBatch]) -> tuple[list[Any], Any, jax.Array]:
         """The leaves, weights and totals of several steps' batches (of one
@@ -184,17 +165,18 @@ class BatchPipeline:
         are cached."""
         first = group[0]
         leaves = self._stack_leaves(
-            [[batch.leaves[i] for batch in group] for i in range(len(first.leaves))]
+            [[batch.leaves[i] for batch in group] for i in range(len(first.leaves))],
+            self.splits,
         )
         weights = [batch.weight for batch in group]
         cached = self._weights.get((first.n, first.size))
         if all(w is cached for w in weights):  # the cached ones
             weight = self._stacked_weights.get_or_make(
                 (first.n, first.size, len(group)),
-                lambda: self._stack_leaves([weights])[0],
+                lambda: self._stack_leaves([weights], [self._split])[0],
             )
         else:
-            weight = self._stack_leaves([weights])[0]
+            weight = self._stack_leaves([weights], [self._split])[0]
         values = [batch.total_value for batch in group]
         known = [value for value in values if value is not None]
         if len(known) < len(values):
@@ -252,13 +234,14 @@ class BatchPipeline:
         `expect` it."""
         leaves, treedef = flatten_batch(parts[:2], where)
         n = num_examples(leaves, treedef, where)
-        check_batch_layout(leaves, treedef, self._split, where)
+        spec = BatchSpec.of(leaves, treedef)
+        self.splits = spec.shardings(self.strategy)
+        check_batch_layout(leaves, treedef, self.splits, where)
         labels = jax.tree.unflatten(treedef, leaves)[1]
         if self.class_labels:
             check_class_labels(labels)
         # The step sees the global batch: every process's slice.
         size = self.step_size(n, None) * self._processes
-        spec = BatchSpec.of(leaves, treedef)
         return FirstBatch(spec, size, labels, signature(leaves, treedef), n)
 
     def expect(self, first: FirstBatch, outputs: jax.ShapeDtypeStruct) -> None:
@@ -347,8 +330,8 @@ class BatchPipeline:
         here, a new array: not checked)."""
         if single_process() and all(isinstance(x, np.ndarray) for x in leaves):
             return [*leaves]
-        check = layout_check(treedef, self._split, where)
-        return [*put_batch(leaves, self._split, before_move=check)]
+        check = layout_check(treedef, self.splits, where)
+        return [*put_batch(leaves, self.splits, before_move=check)]
 
     def weights(self, n: int, size: int) -> jax.Array:
         """Device weights for n real examples padded to size (cached)."""

@@ -1,6 +1,6 @@
 """`predict`: every row through the compiled predict step, in chunks."""
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -23,7 +23,7 @@ def predict_rows(
     leaves: list[Leaf],
     batch_size: int | None,
     step_size: Callable[[int], int],
-    split: Sharding,
+    split: Sequence[Sharding],
 ) -> Any:
     """The outputs of `step` for every row of `leaves`, in order.
 
@@ -33,7 +33,7 @@ def predict_rows(
         leaves: the inputs' leaves (this process's rows).
         batch_size: rows per call (None: all at once).
         step_size: the padded size of a call of n rows (this process's part).
-        split: where a call's inputs go.
+        split: where each of a call's input leaves goes.
     """
     if not single_process():  # each process's rows; the global result
         return predict_across_processes(
@@ -115,12 +115,12 @@ def predict_inputs(
     leaves, treedef = flatten_batch(x, "x")
     num_examples(leaves, treedef, "x")
     batch_size = optional_positive_int("batch_size", batch_size)
-    strategy = compiler.parts.strategy
+    step, splits = compiler.predict(treedef, leaves)
     return predict_rows(
-        compiler.predict(treedef, leaves),
+        step,
         state,
         leaves,
         batch_size,
         lambda rows: pipeline.step_size(rows, None),
-        strategy.batch_sharding,
+        splits,
     )

@@ -188,27 +188,29 @@ def build_program(
             f"loss: {error}\nHint: {fix}."
         ) from error
     state, split = layout.shardings, step.strategy.batch_sharding
+    leaves = spec.shardings(step.strategy)  # each leaf's; `split`: the weights'
     rep = replicated(step.strategy.mesh)
     jitted = jax.jit(
         _sums_apart(train),
         donate_argnums=(0, 1),
-        in_shardings=(state, rep, rep, split, split, rep),
+        in_shardings=(state, rep, rep, leaves, split, rep),
         out_shardings=(state, rep, rep),
     )
     layout_of_sums = sum_layout(sums)
     packed = layout_of_sums.size
-    arguments = _arguments(parts, shapes, size, packed, (split, rep), 1)
+    arguments = _arguments(parts, shapes, size, packed, (leaves, split, rep), 1)
     k = parts.steps_per_call
     call = jitted  # what the fit calls first: one step, or k of them
     if k > 1:
         stack = stacked(split)
+        stacks = [stacked(leaf) for leaf in leaves]
         call = jax.jit(
             _sums_apart(several_steps(train)),
             donate_argnums=(0, 1),
-            in_shardings=(state, rep, rep, stack, stack, rep),
+            in_shardings=(state, rep, rep, stacks, stack, rep),
             out_shardings=(state, rep, rep),
         )
-        arguments = _arguments(parts, shapes, size, packed, (stack, rep), k)
+        arguments = _arguments(parts, shapes, size, packed, (stacks, stack, rep), k)
     compiled = _compiled(call, arguments, parts, spec) if compile else None
     if k > 1:
         first, train_many = jitted, compiled or call
@@ -223,12 +225,12 @@ def build_program(
         evaluate=jax.jit(
             evaluate,
             donate_argnums=(1,),
-            in_shardings=(state, rep, split, split),
+            in_shardings=(state, rep, leaves, split),
             out_shardings=rep,
         ),
         inspect=jax.jit(
             _sums_apart(inspect),
-            in_shardings=(state, rep, rep, split, split, rep),
+            in_shardings=(state, rep, rep, leaves, split, rep),
             out_shardings=(state, None, rep),
         ),
         sums=layout_of_sums,
@@ -299,7 +301,7 @@ def _arguments(
     shapes: list[jax.ShapeDtypeStruct],
     size: int,
     sums: int,
-    shardings: tuple[Any, Any],
+    shardings: tuple[Any, Any, Any],
     k: int,
 ) -> tuple[Any, ...]:
     """The abstract arguments of a train call of `k` steps (1: one step,
@@ -307,14 +309,15 @@ def _arguments(
     leaf is accepted by the compiled step, and every later state is strong.
     """
     lead = () if k == 1 else (k,)
-    split, rep = shardings
+    leaves, split, rep = shardings  # each batch leaf's, the weights', replicated
     layout = parts.layout
     state = [
         jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
         for s, sharding in zip(layout.structs, layout.shardings, strict=True)
     ]
     batch = [
-        jax.ShapeDtypeStruct((*lead, *s.shape), s.dtype, sharding=split) for s in shapes
+        jax.ShapeDtypeStruct((*lead, *s.shape), s.dtype, sharding=leaf)
+        for s, leaf in zip(shapes, leaves, strict=True)
     ]
     return (
         state,

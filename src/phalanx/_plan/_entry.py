@@ -85,8 +85,8 @@ def _devices(devices: int | Sequence[Any] | None) -> list[Any]:
 
 
 def _space_of(space: PlanSpace | None, strategy: Any) -> PlanSpace:
-    """`space`, or the default one with the trainer's own rules and
-    min_size where it trains under a `MeshStrategy`."""
+    """`space`, or the default one with the trainer's own rules, min_size
+    and context axis where it trains under a `MeshStrategy`."""
     if space is not None:
         if not isinstance(space, PlanSpace):
             raise TypeError(
@@ -97,7 +97,13 @@ def _space_of(space: PlanSpace | None, strategy: Any) -> PlanSpace:
     inner = strategy.inner if isinstance(strategy, AccumulatingStrategy) else strategy
     if isinstance(inner, MeshStrategy):
         rules = [(rule.pattern, rule.spec) for rule in inner.rules]
-        return PlanSpace(rules=rules, min_size=inner.min_size)
+        dims = inner.sequence_dims
+        return PlanSpace(
+            rules=rules,
+            min_size=inner.min_size,
+            context=inner.mesh.shape["context"],
+            sequence_dims=dims.every if dims.every is not None else dict(dims.pairs),
+        )
     return PlanSpace()
 
 

@@ -67,9 +67,10 @@ def search(
         mesh_splits(len(devices), space), remats, offloads
     ):
         first = Candidate(data, fsdp, tensor, 1, remat, offload)
-        if data * fsdp * tensor != len(devices) or n % (data * fsdp):
+        mesh = data * fsdp * space.context * tensor
+        if mesh != len(devices) or n % (data * fsdp):
             why = f"{n} examples do not split over data x fsdp = {data * fsdp}"
-            if data * fsdp * tensor != len(devices):
+            if mesh != len(devices):
                 why = f"the mesh is not the {len(devices)} devices"
             rows.append(PlanRow(first, "skipped", why))
             continue

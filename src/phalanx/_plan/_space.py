@@ -5,7 +5,7 @@ setting, and a number of microbatches; and the strategy each stands for.
 
 import copy
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -38,6 +38,9 @@ class PlanSpace:
             not (a CPU's host memory is its devices').
         rules: `MeshStrategy` sharding rules (as its argument).
         min_size: `MeshStrategy`'s ``min_size``.
+        context: `MeshStrategy`'s ``context`` size, kept in every candidate
+            (the other axes split the devices it leaves).
+        sequence_dims: `MeshStrategy`'s ``sequence_dims``, with `context`.
     """
 
     meshes: Sequence[tuple[int, int, int]] | None = None
@@ -46,6 +49,8 @@ class PlanSpace:
     offload: Sequence[bool] | None = None
     rules: Sequence[Rule] = ()
     min_size: int = 2**12
+    context: int = 1
+    sequence_dims: Mapping[str, int] | int | None = None
 
 
 class Candidate(NamedTuple):
@@ -67,6 +72,8 @@ class Candidate(NamedTuple):
             data=self.data,
             fsdp=self.fsdp,
             tensor=self.tensor,
+            context=space.context,
+            sequence_dims=space.sequence_dims,
             rules=list(space.rules),
             min_size=space.min_size,
             offload=self.offload,
@@ -97,9 +104,11 @@ def remat_name(remat: Remat) -> str:
 
 
 def mesh_splits(devices: int, space: PlanSpace) -> list[tuple[int, int, int]]:
-    """The space's ``(data, fsdp, tensor)`` splits of `devices`."""
+    """The space's ``(data, fsdp, tensor)`` splits of `devices` (what its
+    ``context`` axis leaves of them)."""
     if space.meshes is not None:
         return [tuple(m) for m in space.meshes]  # pyright: ignore[reportReturnType]
+    devices //= space.context
     splits = []
     for tensor in _divisors(devices):
         if tensor > 1 and not space.rules:

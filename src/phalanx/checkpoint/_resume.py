@@ -10,14 +10,17 @@ older one is tried. With nothing to resume from yet, ``"latest"`` starts
 fresh (a first run of a script that resumes whenever it can); a path that
 names no checkpoint is an error, as is a folder whose every checkpoint is
 damaged. A checkpoint read to resume from is said in one line, ``resumed
-from step N (epoch E) of PATH``. This module reads; it never sets anything
-on the trainer (the caller restores the snapshot it returns, and puts the
-data back where the run had read it to: `resume_data`).
+from step N (epoch E) of PATH``. In a multi-process run every process takes
+the same path: process 0's view of the folder decides, and a checkpoint
+unreadable on one process is skipped on all (`_agreement.py`). This module
+reads; it never sets anything on the trainer (the caller restores the
+snapshot it returns, and puts the data back where the run had read it to:
+`resume_data`).
 """
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from .._log import logger
 from .._state._snapshot import Snapshot
 from .._typing import EvalSets
 from ..data import Resumable
+from ._agreement import failed_on, from_process_zero
 from ._errors import quiet_orbax_errors, release_failed_io, summary
 from ._items import check_compatible, from_checkpoint, read_arrays, read_host
 from ._store import SnapshotStore
@@ -138,7 +142,11 @@ def read_checkpoint(like: Snapshot, resume: Any, directory: Path) -> Restored | 
     """
     folder, step = locate(resume, directory)
     shown = f"resume={str(resume)!r}"
-    if not folder.is_dir():  # (a manager would create it)
+    # What process 0 sees decides on every process (`_agreement.py`): a
+    # process that saw the folder made by a faster one, which had found
+    # nothing and gone on to train, would open a manager (a collective) the
+    # others never join.
+    if not from_process_zero(folder.is_dir()):  # (a manager would create it)
         if resume == "latest":
             return None
         raise FileNotFoundError(
@@ -148,7 +156,7 @@ def read_checkpoint(like: Snapshot, resume: Any, directory: Path) -> Restored | 
     damaged: list[tuple[Path, str]] = []
     quiet_orbax_errors()
     with ocp.CheckpointManager(folder) as manager:
-        complete = sorted(manager.all_steps())[::-1]
+        complete = from_process_zero(sorted(manager.all_steps())[::-1])
         steps = complete if step is None else [step] if step in complete else []
         if not steps:
             if resume == "latest":
@@ -159,19 +167,19 @@ def read_checkpoint(like: Snapshot, resume: Any, directory: Path) -> Restored | 
             )
         for candidate in steps:
             path = folder / str(candidate)
-            try:
-                host = read_host(manager, candidate)
-            except Exception as error:
-                damaged.append((path, _why(error)))
+            # A step unreadable on any process is skipped on all.
+            host, why = _attempt(read_host, manager, candidate)
+            if why is not None:
+                damaged.append((path, why))
                 continue
             # Not a damaged file: this checkpoint is of another run.
             check_compatible(like, host, str(path))
-            try:
-                arrays = read_arrays(like, manager, candidate, host)
-            except Exception as error:
-                damaged.append((path, _why(error)))
+            arrays, why = _attempt(read_arrays, like, manager, candidate, host)
+            if why is not None:
+                damaged.append((path, why))
                 continue
-            for skipped, why in damaged:
+            for skipped, why in damaged if jax.process_index() == 0 else ():
+                # (Said once: every process skipped it, for the same reason.)
                 logger.warning(
                     f"{shown}: skipped checkpoint {skipped}, which cannot be read "
                     f"({why}); resuming from {path}"
@@ -192,6 +200,17 @@ def read_checkpoint(like: Snapshot, resume: Any, directory: Path) -> Restored | 
         f"{shown}: no checkpoint in {folder} can be read ({reasons}); they may "
         "be corrupt: start again without resume"
     )
+
+
+def _attempt(read: Callable[..., Any], *args: Any) -> tuple[Any, str | None]:
+    """`read`'s result and None, or None and why it failed on this process
+    or on another (every process returns a reason, or none, alike)."""
+    try:
+        result, why = read(*args), None
+    except Exception as error:
+        result, why = None, _why(error)
+    why = failed_on(why)
+    return (None, why) if why is not None else (result, None)
 
 
 def _why(error: Exception) -> str:

@@ -4,6 +4,7 @@ The wrapper delegates the mesh, the layout and the one reduction to the
 strategy it holds; it only scans each device's microbatches, so the
 microbatches' gradients add up on each device and cross devices once."""
 
+from collections.abc import Sequence
 from typing import Any, final
 
 import jax
@@ -100,6 +101,16 @@ class AccumulatingStrategy(Strategy):
     @override
     def batch_sharding(self) -> Sharding:
         return self.inner.batch_sharding
+
+    @override
+    def batch_leaf_shardings(
+        self,
+        names: Sequence[str],
+        shapes: Sequence[tuple[int, ...]],
+        *,
+        whole: bool = True,
+    ) -> list[Sharding]:
+        return self.inner.batch_leaf_shardings(names, shapes, whole=whole)
 
     @property
     @override

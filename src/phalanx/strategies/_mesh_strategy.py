@@ -1,50 +1,62 @@
 """`MeshStrategy`: training on a mesh of named axes ``("data", "fsdp",
-"tensor")``: data parallelism, fully sharded (and hybrid) data parallelism
-and tensor parallelism by sharding rules, in one global `jax.jit` program.
+"context", "tensor")``: data parallelism, fully sharded (and hybrid) data
+parallelism, sequences split over devices and tensor parallelism by sharding
+rules, in one global `jax.jit` program.
 
-The batch is split over ``data`` × ``fsdp``. The parameters and optimizer
+The batch is split over ``data`` × ``fsdp``, and each example's sequence
+over ``context`` (`_sequences.py`; attention exchanges the positions,
+`phalanx.models.dot_product_attention`). The parameters and optimizer
 state are split over ``fsdp`` by size (as `FullyShardedStrategy` splits
 them) and over any axis as the rules say (`_rules.py`); the compiler adds
 the collectives (an all-gather where a split parameter is used, a reduction
 of each gradient into its optimizer state's layout).
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, final
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding
 from jaxtyping import PyTree
 from typing_extensions import override
 
-from .._log import logger
-from .._stacking import AbstractStacked
+from .._sequence import SequenceSplit
 from .._typing import Devices, validates_own_arguments
 from .._validate import is_int
 from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh
 from ._example_sums import examples_summed_by_dots
 from ._follow import follow_parameters
 from ._fully_sharded import split_by_size
+from ._mesh_leaves import floating, is_spec, stacked_leaves, trainable, warn_whole
 from ._per_device import shard_map_reduce, spec_axes
 from ._placement import HOST_MEMORY, has_host_memory, named
 from ._rules import CheckedRule, Rule, RuleBook, check_rules, path_name
+from ._sequences import (
+    SequenceDims,
+    check_sequence_dims,
+    check_within_processes,
+    sequence_specs,
+    traced_with_split,
+)
 from ._strategy import AxisName, LocalFn, MapFn
 
 
-AXES = ("data", "fsdp", "tensor")
-# Lines already logged about leaves left whole: each is said once a process.
-_WARNED: set[str] = set()
+AXES = ("data", "fsdp", "context", "tensor")
 
 
 @final
 class MeshStrategy(DeviceMeshStrategy):
-    """Data, fully sharded and tensor parallelism on one mesh of named axes
-    ``("data", "fsdp", "tensor")``, in the global view of `jax.jit`.
+    """Data, fully sharded, sequence and tensor parallelism on one mesh of
+    named axes ``("data", "fsdp", "context", "tensor")``, in the global view
+    of `jax.jit`.
 
     - **Batch**: split over ``data`` × ``fsdp`` (each position along them
-      gets an equal slice), whole along ``tensor``.
+      gets an equal slice), whole along ``tensor``; with ``context > 1``
+      each example's sequence dimension (`sequence_dims` says which, per
+      batch leaf) split over ``context``, other leaves whole along it.
+    - **State over ``context``**: replicated (unless a rule names it); the
+      gradients are summed over it as over the batch axes.
     - **State over ``data``**: replicated.
     - **State over ``fsdp``**: each floating leaf of at least `min_size`
       elements split along its longest dimension that the axis divides (the
@@ -68,7 +80,11 @@ class MeshStrategy(DeviceMeshStrategy):
 
     ``data=1, fsdp=N`` is FSDP; ``data=H, fsdp=N/H`` is hybrid sharding
     (replicated across hosts, split within each); ``tensor=T`` with rules is
-    Megatron-style tensor parallelism. Devices fill the mesh in order, the
+    Megatron-style tensor parallelism; ``context=C`` splits long sequences
+    (each device holds 1/C of every example's positions and activations:
+    the model's attention must be
+    [`phalanx.models.dot_product_attention`][], which exchanges them; see
+    the long sequences guide). Devices fill the mesh in order, the
     last axis varying fastest: with one process per host, consecutive
     devices are a host's, so ``tensor`` and then ``fsdp`` stay within a host
     and ``data`` goes across hosts.
@@ -109,6 +125,8 @@ class MeshStrategy(DeviceMeshStrategy):
     min_size: int
     # The optimizer state kept in host memory, brought in for each update.
     offload: bool
+    # Which dimension of which batch leaf `context` splits.
+    sequence_dims: SequenceDims
 
     @validates_own_arguments
     def __init__(
@@ -118,6 +136,8 @@ class MeshStrategy(DeviceMeshStrategy):
         data: int = -1,
         fsdp: int = 1,
         tensor: int = 1,
+        context: int = 1,
+        sequence_dims: Mapping[str, int] | int | None = None,
         rules: Sequence[Rule] = (),
         min_size: int = 2**12,
         offload: bool = False,
@@ -134,6 +154,17 @@ class MeshStrategy(DeviceMeshStrategy):
                 may be -1.
             tensor: the size of the ``tensor`` axis (the state split where
                 `rules` say, the batch whole).
+            context: the size of the ``context`` axis: each example's
+                sequence dimension split over it (the state replicated).
+            sequence_dims: which dimension of which batch leaf is its
+                sequence: ``{pattern: dim}``, each pattern a regular
+                expression fullmatched against a leaf's name in ``(x, y)``
+                (``"x"``, ``"y"``, ``"x.tokens"``, ``"x.1"``), `dim` a
+                dimension of the batch array (1: the first after the
+                examples axis); or one int, that dimension of every leaf
+                that has it. Leaves it does not name are whole along
+                ``context``. Required with ``context > 1``; each sequence's
+                length must be a multiple of `context` (pad with a mask).
             rules: ``(pattern, spec)`` pairs saying where parameters are
                 split (see above).
             min_size: leaves with fewer elements stay replicated over fsdp
@@ -146,10 +177,12 @@ class MeshStrategy(DeviceMeshStrategy):
         Raises:
             ValueError: a size is not an int >= 1 or -1, the sizes do not
                 multiply to the device count, a rule names an unknown axis
-                or is not a regular expression.
-            TypeError: `rules` is not a sequence of (pattern, spec) pairs.
+                or is not a regular expression, ``context > 1`` without
+                `sequence_dims`.
+            TypeError: `rules` is not a sequence of (pattern, spec) pairs,
+                `sequence_dims` not a mapping or an int.
         """
-        sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+        sizes = {"data": data, "fsdp": fsdp, "context": context, "tensor": tensor}
         for name, size in sizes.items():
             if not is_int(size) or (size < 1 and size != -1):
                 raise ValueError(
@@ -162,8 +195,17 @@ class MeshStrategy(DeviceMeshStrategy):
                 "elements stay replicated), e.g. min_size=4096"
             )
         self.rules = check_rules(rules, AXES)
+        self.sequence_dims = check_sequence_dims(sequence_dims)
+        if context != 1 and not self.sequence_dims:
+            raise ValueError(
+                f"context={context} splits each example's sequence over devices: "
+                "say which dimension of which batch leaf is a sequence, e.g. "
+                'sequence_dims={"x": 1, "y": 1} (tokens and next tokens of '
+                "shape (examples, sequence)), or sequence_dims=1"
+            )
         self.axis_name = ("data", "fsdp")
         self.mesh = make_mesh(devices, sizes)
+        check_within_processes(self.mesh)
         self.min_size = min_size
         first = self.mesh.devices.flat[0]
         if offload and not has_host_memory(first):
@@ -177,6 +219,26 @@ class MeshStrategy(DeviceMeshStrategy):
     @override
     def split_min_size(self) -> int:
         return self.min_size
+
+    @override
+    def batch_leaf_shardings(
+        self,
+        names: Sequence[str],
+        shapes: Sequence[tuple[int, ...]],
+        *,
+        whole: bool = True,
+    ) -> list[Sharding]:
+        """`batch_sharding` for each leaf, with the sequence dimension that
+        `sequence_dims` names for it split over ``context`` too.
+
+        Raises:
+            ValueError: a `sequence_dims` pattern matches no leaf (of a
+                `whole` batch), names a dimension past a leaf's last, or
+                ``context`` does not divide a sequence's length.
+        """
+        dims, mesh = self.sequence_dims, self.mesh
+        specs = sequence_specs(dims, names, shapes, self.batch_axes, mesh, whole)
+        return [named(mesh, spec) for spec in specs]
 
     @override
     def state_spec(self, role: StateRole, leaf: jax.ShapeDtypeStruct) -> P:
@@ -196,7 +258,7 @@ class MeshStrategy(DeviceMeshStrategy):
                 no leaf.
         """
         book = RuleBook(self.rules, dict(self.mesh.shape))
-        stacked = _stacked_leaves(state.model)
+        stacked = stacked_leaves(state.model)
         model_specs = jax.tree_util.tree_map_with_path(
             lambda path, leaf: self._model_spec(
                 book, path_name(path), leaf, id(leaf) in stacked
@@ -204,15 +266,15 @@ class MeshStrategy(DeviceMeshStrategy):
             state.model,
         )
         book.check_all_used()
-        self._warn_whole(state.model, model_specs)
+        warn_whole(self.mesh, self.min_size, state.model, model_specs)
         opt_specs = follow_parameters(
-            state.model, model_specs, state.opt_state, _trainable, self._leaf_spec
+            state.model, model_specs, state.opt_state, trainable, self._leaf_spec
         )
         whole = named(self.mesh, P())
 
         def place(specs: PyTree[P], memory: str | None = None) -> PyTree[NamedSharding]:
             return jax.tree.map(
-                lambda s: named(self.mesh, s, memory), specs, is_leaf=_is_spec
+                lambda s: named(self.mesh, s, memory), specs, is_leaf=is_spec
             )
 
         return eqx.tree_at(
@@ -272,19 +334,20 @@ class MeshStrategy(DeviceMeshStrategy):
         device (`_example_sums.py`)."""
         if self.mesh.shape["tensor"] > 1:
             fn = examples_summed_by_dots(fn)
-        return fn(replicated, carry, examples)
+        return self._splitting(fn, self.batch_axes)(replicated, carry, examples)
 
     @override
     def map(self, fn: MapFn, replicated: PyTree, examples: PyTree) -> PyTree:
-        return fn(replicated, examples)
+        return self._splitting(fn, self.batch_axes)(replicated, examples)
 
     @override
     def reduce_per_device(
         self, fn: LocalFn, replicated: PyTree, carry: PyTree, examples: PyTree
     ) -> tuple[PyTree, PyTree]:
         """`fn` on each device's slice, in `jax.shard_map` manual over the
-        batch axes (``data`` and ``fsdp``; ``tensor`` stays automatic, so
-        the compiler still splits the work over it as the rules say).
+        batch axes (``data`` and ``fsdp``; ``context`` and ``tensor`` stay
+        automatic, so the compiler still splits the work over them: the
+        sequence as the batch lies, the parameters as the rules say).
 
         Each parameter enters gathered whole over the batch axes (the
         compiler gathers it from wherever the rules put it, once, before
@@ -302,14 +365,24 @@ class MeshStrategy(DeviceMeshStrategy):
         """
         if self.mesh.shape["tensor"] > 1:
             fn = examples_summed_by_dots(fn)
+        fn = self._splitting(fn, ())
         return shard_map_reduce(
             self.mesh, self.batch_axes, fn, replicated, carry, examples
         )
 
+    def _splitting(self, fn: Any, batch_axes: tuple[str, ...]) -> Any:
+        """`fn`, traced knowing each sequence is split over ``context``
+        (`phalanx.models.dot_product_attention` asks), where it is; the
+        examples split over `batch_axes` where `fn` runs (none inside a
+        per-device program)."""
+        if self.mesh.shape["context"] == 1:
+            return fn
+        return traced_with_split(fn, SequenceSplit(self.mesh, "context", batch_axes))
+
     def _model_spec(
         self, book: RuleBook, path: str, leaf: Any, stacked: bool = False
     ) -> P:
-        if not _floating(leaf):
+        if not floating(leaf):
             return P()
         spec = book.spec(path, tuple(leaf.shape), stacked)
         if spec is not None:
@@ -317,63 +390,9 @@ class MeshStrategy(DeviceMeshStrategy):
         return self._by_size(tuple(leaf.shape), keep_first=stacked)
 
     def _leaf_spec(self, leaf: Any) -> P:
-        return self._by_size(tuple(leaf.shape)) if _floating(leaf) else P()
+        return self._by_size(tuple(leaf.shape)) if floating(leaf) else P()
 
     def _by_size(self, shape: tuple[int, ...], keep_first: bool = False) -> P:
         """The fsdp rule (never the layer axis of a stacked array)."""
         n = self.mesh.shape["fsdp"]
         return split_by_size(shape, "fsdp", n, self.min_size, keep_first=keep_first)
-
-    def _warn_whole(self, model: PyTree[Any], specs: PyTree[P]) -> None:
-        """One line naming the large floating leaves left whole on every
-        device while the mesh could split them."""
-        sizes = self.mesh.shape
-        if sizes["fsdp"] == 1 and sizes["tensor"] == 1:
-            return
-        whole = []
-        pairs = jax.tree_util.tree_leaves_with_path(model)
-        for (path, leaf), spec in zip(
-            pairs, jax.tree.leaves(specs, is_leaf=_is_spec), strict=True
-        ):
-            split = any(spec_axes(entry) for entry in spec)
-            if _floating(leaf) and leaf.size >= self.min_size and not split:
-                nbytes = leaf.size * jnp.dtype(leaf.dtype).itemsize
-                whole.append(
-                    f"{path_name(path)} {leaf.dtype}{list(leaf.shape)} "
-                    f"({nbytes:,} bytes)"
-                )
-        line = (
-            f"MeshStrategy({dict(sizes)}): kept whole on every device: "
-            f"{'; '.join(whole)}; add a rule for it, or make a dimension "
-            "divisible by fsdp"
-        )
-        if whole and line not in _WARNED:
-            _WARNED.add(line)
-            logger.warning(line)
-
-
-def _floating(leaf: Any) -> bool:
-    """Whether `leaf` is a floating array of at least one dimension."""
-    return _trainable(leaf) and bool(leaf.shape)
-
-
-def _trainable(leaf: Any) -> bool:
-    """Whether `leaf` is an array optax initialises its state on (the
-    model's floating arrays, scalars included)."""
-    return isinstance(leaf, jax.ShapeDtypeStruct | jax.Array) and jnp.issubdtype(
-        leaf.dtype, jnp.inexact
-    )
-
-
-def _stacked_leaves(model: PyTree[Any]) -> set[int]:
-    """The ids of the arrays of `model` stored stacked (a layer axis first)."""
-    found = set()
-    nodes = jax.tree.leaves(model, is_leaf=lambda x: isinstance(x, AbstractStacked))
-    for node in nodes:
-        if isinstance(node, AbstractStacked):
-            found.update(id(leaf) for leaf in jax.tree.leaves(node.layers))
-    return found
-
-
-def _is_spec(x: Any) -> bool:
-    return isinstance(x, P)

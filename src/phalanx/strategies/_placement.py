@@ -145,26 +145,34 @@ def on_device(tree: PyTree, device: Any) -> PyTree:
 
 def put_batch(
     leaves: Sequence[np.ndarray | jax.Array],
-    sharding: Sharding,
+    sharding: Sharding | Sequence[Sharding],
     *,
     before_move: Callable[[Sequence[Any]], None] | None = None,
 ) -> list[jax.Array]:
     """Place batch leaves (host arrays, or arrays on any devices) split as
-    `sharding` says; in a multi-process run each process holds its own slice
-    of the global batch. `before_move(leaves)` is called only where some
-    leaf must move (it may raise: a layout the caller refuses)."""
-    placed = [x for x in leaves if isinstance(x, jax.Array) and laid_out(x, sharding)]
+    `sharding` says (one for all, or one per leaf); in a multi-process run
+    each process holds its own slice of the global batch.
+    `before_move(leaves)` is called only where some leaf must move (it may
+    raise: a layout the caller refuses)."""
+    shardings = (
+        list(sharding) if isinstance(sharding, Sequence) else [sharding] * len(leaves)
+    )
+    placed = [
+        x
+        for x, s in zip(leaves, shardings, strict=True)
+        if isinstance(x, jax.Array) and laid_out(x, s)
+    ]
     if len(placed) == len(leaves):
         return placed  # already there: nothing to dispatch
     if before_move is not None:
         before_move(leaves)
     if single_process():
-        return jax.device_put(list(leaves), sharding)
+        return jax.device_put(list(leaves), shardings)
     return [
         x
         if isinstance(x, jax.Array) and not x.is_fully_addressable
-        else jax.make_array_from_process_local_data(sharding, np.asarray(x))
-        for x in leaves
+        else jax.make_array_from_process_local_data(s, np.asarray(x))
+        for x, s in zip(leaves, shardings, strict=True)
     ]
 
 

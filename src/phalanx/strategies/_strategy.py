@@ -10,7 +10,7 @@ behaviour: the members built-in strategies share are implemented once in
 """
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 import equinox as eqx
@@ -77,6 +77,31 @@ class Strategy(eqx.Module):
     @abc.abstractmethod
     def batch_sharding(self) -> Sharding:
         """Where a batch's leaves go: split along their leading examples axis."""
+
+    def batch_leaf_shardings(
+        self,
+        names: Sequence[str],
+        shapes: Sequence[tuple[int, ...]],
+        *,
+        whole: bool = True,
+    ) -> list[Sharding]:
+        """Where each leaf of a batch goes, given its name in ``(x, y)``
+        (``"x"``, ``"y"``, ``"x.tokens"``, ``"y.1"``: the path from the
+        inputs or targets, keys joined by dots) and its shape per example
+        (without the leading examples axis). `whole`: the names are a whole
+        training batch's (False: `predict`'s inputs alone).
+
+        The default: `batch_sharding` for every leaf. A strategy that also
+        splits a dimension of each example (`MeshStrategy`'s ``context``
+        axis splits sequences) lays the leaves out one by one; every layout
+        still splits the examples axis as `batch_sharding` does.
+
+        Raises:
+            ValueError: the strategy's own per-leaf settings do not fit the
+                batch (named before anything is placed).
+        """
+        del shapes, whole
+        return [self.batch_sharding] * len(names)
 
     @property
     @abc.abstractmethod

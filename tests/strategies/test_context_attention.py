@@ -1,0 +1,150 @@
+"""Issue 44, acceptance 1-3 at the trainer: `px.models.dot_product_attention`
+under `MeshStrategy(context=N)` makes one device's update (all-gather and
+ring, causal and not, with a padding mask), composes with accumulation,
+`Stacked` + remat and tensor rules, and splits the step's memory."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import phalanx as px
+
+
+VOCAB, WIDTH, HEADS, SEQ = 16, 16, 2, 32
+
+
+class Block(eqx.Module):
+    """Pre-norm attention (px.models.dot_product_attention), residual."""
+
+    norm: eqx.nn.LayerNorm
+    qkv: eqx.nn.Linear
+    proj: eqx.nn.Linear
+    causal: bool = eqx.field(static=True)
+    implementation: str = eqx.field(static=True)
+
+    def __init__(self, causal, implementation, key):
+        a, b = jax.random.split(key)
+        self.norm = eqx.nn.LayerNorm(WIDTH)
+        # No bias on q, k, v: a key bias's gradient is zero up to rounding
+        # (softmax is shift invariant), which adam would blow up.
+        self.qkv = eqx.nn.Linear(WIDTH, 3 * WIDTH, use_bias=False, key=a)
+        self.proj = eqx.nn.Linear(WIDTH, WIDTH, key=b)
+        self.causal = causal
+        self.implementation = implementation
+
+    def __call__(self, x, mask):
+        h = jax.vmap(self.norm)(x)
+        q, k, v = jnp.split(jax.vmap(self.qkv)(h), 3, axis=-1)
+        heads = (x.shape[0], HEADS, WIDTH // HEADS)
+        out = px.models.dot_product_attention(
+            q.reshape(heads),
+            k.reshape(heads),
+            v.reshape(heads),
+            causal=self.causal,
+            mask=mask,
+            implementation=self.implementation,
+        )
+        return x + jax.vmap(self.proj)(out.reshape(x.shape))
+
+
+class LM(eqx.Module):
+    """Tokens and their padding mask in, next-token logits out."""
+
+    embed: eqx.nn.Embedding
+    blocks: px.models.Stacked
+    out: eqx.nn.Linear
+
+    def __init__(self, causal=True, implementation="ring", layers=2, remat=False):
+        a, b, c = jax.random.split(jax.random.key(0), 3)
+        self.embed = eqx.nn.Embedding(VOCAB, WIDTH, key=a)
+        self.blocks = px.models.Stacked(
+            lambda key: _Masked(Block(causal, implementation, key)),
+            layers,
+            key=b,
+            remat=remat,
+        )
+        self.out = eqx.nn.Linear(WIDTH, VOCAB, key=c)
+
+    def __call__(self, x):
+        h = jax.vmap(self.embed)(x["tokens"])
+        h, _ = self.blocks((h, x["mask"]))
+        return jax.vmap(self.out)(h)
+
+
+class _Masked(eqx.Module):
+    """A block that carries the mask along the stack: (x, mask) -> (x, mask)."""
+
+    block: Block
+
+    def __call__(self, carry):
+        x, mask = carry
+        return self.block(x, mask), mask
+
+
+def masked_loss(logits, targets):
+    """Mean cross-entropy over the real positions (targets -1: padding)."""
+    real = targets >= 0
+    per = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(targets, 0))
+    return jnp.sum(per * real, axis=-1) / jnp.maximum(jnp.sum(real, axis=-1), 1)
+
+
+def batches(n=2, examples=8, seq=SEQ):
+    """Token batches, each example's last positions padded (a random length)."""
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(n):
+        tokens = rng.integers(0, VOCAB, (examples, seq + 1)).astype(np.int32)
+        lengths = rng.integers(seq // 2, seq + 1, examples)
+        mask = np.arange(seq)[None] < lengths[:, None]
+        targets = np.where(mask, tokens[:, 1:], -1).astype(np.int32)
+        out.append(({"tokens": tokens[:, :-1], "mask": mask}, targets))
+    return out
+
+
+DIMS = {r"x\.(tokens|mask)": 1, "y": 1}
+RULES = [(r"blocks\.layers\.block\.qkv\.weight", (None, "tensor", "fsdp"))]
+
+
+def trainer_for(model):
+    def make(strategy):
+        return px.DataParallelTrainer(
+            model, optax.adam(1e-2), loss=masked_loss, strategy=strategy, progress=False
+        )
+
+    return make
+
+
+@pytest.mark.parametrize("implementation", ["all_gather", "ring"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_split_attention_makes_one_devices_update(implementation, causal):
+    px.testing.assert_equivalent(
+        trainer_for(LM(causal, implementation)),
+        batches(),
+        strategies=[
+            px.MeshStrategy(data=2, context=4, sequence_dims=DIMS),
+            px.MeshStrategy(
+                fsdp=2, context=2, tensor=2, sequence_dims=DIMS, rules=RULES, min_size=1
+            ),
+        ],
+        steps=3,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_accumulation_and_remat_over_a_split_sequence():
+    px.testing.assert_equivalent(
+        trainer_for(LM(remat=True)),
+        batches(),
+        strategies=[
+            px.AccumulatingStrategy(
+                px.MeshStrategy(data=2, context=4, sequence_dims=DIMS), 2
+            ),
+        ],
+        steps=2,
+        rtol=1e-5,
+        atol=1e-5,
+    )
