@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import phalanx as px
-from phalanx._sequence import SequenceSplit, splitting_sequences
+from phalanx._contracts import SequenceSplit, splitting_sequences
 from phalanx.models import _attention
 from phalanx.models._blockwise import attend_block, empty_stats, finish
 from phalanx.models._ring_schedule import part_positions, ring_schedule

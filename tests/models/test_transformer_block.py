@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import phalanx as px
-from phalanx._sequence import SequenceSplit, splitting_sequences
+from phalanx._contracts import SequenceSplit, splitting_sequences
 from phalanx.strategies._device_mesh import make_mesh
 
 

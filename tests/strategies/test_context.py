@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import phalanx as px
-from phalanx._sequence import sequence_split
+from phalanx._contracts import sequence_split
 from phalanx.strategies import _mesh_leaves
 
 

@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import phalanx as px
+from phalanx.models._attention import Implementation
 
 
 VOCAB, WIDTH, HEADS, SEQ = 16, 16, 2, 32
@@ -23,9 +24,9 @@ class Block(eqx.Module):
     qkv: eqx.nn.Linear
     proj: eqx.nn.Linear
     causal: bool = eqx.field(static=True)
-    implementation: str = eqx.field(static=True)
+    implementation: Implementation = eqx.field(static=True)
 
-    def __init__(self, causal, implementation, key):
+    def __init__(self, causal: bool, implementation: Implementation, key):
         a, b = jax.random.split(key)
         self.norm = eqx.nn.LayerNorm(WIDTH)
         # No bias on q, k, v: a key bias's gradient is zero up to rounding
@@ -57,7 +58,13 @@ class LM(eqx.Module):
     blocks: px.models.Stacked
     out: eqx.nn.Linear
 
-    def __init__(self, causal=True, implementation="ring", layers=2, remat=False):
+    def __init__(
+        self,
+        causal: bool = True,
+        implementation: Implementation = "ring",
+        layers: int = 2,
+        remat: bool = False,
+    ):
         a, b, c = jax.random.split(jax.random.key(0), 3)
         self.embed = eqx.nn.Embedding(VOCAB, WIDTH, key=a)
         self.blocks = px.models.Stacked(
@@ -87,7 +94,9 @@ class _Masked(eqx.Module):
 def masked_loss(logits, targets):
     """Mean cross-entropy over the real positions (targets -1: padding)."""
     real = targets >= 0
-    per = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(targets, 0))
+    per = optax.softmax_cross_entropy_with_integer_labels(
+        logits, jnp.maximum(targets, 0)
+    )
     return jnp.sum(per * real, axis=-1) / jnp.maximum(jnp.sum(real, axis=-1), 1)
 
 

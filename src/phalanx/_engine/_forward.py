@@ -11,7 +11,7 @@ import jax
 import jax.random as jr
 from jaxtyping import Array, Key, PRNGKeyArray, PyTree
 
-from .._sequence import sequence_split
+from .._contracts import sequence_split
 from .._typing import ExampleIndex
 
 

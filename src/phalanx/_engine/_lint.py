@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
-from .._stacking import AbstractStacked
+from .._contracts import AbstractStacked
 from ._summary import format_bytes as human_bytes
 
 

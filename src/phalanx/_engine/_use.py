@@ -11,7 +11,7 @@ import jax.extend.core as jex
 from jax.lax import with_sharding_constraint
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from .._stacking import AbstractStacked
+from .._contracts import AbstractStacked
 
 
 CONSTRAINT = jex.primitives.sharding_constraint_p

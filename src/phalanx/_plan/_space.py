@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from .._stacking import AbstractStacked
+from .._contracts import AbstractStacked
 from ..strategies import AccumulatingStrategy, MeshStrategy, Strategy
 from ..strategies._rules import Rule
 

@@ -3,7 +3,7 @@ exact when a strategy splits the sequence over devices.
 
 Where the sequence is whole on its devices it is `jax.nn.dot_product_attention`
 (cuDNN's fused kernel on GPUs that take it). Where `MeshStrategy(context=N)`
-splits it (`phalanx._sequence.sequence_split`), it exchanges the chunks
+splits it (`phalanx._contracts.sequence_split`), it exchanges the chunks
 itself: all-gathered, or round a ring (`_split_attention.py`, `_ring.py`).
 Arguments are checked at trace time, on static shapes.
 """
@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
+from .._contracts import sequence_split
 from .._log import logger
-from .._sequence import sequence_split
 from .._typing import validates_own_arguments
 from ._split_attention import split_attention
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Bool, Float
 
-from .._sequence import SequenceSplit
+from .._contracts import SequenceSplit
 from ._ring import ring_attention
 
 

@@ -17,8 +17,8 @@ import jax
 import jax.random as jr
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
+from .._contracts import AbstractStacked
 from .._keys import Builder, with_key
-from .._stacking import AbstractStacked
 from .._typing import validates_own_arguments
 from .._validate import is_int
 

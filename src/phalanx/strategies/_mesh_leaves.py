@@ -9,8 +9,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec as P
 from jaxtyping import PyTree
 
+from .._contracts import AbstractStacked
 from .._log import logger
-from .._stacking import AbstractStacked
 from ._per_device import spec_axes
 from ._rules import path_name
 

@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding
 from jaxtyping import PyTree
 from typing_extensions import override
 
-from .._sequence import SequenceSplit
+from .._contracts import SequenceSplit
 from .._typing import Devices, validates_own_arguments
 from .._validate import is_int
 from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from .._sequence import SequenceSplit, splitting_sequences
+from .._contracts import SequenceSplit, splitting_sequences
 from .._validate import is_int
 from ._mesh_leaves import warn_once
 from ._per_device import axis_name_of
