@@ -42,12 +42,16 @@ EVERY_5 = ["--checkpoint-every", "5"]
 NOTICE = (
     "phalanx: no accelerator found; using 8 fake CPU devices (--devices N to change)"
 )
-# What orbax logs when a resumed run saves a step whose temporary folder a
-# killed run left behind (see test_sigkill_then_resume_is_exact).
+# What orbax logs of the temporary folder a killed run left behind (see
+# test_sigkill_then_resume_is_exact): when a resumed run saves that step
+# again, and, where the kill came before the folder's metadata was written,
+# when it lists the folder.
 STALE_TMP = re.compile(
     r"WARNING:absl:Attempted to create temporary directory .*/checkpoints/\d+"
     r"\.orbax-checkpoint-tmp which already exists\. Removing existing directory "
     r"since it is not finalized\."
+    r"|WARNING:absl:Metadata file does not exist: .*/checkpoints/\d+"
+    r"\.orbax-checkpoint-tmp/_CHECKPOINT_METADATA"
 )
 PROGRESS = re.compile(r"  step (\d+)/\d+  ")
 FINAL = re.compile(r"test loss \d+\.\d{4}, test accuracy \d+\.\d{4}; logs in RUN$")

@@ -198,7 +198,7 @@ def test_long_context():
     # Issue 44, acceptance 4: sequences of 4,096 under data=2 x context=4; a
     # device's temporaries shrink as the sequence is split over more devices.
     out = run_example("long_context.py", *ARGS["long_context.py"])
-    assert "72 windows of 4096" in out, out
+    assert re.search(r"characters \(\d+ distinct\): \d+ windows of 4096;", out), out
     temporaries = dict(
         (int(c), float(t))
         for c, t in re.findall(r"context=(\d): .*temporaries\s+([\d.]+) MiB", out)

@@ -157,3 +157,33 @@ def test_accumulation_and_remat_over_a_split_sequence():
         rtol=1e-5,
         atol=1e-5,
     )
+
+
+def test_several_steps_per_call_bf16_and_the_flops_over_a_split_sequence():
+    strategy = px.MeshStrategy(data=2, context=4, sequence_dims=DIMS)
+    data = batches(n=4)
+    make = trainer_for(LM())
+    one = make(strategy)
+    several = px.DataParallelTrainer(
+        LM(), optax.adam(1e-2), loss=masked_loss, strategy=strategy,
+        progress=False, steps_per_call=2,
+    )  # fmt: skip
+    one.fit(data)
+    several.fit(data)
+    leaves = jax.tree.leaves
+    for a, b in zip(leaves(several.model), leaves(one.model), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    low = px.DataParallelTrainer(
+        LM(), optax.adam(1e-2), loss=masked_loss, strategy=strategy,
+        progress=False, precision="bf16",
+    )  # fmt: skip
+    low.fit(data)
+    losses = np.asarray(low.history["loss"], float)
+    assert np.isfinite(losses).all()
+    reference = np.asarray(one.history["loss"], float)
+    np.testing.assert_allclose(losses, reference, rtol=0.02)
+    # The FLOPs of the program: the causal ring skips the masked blocks.
+    split = one.flops_per_step(data[0])
+    whole = make(px.ShardingStrategy(devices=1)).flops_per_step(data[0])
+    assert split is not None and whole is not None
+    assert 0.5 * whole.total < split.total < whole.total

@@ -54,7 +54,7 @@ def leaf_names(treedef: Any) -> list[str]:
     )[0]
     names = []
     for path, _ in paths:
-        part = "x" if getattr(path[0], "idx", 0) == 0 else "y"
+        part = "y" if path[0] == jax.tree_util.SequenceKey(1) else "x"
         rest = jax.tree_util.keystr(tuple(path[1:]), simple=True, separator=".")
         names.append(f"{part}.{rest}" if rest else part)
     return names

@@ -272,7 +272,9 @@ def _compiled(
             layout.shardings,
             by_leaf(layout.treedef, plan.use_shardings),
         )
-        + unreduced(traced.jaxpr.jaxpr, _gradient_names(layout, names))
+        + unreduced(
+            traced.jaxpr.jaxpr, _gradient_names(layout, names), _batch_axes(parts)
+        )
     )
     compiled = traced.lower().compile()
     # The state leaves as they came in (the step's own resharding, e.g.
@@ -284,6 +286,13 @@ def _compiled(
         )
     )
     return compiled
+
+
+def _batch_axes(parts: ProgramParts) -> tuple[str, ...]:
+    """The mesh axes the strategy splits batches over, as a tuple: those its
+    per-device programs are manual over."""
+    name = parts.step.strategy.axis_name
+    return (name,) if isinstance(name, str) else tuple(name)
 
 
 def _gradient_names(layout: StateLayout, names: list[str]) -> list[str]:
