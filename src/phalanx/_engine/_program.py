@@ -273,7 +273,9 @@ def _compiled(
             by_leaf(layout.treedef, plan.use_shardings),
         )
         + unreduced(
-            traced.jaxpr.jaxpr, _gradient_names(layout, names), _batch_axes(parts)
+            traced.jaxpr.jaxpr,
+            _gradient_names(layout, names),
+            parts.step.strategy.axis_name,
         )
     )
     compiled = traced.lower().compile()
@@ -286,13 +288,6 @@ def _compiled(
         )
     )
     return compiled
-
-
-def _batch_axes(parts: ProgramParts) -> tuple[str, ...]:
-    """The mesh axes the strategy splits batches over, as a tuple: those its
-    per-device programs are manual over."""
-    name = parts.step.strategy.axis_name
-    return (name,) if isinstance(name, str) else tuple(name)
 
 
 def _gradient_names(layout: StateLayout, names: list[str]) -> list[str]:

@@ -29,22 +29,24 @@ _SPLITTING = {"psum_scatter", "reduce_scatter", "pbroadcast", "pvary", "axis_ind
 
 
 def unreduced(
-    jaxpr: jex.Jaxpr, names: Sequence[str], batch_axes: Sequence[str]
+    jaxpr: jex.Jaxpr, names: Sequence[str], batch_axes: str | Sequence[str]
 ) -> list[str]:
     """One line per output of a per-device program in `jaxpr` (a `shard_map`
-    manual over the strategy's `batch_axes`) that its `out_specs` declares
-    whole along a mesh axis but that may still differ along it; the step's
-    outputs named by `names` (the reduced gradients' leaves, in order, then
-    the step's sums). A `shard_map` of the model's own (attention over a
-    sequence split over ``context`` is manual over that axis too) is the
-    model's to prove: `phalanx.testing.assert_equivalent` checks it against
-    one device. (This walk, on its outputs that JAX batched apart from its
-    inputs split over the examples, would see every output differ.)"""
+    manual over the strategy's `batch_axes`: its ``axis_name``) that its
+    `out_specs` declares whole along a mesh axis but that may still differ
+    along it; the step's outputs named by `names` (the reduced gradients'
+    leaves, in order, then the step's sums). A `shard_map` of the model's
+    own (attention over a sequence split over ``context`` is manual over
+    that axis too) is the model's to prove, against one device, with
+    `phalanx.testing.assert_equivalent`. (This walk, on its
+    outputs that JAX batched apart from its inputs split over the examples,
+    would see every output differ.)"""
     found: list[str] = []
+    axes = frozenset((batch_axes,) if isinstance(batch_axes, str) else batch_axes)
     for eqn in _shard_maps(jaxpr):
         body = open_jaxpr(eqn.params["jaxpr"])
         manual = frozenset(eqn.params["newly_manual_axes"])
-        if manual != frozenset(batch_axes):
+        if manual != axes:
             continue
         ins = [_spec_axes(spec) & manual for spec in eqn.params["in_specs"]]
         outs = _run(body, ins)
