@@ -116,9 +116,7 @@ def test_the_choice_is_the_best_of_an_exhaustive_grid():
     trainer = px.DataParallelTrainer(
         make(), optax.adam(1e-3), loss=loss, progress=False
     )
-    space = PlanSpace(
-        meshes=[(8, 1, 1), (2, 4, 1), (1, 8, 1)], offload=(False, True), min_size=64
-    )
+    space = PlanSpace(meshes=[(8, 1, 1), (1, 8, 1)], offload=(False, True), min_size=64)
     plan = trainer.plan(BATCH, budget=budget, space=space, margin=0.0)
     compiler = trainer._parts.preparer.compiler
     builder = Builder(

@@ -161,11 +161,11 @@ def test_accumulation_and_remat_over_a_split_sequence():
 
 def test_several_steps_per_call_bf16_and_the_flops_over_a_split_sequence():
     strategy = px.MeshStrategy(data=2, context=4, sequence_dims=DIMS)
-    data = batches(n=4)
-    make = trainer_for(LM())
+    data = batches(n=2)
+    make = trainer_for(LM(layers=1))
     one = make(strategy)
     several = px.DataParallelTrainer(
-        LM(), optax.adam(1e-2), loss=masked_loss, strategy=strategy,
+        LM(layers=1), optax.adam(1e-2), loss=masked_loss, strategy=strategy,
         progress=False, steps_per_call=2,
     )  # fmt: skip
     one.fit(data)
@@ -174,7 +174,7 @@ def test_several_steps_per_call_bf16_and_the_flops_over_a_split_sequence():
     for a, b in zip(leaves(several.model), leaves(one.model), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
     low = px.DataParallelTrainer(
-        LM(), optax.adam(1e-2), loss=masked_loss, strategy=strategy,
+        LM(layers=1), optax.adam(1e-2), loss=masked_loss, strategy=strategy,
         progress=False, precision="bf16",
     )  # fmt: skip
     low.fit(data)
