@@ -37,11 +37,14 @@ def _dtype_class(dtype: np.dtype) -> Any:
 Signature = tuple[Any, tuple[tuple[tuple[int, ...], Any], ...]]
 
 
+def _paths(treedef: Any) -> list[Any]:
+    """The path of each leaf of a structure, in order."""
+    placeholders = jax.tree.unflatten(treedef, [0] * treedef.num_leaves)
+    return [path for path, _ in jax.tree_util.tree_flatten_with_path(placeholders)[0]]
+
+
 def _path_names(treedef: Any) -> list[str]:
-    paths = jax.tree_util.tree_flatten_with_path(
-        jax.tree.unflatten(treedef, [0] * treedef.num_leaves)
-    )[0]
-    return ["batch" + jax.tree_util.keystr(path) for path, _ in paths]
+    return ["batch" + jax.tree_util.keystr(path) for path in _paths(treedef)]
 
 
 def leaf_names(treedef: Any) -> list[str]:
@@ -49,11 +52,8 @@ def leaf_names(treedef: Any) -> list[str]:
     targets)``), as a strategy's per-leaf settings match it: ``"x"``,
     ``"y"``, ``"x.tokens"``, ``"y.1"`` (the path from the inputs or the
     targets, keys joined by dots)."""
-    paths = jax.tree_util.tree_flatten_with_path(
-        jax.tree.unflatten(treedef, [0] * treedef.num_leaves)
-    )[0]
     names = []
-    for path, _ in paths:
+    for path in _paths(treedef):
         part = "y" if path[0] == jax.tree_util.SequenceKey(1) else "x"
         rest = jax.tree_util.keystr(tuple(path[1:]), simple=True, separator=".")
         names.append(f"{part}.{rest}" if rest else part)
