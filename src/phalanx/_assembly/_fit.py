@@ -35,6 +35,7 @@ from ..callbacks._base import TrainerLike
 from ..callbacks._dispatch import Callbacks
 from ..callbacks._monitors import check_monitors
 from ..checkpoint._resume import find_snapshot, resume_data
+from ..data._grain_iterables import resumable as grain_resumable
 from ._parts import TrainerParts, epoch_extras, info_now, metric_names
 
 
@@ -74,6 +75,8 @@ def run_fit(
     ends with is in ``parts.slot``."""
     clock = PhaseClock()  # the fit's wall time starts here ("other")
     epochs, steps = check_duration(epochs, steps)
+    # grain's datasets resume from grain's iterator state, not by re-reading.
+    data = grain_resumable(data)
     check_iterable(data, "data", default_split=options.default_split)
     sets = eval_sets(eval_data, default_split=options.default_split)
     eval_every = check_eval_every(eval_every, sets)

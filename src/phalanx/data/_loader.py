@@ -12,6 +12,7 @@ import numpy as np
 from .._typing import validates_own_arguments
 from .._validate import boolean, integer
 from ._buffers import BufferPool
+from ._processes import process_layout
 
 
 Arrays = Sequence[np.ndarray] | Mapping[str, np.ndarray]
@@ -93,40 +94,9 @@ class ArrayLoader:
         boolean("shuffle", shuffle, numpy=True)
         boolean("drop_last", drop_last, numpy=True)
         integer("seed", seed, minimum=0, numpy=True, example="seed=0")
-        if process_index is None or process_count is None:
-            import jax  # Only to read two ints: the loader itself never uses JAX.
-
-            process_index = (
-                jax.process_index() if process_index is None else process_index
-            )
-            process_count = (
-                jax.process_count() if process_count is None else process_count
-            )
-        integer(
-            "process_count",
-            process_count,
-            minimum=1,
-            numpy=True,
-            example="process_count=1",
+        process_index, process_count = process_layout(
+            batch_size, process_index, process_count
         )
-        integer(
-            "process_index",
-            process_index,
-            minimum=0,
-            numpy=True,
-            hint=f"an index in [0, {process_count}) for {process_count=}",
-        )
-        if process_index >= process_count:
-            raise ValueError(
-                f"{process_index=} is out of range for {process_count=}; pass an "
-                f"index in [0, {process_count - 1}]"
-            )
-        if batch_size % process_count:
-            raise ValueError(
-                f"{batch_size=} is not divisible by {process_count=}: every process "
-                "takes an equal slice of each global batch; use a multiple of "
-                f"{process_count}, e.g. {_multiples(batch_size, process_count)}"
-            )
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
@@ -302,10 +272,3 @@ def _check_arrays(arrays: Any) -> tuple[list[str] | None, list[np.ndarray]]:
     if len(values[0]) == 0:
         raise ValueError(f"arrays hold 0 examples ({sizes}); pass non-empty arrays")
     return keys, values
-
-
-def _multiples(batch_size: int, count: int) -> str:
-    """Multiples of `count` on either side of `batch_size`, for a message."""
-    below = batch_size // count * count
-    sizes = [s for s in (below, below + count) if s > 0]
-    return " or ".join(str(s) for s in sizes)

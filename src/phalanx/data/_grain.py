@@ -1,0 +1,300 @@
+"""`GrainLoader`: batches read by Grain from data too large for memory,
+resumed exactly on any number of processes.
+
+Grain (the ``grain`` extra) does the reading: random access into the source
+(an ArrayRecord file, `.npy` shards mapped from disk, any `MapDataset`),
+threads, and worker processes that decode ahead. The loader decides which
+examples each process reads (`_grain_batches.py`) and keeps its place as
+``(epoch, position)`` in global batches, which means the same on one
+process as on many; grain itself is imported on first read.
+"""
+
+from collections.abc import Iterator
+from typing import Any, final
+
+import numpy as np
+
+from .._typing import validates_own_arguments
+from .._validate import boolean, integer
+from ._buffers import BufferPool
+from ._processes import process_layout
+
+
+@final
+class GrainLoader:
+    """Batches of a Grain source's examples, shuffled, padded and sliced
+    per process as `px.data.ArrayLoader` batches arrays, for data on disk.
+
+    `source` is a `grain.MapDataset` of examples, each a tuple such as
+    ``(x, y)`` or a dict of arrays (decode them with ``.map``: it runs on
+    the examples read, in the workers), or a random-access data source such
+    as ``grain.sources.ArrayRecordDataSource``. Batches are as
+    `ArrayLoader`'s: per-example weights appended, a short last batch padded
+    with zeros of weight 0 (``drop_last=True`` drops it).
+
+    Each epoch is a fresh permutation of ``(seed, epoch)`` (grain's
+    stateless `index_shuffle`: no order is held in memory). With several
+    processes, each reads only its contiguous slice of every global batch
+    (`batch_size` is the global size), so the processes together read every
+    example once per epoch, each decoded once.
+
+    Resume is exact and reads nothing twice: the state is ``{"epoch",
+    "position"}`` in global batches, saved with the run's checkpoints, and
+    the next batch is read straight from there by random access. A run
+    stopped on P processes resumes on P′ with the same batches in the same
+    rows.
+
+    ``worker_count > 0`` decodes in that many worker processes
+    (`grain.MapDataset.mp_prefetch`); they start with each pass that begins
+    at a new place (the first, and after a resume) and last across epochs.
+    Functions they run must be importable (defined at a module's top level,
+    the script's under ``if __name__ == "__main__":``).
+
+    Example:
+        ```python
+        source = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths))
+        loader = px.data.GrainLoader(source.map(decode), batch_size=256, worker_count=2)
+        trainer.fit(loader, epochs=3)  # checkpoints keep loader.state_dict()
+        ```
+    """
+
+    @validates_own_arguments
+    def __init__(
+        self,
+        source: Any,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        augment: Any = None,
+        worker_count: int = 0,
+        worker_buffer_size: int = 2,
+        read_threads: int = 2,
+        process_index: int | None = None,
+        process_count: int | None = None,
+    ):
+        """
+        Args:
+            source: a `grain.MapDataset` of examples, or a random-access
+                source (``len`` and ``[i]``), e.g.
+                ``grain.sources.ArrayRecordDataSource``.
+            batch_size: examples in a global batch, over all processes.
+            shuffle: a new permutation every epoch; False keeps the order.
+            seed: with the epoch number, fixes each permutation and `augment`.
+            drop_last: drop a short last batch instead of padding it.
+            augment: ``augment(example, rng) -> example``, random per example
+                and epoch, `rng` a NumPy Generator seeded by ``(seed, epoch,
+                position)``: the same draws after a resume or on other
+                process counts.
+            worker_count: processes decoding ahead (0: threads of this one).
+            worker_buffer_size: batches each worker keeps ready.
+            read_threads: threads reading batches ahead in this process
+                (or in each worker).
+            process_index: this process, default ``jax.process_index()``.
+            process_count: processes sharing each batch, default
+                ``jax.process_count()``; must divide `batch_size`.
+
+        Raises:
+            TypeError, ValueError: an argument is invalid (the message names it).
+        """
+        self._source = _check_source(source)
+        integer("batch_size", batch_size, minimum=1, numpy=True, example="256")
+        boolean("shuffle", shuffle, numpy=True)
+        boolean("drop_last", drop_last, numpy=True)
+        integer("seed", seed, minimum=0, numpy=True, example="seed=0")
+        integer("worker_count", worker_count, minimum=0, example="worker_count=2")
+        integer("worker_buffer_size", worker_buffer_size, minimum=1, example="2")
+        integer("read_threads", read_threads, minimum=1, example="read_threads=2")
+        if augment is not None and not callable(augment):
+            raise TypeError(
+                f"augment={augment!r} is not callable; pass a function "
+                "augment(example, rng) -> example, or None"
+            )
+        self.process_index, self.process_count = process_layout(
+            batch_size, process_index, process_count
+        )
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.drop_last, self.augment = drop_last, augment
+        self.worker_count, self.worker_buffer_size = worker_count, worker_buffer_size
+        self.read_threads = read_threads
+        self.num_examples = len(self._source)
+        if self.num_examples == 0:
+            raise ValueError("source holds 0 examples; pass a non-empty source")
+        if len(self) == 0:
+            raise ValueError(
+                f"drop_last=True with {batch_size=} > {self.num_examples} examples "
+                "leaves no batches; use a smaller batch_size or drop_last=False"
+            )
+        self._epoch = 0
+        self._position = 0
+        # The open reader and the global batch it yields next.
+        self._reader: tuple[Any, int] | None = None
+        self._buffers = BufferPool()
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        if self.drop_last:
+            return self.num_examples // self.batch_size
+        return -(-self.num_examples // self.batch_size)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from (0 first)."""
+        return self._epoch
+
+    @property
+    def position(self) -> int:
+        """Batches already yielded in the current epoch."""
+        return self._position
+
+    def __iter__(self) -> Iterator[Any]:
+        """Yield the rest of the current epoch, then move to the next epoch."""
+        epoch = self._epoch
+        while self._epoch == epoch:
+            batch = self._read()
+            # Advance before yielding, as ArrayLoader does: a consumer that
+            # stops after this batch has used it.
+            self._position += 1
+            if self._position == len(self):
+                self._epoch, self._position = self._epoch + 1, 0
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        """Where iteration stands: ``{"epoch": ..., "position": ...}``, in
+        global batches (the same on every process)."""
+        return {"epoch": self._epoch, "position": self._position}
+
+    @validates_own_arguments
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Resume from a `state_dict`: the next batch is the one after it,
+        read from there (nothing before it is read again).
+
+        Raises:
+            TypeError, ValueError: `state_dict` is not one this loader made.
+        """
+        if not isinstance(state_dict, dict) or set(state_dict) != {
+            "epoch",
+            "position",
+        }:
+            raise ValueError(
+                f"state_dict={state_dict!r} must be a dict with exactly the keys "
+                "'epoch' and 'position', as returned by GrainLoader.state_dict()"
+            )
+        epoch, position = state_dict["epoch"], state_dict["position"]
+        integer("state_dict['epoch']", epoch, minimum=0, numpy=True, example="0")
+        integer("state_dict['position']", position, minimum=0, numpy=True, example="0")
+        if position >= len(self):
+            raise ValueError(
+                f"state_dict['position']={position} is past the {len(self)} "
+                "batches of an epoch of this loader; load a state saved from a "
+                "loader with the same source, batch_size and drop_last"
+            )
+        self._epoch, self._position = int(epoch), int(position)
+
+    def close(self) -> None:
+        """Stop the reader and its workers (a later read starts them again)."""
+        if self._reader is not None:
+            reader, self._reader = self._reader[0], None
+            reader.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit grain may be gone
+            pass
+
+    # ------------------------------------------------------------- reading
+
+    def _read(self) -> Any:
+        """The next batch, from the open reader if it stands there, else
+        from a new one opened at it."""
+        index = self._epoch * len(self) + self._position
+        if self._reader is None or self._reader[1] != index:
+            self.close()
+            self._reader = (self._open(index), index)
+        reader, _ = self._reader
+        batch = next(reader)
+        self._reader = (reader, index + 1)
+        return self._own(batch)
+
+    def _open(self, index: int) -> Any:
+        """A grain iterator over this process's batches from global batch
+        `index` (counted across epochs) on."""
+        import grain
+
+        from ._grain_batches import LocalBatches
+
+        _absl_flags_parsed()
+        batches = LocalBatches(
+            self._source,
+            batch_size=self.batch_size,
+            process_index=self.process_index,
+            process_count=self.process_count,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            drop_last=self.drop_last,
+            augment=self.augment,
+        )
+        options = grain.ReadOptions(
+            num_threads=self.read_threads, prefetch_buffer_size=2 * self.read_threads
+        )
+        dataset = batches[index:].to_iter_dataset(options)
+        if self.worker_count:
+            dataset = dataset.mp_prefetch(
+                grain.MultiprocessingOptions(
+                    num_workers=self.worker_count,
+                    per_worker_buffer_size=self.worker_buffer_size,
+                )
+            )
+        return iter(dataset)
+
+    def _own(self, batch: Any) -> Any:
+        """`batch` copied into this loader's aligned memory: JAX on CPU then
+        uses it in place, and a worker's shared memory is released."""
+
+        def own(array: np.ndarray) -> np.ndarray:
+            out = self._buffers.empty(array.shape, array.dtype)
+            out[...] = array
+            return out
+
+        if isinstance(batch, dict):
+            return {key: own(value) for key, value in batch.items()}
+        return tuple(own(value) for value in batch)
+
+
+def _check_source(source: Any) -> Any:
+    """`source` as a `grain.MapDataset`, or a clear error."""
+    try:
+        import grain
+    except ImportError as missing:
+        raise ImportError(
+            "GrainLoader reads with grain, which is not installed; install "
+            "phalanx's grain extra: pip install 'phalanx[grain]'"
+        ) from missing
+
+    if isinstance(source, grain.MapDataset):
+        return source
+    if isinstance(source, grain.IterDataset | grain.DataLoader):
+        raise TypeError(
+            f"source is a {type(source).__name__}, which reads only in order; "
+            "GrainLoader needs random access (a grain.MapDataset or a data "
+            "source) to resume anywhere. Pass the MapDataset before "
+            ".to_iter_dataset(), or give the iterable to fit directly"
+        )
+    if hasattr(source, "__len__") and hasattr(source, "__getitem__"):
+        return grain.MapDataset.source(source)
+    raise TypeError(
+        f"source is a {type(source).__name__}; pass a grain.MapDataset or a "
+        "random-access data source (len and [i]), e.g. "
+        "grain.sources.ArrayRecordDataSource(paths)"
+    )
+
+
+def _absl_flags_parsed() -> None:
+    """Mark absl's flags parsed where no program did (absl.app): grain's
+    worker processes read one of its flags and fail if they are not."""
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
