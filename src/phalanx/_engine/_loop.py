@@ -106,7 +106,11 @@ def _epoch(
         skip=skip,
         train=True,
         group=settings.steps_per_call,
-        rows=progress.pass_rows,
+        # This process's share of the pass's rows (a resume may be on
+        # another number of processes).
+        rows=None
+        if progress.pass_rows is None
+        else progress.pass_rows // jax.process_count(),
     )
     head = feed.head
     if programs.first is None and head is not None:
@@ -225,8 +229,9 @@ def _pass_progress(
         progress = dataclasses.replace(progress, sum_names=names)
     elif progress.sum_names != names:
         raise ValueError(resumed_sums_message(progress, names))
-    if progress.pass_rows is None:  # the pass's first batch
-        progress = dataclasses.replace(progress, pass_rows=first.size)
+    if progress.pass_rows is None:  # the pass's first batch, all processes' rows
+        rows = first.size * jax.process_count()
+        progress = dataclasses.replace(progress, pass_rows=rows)
     return progress
 
 

@@ -50,10 +50,10 @@ class RunProgress:
         sum_names: the names of `sums`' entries, in order (a statistic's
             entry takes several numbers of the vector).
         preempted: the signal that asked the run to stop, if one came.
-        pass_rows: this process's rows in each step of the epoch's pass (its
-            first batch's, padded; None before it): a run resumed mid-epoch
-            pads its batches to them as the pass did, so that it sums them
-            in the same order.
+        pass_rows: the rows of each step of the epoch's pass, all processes'
+            (its first batch's, padded; None before it): a run resumed
+            mid-epoch, on any number of processes, pads its batches to them
+            as the pass did, so that it sums them in the same order.
     """
 
     step: int = 0

@@ -223,7 +223,7 @@ class GrainLoader:
         `index` (counted across epochs) on."""
         import grain
 
-        from ._grain_batches import LocalBatches
+        from ._grain_batches import LocalBatches, exit_with_parent
 
         _absl_flags_parsed()
         batches = LocalBatches(
@@ -245,7 +245,8 @@ class GrainLoader:
                 grain.MultiprocessingOptions(
                     num_workers=self.worker_count,
                     per_worker_buffer_size=self.worker_buffer_size,
-                )
+                ),
+                worker_init_fn=exit_with_parent,
             )
         return iter(dataset)
 

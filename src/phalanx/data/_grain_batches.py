@@ -14,7 +14,10 @@ Random access is what makes that exact, so the source must be a
 `MapDataset` (or a data source), not an `IterDataset`.
 """
 
+import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -124,3 +127,20 @@ def _column(values: list[Any], template: Any, size: int) -> np.ndarray:
     if values:
         out[: len(values)] = np.stack([np.asarray(v) for v in values])
     return out
+
+
+def exit_with_parent(worker_index: int, worker_count: int) -> None:
+    """grain's worker init: end this worker when the process that started
+    it is gone (killed with SIGKILL it cannot stop its workers, which would
+    live on holding memory and its output pipes). A thread polls the
+    parent's pid: the kernel's parent-death signal follows the thread that
+    forked, and grain may start workers from a reading thread that ends."""
+    del worker_index, worker_count
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="phalanx-parent-watch", daemon=True).start()
