@@ -66,6 +66,8 @@ RESUMABLE = (
     "shard",
     "mesh",
     "microbatches",
+    # Who decodes the examples: the same batches either way.
+    "data_workers",
     "devices",
     "steps_per_call",
 )
@@ -117,6 +119,8 @@ class TrainArgs:
     no_compile_cache: bool = False
     # --telemetry: the Timeline's table at the end, and RUN_DIR/trace.json.
     telemetry: bool = False
+    # --data-workers N: grain's processes decoding a records: dataset.
+    data_workers: int = 0
     # --slow-steps FACTOR or off (None): the trainer's slow-step alarm.
     slow_steps: float | None = 3.0
     # The learning-rate schedule's length in steps; None until the run

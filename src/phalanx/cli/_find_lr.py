@@ -17,11 +17,17 @@ from typing import Any
 from .._checks._device_note import devices_said
 from .._engine._lr_finder import DIVERGED, SKIP_BEGIN, SKIP_END, LRFinderResult
 from .._trainer import DataParallelTrainer
-from ..data import ArrayLoader
 from ._args import FindLRArgs
 from ._folder import FIND_LR_FILES, RunFolder
 from ._start import Split
-from ._train import banner, make_model, make_optimizer, make_strategy, start_notes
+from ._train import (
+    banner,
+    make_loader,
+    make_model,
+    make_optimizer,
+    make_strategy,
+    start_notes,
+)
 
 
 RESULTS, PLOT = FIND_LR_FILES
@@ -64,7 +70,7 @@ def find_lr_and_report(
     devices_said()  # the banner above names them: no API note on top
     began = time.perf_counter()
     found = trainer.find_lr(
-        ArrayLoader((x, y), run.batch_size, seed=run.seed),
+        make_loader(run, x, y),
         start=args.start,
         end=args.end,
         steps=args.steps,

@@ -47,10 +47,20 @@ def add_model_options(add: Add) -> None:
     add(
         "--dataset",
         default="digits",
-        metavar="digits|mnist:PATH|npz:PATH|MODULE:FUNCTION",
+        metavar="digits|mnist:PATH|npz:PATH|records:DIR|MODULE:FUNCTION",
         help="bundled digits, MNIST IDX files in PATH, an .npz with x_train, "
-        "y_train, x_test, y_test, or FUNCTION() in MODULE returning those four "
-        "NumPy arrays",
+        "y_train, x_test, y_test, ArrayRecord splits train and test in DIR "
+        "(px.data.write_records; read from disk as the run goes, through "
+        "grain: larger than memory), or FUNCTION() in MODULE returning those "
+        "four NumPy arrays",
+    )
+    add(
+        "--data-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --dataset records:DIR, processes decoding examples ahead "
+        "(grain's workers; 0: threads of the trainer's process)",
     )
 
 

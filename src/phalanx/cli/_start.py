@@ -62,15 +62,48 @@ def load_dataset(spec: str, *, flatten: bool = True) -> tuple[Split, Split]:
             raise UsageError(f"--dataset {spec}: {error}") from None
     elif kind == "npz" and path:
         train, test = _load_npz(spec, Path(path))
-    elif kind not in ("digits", "mnist", "npz") and is_reference(spec):
+    elif kind == "records" and path:
+        return _open_records(spec, Path(path), flatten)
+    elif kind not in ("digits", "mnist", "npz", "records") and is_reference(spec):
         x_train, y_train, x_test, y_test = user_dataset(spec)
         train, test = (x_train, y_train), (x_test, y_test)
     else:
         raise UsageError(
             f"--dataset {spec!r} is not one of digits, mnist:PATH, npz:PATH, "
-            "MODULE:FUNCTION"
+            "records:DIR, MODULE:FUNCTION"
         )
     return _check_split(spec, train, test, flatten)
+
+
+def _open_records(spec: str, folder: Path, flatten: bool) -> tuple[Split, Split]:
+    """The train and test splits of `folder` (`px.data.write_records`),
+    opened, not read: features are read from disk as the run goes, as they
+    were written (not standardised)."""
+    from ..data import Records
+
+    try:
+        import grain  # noqa: F401 - only to say it is missing now
+
+        train, test = Records(folder, "train"), Records(folder, "test")
+    except ImportError:
+        raise UsageError(
+            f"--dataset {spec}: reading ArrayRecord files needs grain; install "
+            "phalanx's grain extra: pip install 'phalanx[grain]'"
+        ) from None
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--dataset {spec}: {error}") from None
+    if train.example_shape != test.example_shape:
+        raise UsageError(
+            f"--dataset {spec}: train's examples have shape {train.example_shape}, "
+            f"test's {test.example_shape}; write both splits alike"
+        )
+    if flatten and len(train.example_shape) != 1:
+        raise UsageError(
+            f"--dataset {spec}: examples of shape {train.example_shape}; the "
+            "built-in models take rows: write flat features, or pass --model "
+            "MODULE:FACTORY"
+        )
+    return (train, train.labels), (test, test.labels)  # pyright: ignore[reportReturnType]
 
 
 def _load_npz(spec: str, path: Path) -> tuple[Split, Split]:

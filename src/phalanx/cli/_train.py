@@ -15,7 +15,7 @@ from .._checks._device_note import devices_said
 from .._telemetry._peak_flops import peak_flops
 from .._trainer import DataParallelTrainer
 from ..callbacks._base import Callback
-from ..data import ArrayLoader
+from ..data import ArrayLoader, GrainLoader, Records
 from ..strategies import Strategy
 from ..strategies._registry import Options, build, lookup
 from ._args import TrainArgs, UsageError, write_config
@@ -58,6 +58,22 @@ def make_optimizer(
     if args.clip_norm is not None:
         optimizer = optax.chain(optax.clip_by_global_norm(args.clip_norm), optimizer)
     return optimizer
+
+
+def make_loader(
+    args: "TrainArgs", x: Any, y: np.ndarray, *, shuffle: bool = True
+) -> ArrayLoader | GrainLoader:
+    """Batches of `x` and `y`: an `ArrayLoader` of arrays in memory, or a
+    `GrainLoader` reading a `records:` split from disk."""
+    if isinstance(x, Records):
+        return GrainLoader(
+            x.dataset(),
+            args.batch_size,
+            seed=args.seed,
+            shuffle=shuffle,
+            worker_count=args.data_workers,
+        )
+    return ArrayLoader((x, y), args.batch_size, seed=args.seed, shuffle=shuffle)
 
 
 def make_model(args: "TrainArgs", x: np.ndarray, y: np.ndarray) -> tuple[Any, str]:
@@ -176,8 +192,8 @@ def train_and_report(
     checked; the caller undoes a failed start there."""
     (x_train, y_train), (x_test, y_test) = train, test
     model, name = make_model(args, x_train, y_train)
-    loader = ArrayLoader((x_train, y_train), args.batch_size, seed=args.seed)
-    test_loader = ArrayLoader((x_test, y_test), args.batch_size, shuffle=False)
+    loader = make_loader(args, x_train, y_train)
+    test_loader = make_loader(args, x_test, y_test, shuffle=False)
     # The schedule's length is the run's, fixed at its start (config.toml).
     args = args.with_schedule_steps(len(loader))
     schedule = make_schedule(args, args.schedule_length(len(loader)))
@@ -242,14 +258,19 @@ def train_and_report(
     say(banner(args, name, train, test, strategy, devices, epochs))
     say(f"phalanx: {trainer.summary().short()}{flops_note(trainer, first, devices)}")
     devices_said()  # the banner above names them: no API note on top
-    trainer.fit(
-        loader,
-        epochs=args.epochs,
-        eval_data=test_loader,
-        eval_every=args.eval_every,
-        resume=resume,
-    )
-    results = trainer.evaluate(test_loader)
+    try:
+        trainer.fit(
+            loader,
+            epochs=args.epochs,
+            eval_data=test_loader,
+            eval_every=args.eval_every,
+            resume=resume,
+        )
+        results = trainer.evaluate(test_loader)
+    finally:  # a GrainLoader's worker processes end with the run
+        for batches in (loader, test_loader):
+            if isinstance(batches, GrainLoader):
+                batches.close()
     scores = ", ".join(  # a confusion matrix is in metrics.jsonl, not here
         f"test {name} {value:.4f}"
         for name, value in results.items()
