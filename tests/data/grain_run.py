@@ -2,7 +2,7 @@
 (run by test_grain_resume.py, alone or under ``phalanx launch``):
 
     python grain_run.py OUT STEPS [--workers N] [--checkpoints DIR]
-        [--resume] [--kill-at STEP]
+        [--resume] [--kill-at STEP] [--direct]
 
 Example ``i``'s features start with ``i``, and every example the source
 reads is logged, by whichever process or grain worker reads it, as a line
@@ -35,6 +35,9 @@ class Source:
     def __len__(self) -> int:
         return EXAMPLES
 
+    def __repr__(self) -> str:  # grain's DataLoader checks it on restore
+        return "Source()"
+
     def __getitem__(self, index: int):
         if self.log is not None:
             with open(f"{self.log}/reads-{os.getpid()}.txt", "a") as file:
@@ -49,6 +52,27 @@ def loader(
 ) -> px.data.GrainLoader:
     return px.data.GrainLoader(
         Source(log), BATCH, seed=3, worker_count=workers, **processes
+    )
+
+
+def direct(log: str | None, workers: int = 0):
+    """grain's own DataLoader, each process reading its own shard
+    (``ShardByJaxProcess``) in batches of its slice of `BATCH`, shuffled
+    once: given to fit as it is."""
+    import grain
+
+    sampler = grain.samplers.IndexSampler(
+        EXAMPLES,
+        shard_options=grain.sharding.ShardByJaxProcess(drop_remainder=True),
+        shuffle=True,
+        num_epochs=1,
+        seed=3,
+    )
+    return grain.DataLoader(
+        data_source=Source(log),
+        sampler=sampler,
+        operations=[grain.transforms.Batch(BATCH // jax.process_count())],
+        worker_count=workers,
     )
 
 
@@ -92,6 +116,7 @@ def main() -> None:
     parser.add_argument("--checkpoints", default=None)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--kill-at", type=int, default=None)
+    parser.add_argument("--direct", action="store_true", help="grain.DataLoader")
     args = parser.parse_args()
     px.distributed.initialize()  # under phalanx launch; else nothing
     callbacks: list[px.Callback] = []
@@ -101,9 +126,10 @@ def main() -> None:
         if args.kill_at is not None:
             callbacks.append(KillAt(args.kill_at, checkpoint))
     run = trainer(callbacks)
-    data = loader(args.out, args.workers)
+    data = (direct if args.direct else loader)(args.out, args.workers)
     run.fit(data, steps=args.steps, resume="latest" if args.resume else None)
-    data.close()
+    if not args.direct:
+        data.close()
     np.savez(f"{args.out}/rank{jax.process_index()}.npz", *parameters(run))
 
 

@@ -119,3 +119,41 @@ def test_stopped_on_one_process_count_resumes_on_another(
     # Each example of the remaining steps read once, by one of the processes.
     remaining = _trained(STEPS) - _trained(4)
     assert sorted(r for r in reads if r in remaining) == sorted(remaining)
+
+
+@pytest.mark.slow
+def test_grain_dataloader_sharded_per_process_resumes_each_process_bitwise(tmp_path):
+    """grain's DataLoader given to fit directly, each of 2 processes reading
+    its own shard: every process's iterator state is saved, and each gets
+    its own back (with 2 workers each)."""
+    direct = ("--direct", "--workers", "2")
+    straight = tmp_path / "straight"
+    _run(straight, str(STEPS), *direct, processes=2)
+    checkpoints = str(tmp_path / "checkpoints")
+    _run(tmp_path / "stopped", "4", *direct, "--checkpoints", checkpoints, processes=2)
+    resumed = tmp_path / "resumed"
+    _run(
+        resumed,
+        str(STEPS),
+        *direct,
+        "--checkpoints",
+        checkpoints,
+        "--resume",
+        processes=2,
+    )
+    for rank in (0, 1):
+        np.testing.assert_equal(
+            dict(np.load(resumed / f"rank{rank}.npz")),
+            dict(np.load(straight / f"rank{rank}.npz")),
+        )
+    # Each process's shard is its own: resumed on 1 process, refused.
+    said = _run(
+        tmp_path / "one",
+        str(STEPS),
+        *direct,
+        "--checkpoints",
+        checkpoints,
+        "--resume",
+        ok=False,
+    )
+    assert "data positions of 2 processes" in said

@@ -9,6 +9,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import jax
+
 from .._state._progress import RunProgress
 from .._state._sums import StepSums
 from .._telemetry._clock import PhaseClock, TimePhase
@@ -16,6 +18,7 @@ from .._telemetry._observer import FitTelemetry
 from .._typing import EvalSets, HostMetrics
 from ..callbacks._base import StepInfo, TrainerLike
 from ..callbacks._dispatch import Callbacks
+from ..checkpoint._agreement import PER_PROCESS, every_process
 from ..data import Resumable
 from ._feed import Feed
 
@@ -119,8 +122,16 @@ class FitEvents:
         loader's own state (None for data that is not `Resumable`)."""
         feed, data = self._feed, self._data
         if feed is not None and feed.tracking:
-            return feed.state
-        return data.state_dict() if isinstance(data, Resumable) else None
+            state = feed.state
+        elif isinstance(data, Resumable):
+            state = data.state_dict()
+        else:
+            return None
+        if getattr(data, "per_process_state", False) and jax.process_count() > 1:
+            # Each process's own position (a grain iterator's in its shard),
+            # gathered: every process snapshots at the same step.
+            return {PER_PROCESS: every_process(state)}
+        return state
 
     # ------------------------------------------------------- the callbacks
 

@@ -10,7 +10,8 @@ than the rest, which then pair with the wrong partners: garbage bytes,
 then gloo aborts. So process 0's view decides, and is broadcast
 (`from_process_zero`); a read that fails on any process fails on all, for
 the same reason (`failed_on`). Each is one tiny collective, in a
-multi-process run only.
+multi-process run only. What differs by process and must all be saved (a
+grain iterator's position in its own shard) is gathered (`every_process`).
 """
 
 import json
@@ -22,6 +23,8 @@ from jax.experimental import multihost_utils
 
 
 _WIDTH = 512  # bytes of each process's reason that are compared
+# The key of a data state saved by each process (`every_process`).
+PER_PROCESS = "per_process"
 
 
 def from_process_zero(value: Any) -> Any:
@@ -35,6 +38,22 @@ def from_process_zero(value: Any) -> Any:
     buffer = mine if jax.process_index() == 0 else np.zeros(size, np.uint8)
     sent = np.asarray(multihost_utils.broadcast_one_to_all(buffer))
     return json.loads(sent.tobytes().decode())
+
+
+def every_process(value: Any) -> list[Any]:
+    """Every process's `value` (a JSON value), in process order, on every
+    process (``[value]`` in a single-process run)."""
+    if jax.process_count() == 1:
+        return [value]
+    mine = json.dumps(value).encode()
+    sizes = np.asarray(multihost_utils.process_allgather(np.int32(len(mine))))
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[: len(mine)] = np.frombuffer(mine, np.uint8)
+    gathered = np.asarray(multihost_utils.process_allgather(padded))
+    return [
+        json.loads(bytes(row[:size]).decode())
+        for row, size in zip(gathered, sizes.reshape(-1), strict=True)
+    ]
 
 
 def failed_on(why: str | None) -> str | None:

@@ -31,7 +31,7 @@ from .._log import logger
 from .._state._snapshot import Snapshot
 from .._typing import EvalSets
 from ..data import Resumable
-from ._agreement import failed_on, from_process_zero
+from ._agreement import PER_PROCESS, failed_on, from_process_zero
 from ._errors import quiet_orbax_errors, release_failed_io, summary
 from ._items import check_compatible, from_checkpoint, read_arrays, read_host
 from ._store import SnapshotStore
@@ -78,11 +78,32 @@ def resume_data(snapshot: Snapshot, data: Any, eval_sets: EvalSets = ()) -> None
     `eval_sets` (``(prefix, data)``: a loader that shuffles then gives the
     next evaluation the order it gave the run's)."""
     if snapshot.data is not None and isinstance(data, Resumable):
-        data.load_state_dict(snapshot.data)
+        data.load_state_dict(own_data_state(snapshot.data))
     for prefix, batches in eval_sets:
         state = snapshot.eval_data.get(prefix)
         if state is not None and isinstance(batches, Resumable):
             batches.load_state_dict(state)
+
+
+def own_data_state(state: Any) -> Any:
+    """This process's part of a snapshot's data state: all of it, or its
+    own entry where each process saved its own (`PER_PROCESS`).
+
+    Raises:
+        ValueError: each process saved its own, and there were not as many.
+    """
+    if not (isinstance(state, dict) and set(state) == {PER_PROCESS}):
+        return state
+    states, processes = state[PER_PROCESS], jax.process_count()
+    if len(states) != processes:
+        raise ValueError(
+            f"the checkpoint holds the data positions of {len(states)} "
+            f"processes, each in its own shard, and this run has {processes}: "
+            "they do not carry over to another process count; resume on "
+            f"{len(states)} processes, or read with px.data.GrainLoader, which "
+            "resumes on any number"
+        )
+    return states[jax.process_index()]
 
 
 def eval_positions(eval_sets: EvalSets | None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import numpy as np
 from .._typing import validates_own_arguments
 from .._validate import boolean, integer
 from ._buffers import BufferPool
+from ._grain_iterables import absl_flags_parsed
 from ._processes import process_layout
 
 
@@ -225,7 +226,7 @@ class GrainLoader:
 
         from ._grain_batches import LocalBatches, exit_with_parent
 
-        _absl_flags_parsed()
+        absl_flags_parsed()
         batches = LocalBatches(
             self._source,
             batch_size=self.batch_size,
@@ -290,12 +291,3 @@ def _check_source(source: Any) -> Any:
         "random-access data source (len and [i]), e.g. "
         "grain.sources.ArrayRecordDataSource(paths)"
     )
-
-
-def _absl_flags_parsed() -> None:
-    """Mark absl's flags parsed where no program did (absl.app): grain's
-    worker processes read one of its flags and fail if they are not."""
-    from absl import flags
-
-    if not flags.FLAGS.is_parsed():
-        flags.FLAGS.mark_as_parsed()

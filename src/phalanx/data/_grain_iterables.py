@@ -36,7 +36,13 @@ class GrainIterable:
     The iterator looks one batch ahead, so that the state after an epoch's
     last batch already names the next epoch (as `ArrayLoader`'s does), and
     keeps that batch for the next pass if the consumer stops.
+
+    Each process's state is its own (grain's position in its shard): a
+    multi-process run's checkpoints keep every process's
+    (``per_process_state``), and a resume gives each its own back.
     """
+
+    per_process_state = True
 
     def __init__(self, dataset: Any):
         import jax  # only for the process count, which the state records
@@ -97,17 +103,14 @@ class GrainIterable:
                 f"data state {state!r} is not a grain iterator's position as "
                 "phalanx saves it; resume with the data the run trained on"
             )
-        if state["processes"] != self._processes or (
-            self._processes > 1 and state["iterator"] is not None
-            and not isinstance(self.dataset, _map_dataset())
-        ):  # fmt: skip
+        if state["processes"] != self._processes:
             raise ValueError(
                 f"the checkpoint's data position is grain's iterator state of "
                 f"a run on {state['processes']} process(es), here "
                 f"{self._processes}: each process's {type(self.dataset).__name__} "
                 "iterator state is its own shard's and does not carry over; "
-                "read with px.data.GrainLoader, which resumes on any number of "
-                "processes, or pass a grain.MapDataset of this process's batches"
+                f"resume on {state['processes']} process(es), or read with "
+                "px.data.GrainLoader, which resumes on any number"
             )
         self._close()
         self._epoch, self._after = int(state["epoch"]), state["iterator"]
@@ -119,6 +122,7 @@ class GrainIterable:
         return next(self._iterator, _END)
 
     def _open(self) -> Any:
+        absl_flags_parsed()
         iterator = iter(self.dataset)
         if self._after is not None:
             saved = self._after
@@ -144,7 +148,10 @@ def _is_loader(iterator: Any) -> bool:
     return isinstance(iterator, grain.DataLoaderIterator)
 
 
-def _map_dataset() -> type:
-    import grain
+def absl_flags_parsed() -> None:
+    """Mark absl's flags parsed where no program did (absl.app): grain's
+    worker processes read one of its flags and fail if they are not."""
+    from absl import flags
 
-    return grain.MapDataset
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
