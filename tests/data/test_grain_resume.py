@@ -27,6 +27,7 @@ STEPS = 8
 def _env(devices: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
     env["JAX_PLATFORMS"] = "cpu"
+    env["JAX_LOG_COMPILES"] = "1"  # each compile on stderr: counted below
     env["NPROC"] = str(2 * devices)
     env["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "").replace(
@@ -111,7 +112,12 @@ def test_stopped_on_one_process_count_resumes_on_another(
     checkpoints = str(tmp_path / "checkpoints")
     _run(tmp_path / "stopped", "4", "--checkpoints", checkpoints, processes=before)
     resumed = tmp_path / "resumed"
-    _run(resumed, str(STEPS), "--checkpoints", checkpoints, "--resume", processes=after)
+    said = _run(
+        resumed, str(STEPS), "--checkpoints", checkpoints, "--resume", processes=after
+    )
+    # The train step compiles once, for the global batch (it used to compile
+    # again for one process's slice taken as global, then once more).
+    assert said.count("Compiling jit(call)") == after, said
     # The deterministic reduction sums in one order on any process count.
     _same(resumed, straight, ranks=after)
     reads = _reads(resumed)

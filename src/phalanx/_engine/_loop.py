@@ -301,12 +301,14 @@ def _program_for(parts: LoopParts, events: FitEvents, first: DeviceBatch) -> Pro
     """The program of a call whose first batch is `first`: the one built for
     its step size, or one built now (a new signature, counted)."""
     programs = parts.programs
-    program = programs.get(first.size)
+    # Programs are kept by global step size; a batch knows this process's.
+    size = first.size * jax.process_count()
+    program = programs.get(size)
     if program is None or not program.compiled:
         base = programs.first
         assert base is not None, "the pass's first batch built a program"
         compiles, preparer = events.compile_count, parts.preparer
-        program = programs.add(preparer.resized(base, first.size))
+        program = programs.add(preparer.resized(base, size))
         _compiled(events, parts, program.kind, compiles, program.arguments)
     return program
 
