@@ -40,15 +40,17 @@ def main() -> None:
     logging.getLogger("phalanx").addHandler(Said(logging.WARNING))
 
     def loss(attend, q, k, v):
-        return jax.vmap(lambda q, k, v: attend(q, k, v))(q, k, v).astype(
-            jnp.float32
-        ).sum()
+        return (
+            jax.vmap(lambda q, k, v: attend(q, k, v))(q, k, v).astype(jnp.float32).sum()
+        )
 
     def ours(q, k, v):
         return px.models.dot_product_attention(q, k, v, causal=True)
 
     def xla(q, k, v):
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+        return jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, implementation="xla"
+        )
 
     def timed(fn, *xs) -> float:
         jax.block_until_ready(fn(*xs))
@@ -68,11 +70,19 @@ def main() -> None:
             q, k, v = (jax.random.normal(key, shape, dtype) for key in keys)
             before = len(warnings)
             steps = {
-                name: jax.jit(jax.value_and_grad(lambda q, k, v, a=attend: loss(a, q, k, v), argnums=(0, 1, 2)))
+                name: jax.jit(
+                    jax.value_and_grad(
+                        lambda q, k, v, a=attend: loss(a, q, k, v), argnums=(0, 1, 2)
+                    )
+                )
                 for name, attend in (("phalanx", ours), ("xla", xla))
             }
-            (_, ours_grads), (_, xla_grads) = (steps[n](q, k, v) for n in ("phalanx", "xla"))
-            outs = [jax.jit(jax.vmap(f))(q, k, v).astype(jnp.float32) for f in (ours, xla)]
+            (_, ours_grads), (_, xla_grads) = (
+                steps[n](q, k, v) for n in ("phalanx", "xla")
+            )
+            outs = [
+                jax.jit(jax.vmap(f))(q, k, v).astype(jnp.float32) for f in (ours, xla)
+            ]
             row = {
                 "dtype": dtype,
                 "seq": seq,
@@ -80,8 +90,10 @@ def main() -> None:
                 "refusal": warnings[before:],
                 "max_abs_out": float(jnp.max(jnp.abs(outs[0] - outs[1]))),
                 "max_abs_grad": max(
-                    float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
-                    for a, b in zip(ours_grads, xla_grads)
+                    float(
+                        jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
+                    )
+                    for a, b in zip(ours_grads, xla_grads, strict=True)
                 ),
                 "phalanx_s": timed(steps["phalanx"], q, k, v),
                 "xla_s": timed(steps["xla"], q, k, v),
@@ -90,7 +102,8 @@ def main() -> None:
             print(
                 f"{dtype:>9} seq {seq:>6}: cudnn {row['cudnn']!s:<5} "
                 f"|Δout| {row['max_abs_out']:.3g} |Δgrad| {row['max_abs_grad']:.3g} "
-                f"fwd+bwd {row['phalanx_s'] * 1e3:.3f} ms vs xla {row['xla_s'] * 1e3:.3f} ms"
+                f"fwd+bwd {row['phalanx_s'] * 1e3:.3f} ms, "
+                f"xla {row['xla_s'] * 1e3:.3f} ms"
             )
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")

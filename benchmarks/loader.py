@@ -17,6 +17,7 @@ Run: ``python benchmarks/loader.py [--steps 60] [--batch 32] [--workers 2]
 import os
 import sys
 
+
 # Before JAX starts: one device, one XLA thread (see the module docstring).
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")

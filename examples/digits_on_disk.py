@@ -35,7 +35,10 @@ def augmented(digits: np.ndarray, labels: np.ndarray, count: int, seed: int):
         picks = rng.integers(0, len(large), n)
         shifts = rng.integers(-3, 4, (n, 2))
         images = np.stack(
-            [np.roll(large[p], tuple(s), axis=(0, 1)) for p, s in zip(picks, shifts)]
+            [
+                np.roll(large[p], tuple(s), axis=(0, 1))
+                for p, s in zip(picks, shifts, strict=True)
+            ]
         )
         images += rng.normal(0, 0.1, images.shape).astype(np.float32)
         yield images.reshape(n, -1).astype(np.float32), labels[picks]

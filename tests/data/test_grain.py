@@ -41,30 +41,24 @@ def _global(batches_per_process: list[list[tuple]]) -> list[np.ndarray]:
     ]
 
 
+def _loader(processes: int = 1, index: int = 0, **options) -> px.data.GrainLoader:
+    options = {"seed": 1, **options}
+    return px.data.GrainLoader(
+        Source(), 12, process_count=processes, process_index=index, **options
+    )
+
+
 @pytest.mark.parametrize("processes", [2, 4])
 def test_every_process_count_reads_the_same_global_batches(processes):
-    one = _global(
-        [
-            list(
-                px.data.GrainLoader(
-                    Source(), 12, seed=1, process_count=1, process_index=0
-                )
-            )
-        ]
-    )
-    many = _global(
-        [
-            list(px.data.GrainLoader(Source(), 12, seed=1, process_count=processes, process_index=p))
-            for p in range(processes)
-        ]
-    )  # fmt: skip
+    one = _global([list(_loader())])
+    many = _global([list(_loader(processes, p)) for p in range(processes)])
     assert len(one) == len(many) == 5
     for a, b in zip(one, many, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
 def test_an_epoch_is_every_example_once_then_a_new_order():
-    loader = px.data.GrainLoader(Source(), 12, seed=1, process_count=1, process_index=0)
+    loader = _loader()
     first = list(loader)
     ids, weights = (
         np.concatenate([b[0][:, 0] for b in first]),
@@ -73,10 +67,8 @@ def test_an_epoch_is_every_example_once_then_a_new_order():
     assert sorted(ids[weights == 1].astype(int)) == list(range(50))
     # The short last batch is padded with zeros of weight 0.
     np.testing.assert_array_equal(first[-1][2], [1, 1] + [0] * 10)
-    assert not first[-1][0][2:].any() and loader.state_dict() == {
-        "epoch": 1,
-        "position": 0,
-    }
+    assert not first[-1][0][2:].any()
+    assert loader.state_dict() == {"epoch": 1, "position": 0}
     second = np.concatenate([b[0][:, 0] for b in loader])
     assert not np.array_equal(ids, second)
     dropped = px.data.GrainLoader(
