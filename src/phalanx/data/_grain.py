@@ -2,8 +2,8 @@
 resumed exactly on any number of processes.
 
 Grain (the ``grain`` extra) does the reading: random access into the source
-(an ArrayRecord file, `.npy` shards mapped from disk, any `MapDataset`),
-threads, and worker processes that decode ahead. The loader decides which
+(ArrayRecord files, `Records`, any `MapDataset`), threads, and worker
+processes that decode ahead. The loader decides which
 examples each process reads (`_grain_batches.py`) and keeps its place as
 ``(epoch, position)`` in global batches, which means the same on one
 process as on many; grain itself is imported on first read.

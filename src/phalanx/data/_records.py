@@ -137,6 +137,8 @@ class Records:
         import grain
 
         source = grain.sources.ArrayRecordDataSource(str(self.path))
+        # ArrayRecordDataSource is random access; its annotations do not
+        # match grain's protocol for one (record_key: SupportsIndex).
         return grain.MapDataset.source(source).map(  # pyright: ignore[reportArgumentType]
             Decode(self.example_shape, self.dtype)
         )
