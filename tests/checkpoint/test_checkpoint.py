@@ -298,7 +298,7 @@ def test_older_checkpoint_format_is_refused(tmp_path, older):
     host.write_text(json.dumps(content))
     trainer = px.DataParallelTrainer(make_model(), optax.adam(1e-2))
     with pytest.raises(
-        ValueError, match=rf"checkpoint format {older}; .* formats 4 to 5"
+        ValueError, match=rf"checkpoint format {older}; .* formats 4 to 6"
     ):
         trainer.fit([make_data(16)], resume=tmp_path / "7")
     assert int(trainer.state.step) == 0

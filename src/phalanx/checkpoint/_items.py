@@ -38,11 +38,14 @@ from ._settings import check_same_settings
 # part-done epoch's sums as two vectors (sums, flags) and the sums' names;
 # 4: the state's rate multiplier (`TrainState.lr_scale`) among its arrays;
 # 5: on CPU devices, the replicated arrays as one array of their bytes
-# ("packed": "bytes"; else one per dtype, as in 4, which is still read).
+# ("packed": "bytes"; else one per dtype, as in 4, which is still read);
+# 6: a part-done pass's rows ("pass_rows") are every process's, not one's
+# (a resume may be on another number of processes), and "processes" says
+# how many saved it.
 # (Arrays split over devices are saved beside the packed ones, as "leaf_<i>",
 # and listed in "split"; a checkpoint without any reads as before.)
-FORMAT = 5
-READS = (4, 5)  # the formats this phalanx reads
+FORMAT = 6
+READS = (4, 5, 6)  # the formats this phalanx reads
 
 
 def _is_key(leaf: Any) -> bool:
@@ -146,6 +149,7 @@ def save_items(snapshot: Snapshot) -> SaveItems:
         "model": type(snapshot.state.model).__name__,
         "strategy": snapshot.strategy,
         "devices": snapshot.devices,
+        "processes": jax.process_count(),
         "spec": spec,
         **snapshot.progress.state_dict(),
         "history": snapshot.history,
@@ -277,6 +281,9 @@ def from_checkpoint(
     dynamic, static = eqx.partition(like.state, eqx.is_array)
     state = eqx.combine(jax.tree.unflatten(jax.tree.structure(dynamic), leaves), static)
     sums = EpochSums(*arrays[len(mine) :]) if host["acc"] else None
+    if host["format"] < 6 and host.get("pass_rows") is not None:
+        # One process's rows then; read as this run's layout's, as they were.
+        host = {**host, "pass_rows": host["pass_rows"] * jax.process_count()}
     return dataclasses.replace(
         like,
         state=state,
