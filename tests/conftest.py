@@ -1,5 +1,6 @@
 import atexit
 import compileall
+import gc
 import os
 import pathlib
 import sys
@@ -46,6 +47,19 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(16 * 2**30)
+
+# Python's automatic garbage collector, rarer in the test processes: tracing
+# and lowering make millions of short-lived objects, and each full
+# collection walks every live one (JAX's caches, the jaxprs kept), ~0.3 s
+# apiece here. With the default thresholds (700, 10, 10) a process tracing
+# the planner's candidates (tests/plan) spent 10 s of its 70 in collections,
+# one checking every eqx.nn layer (test_eqx_layers.py) 7 of 40; with these,
+# 2-3 s and 1.6 s. Garbage is still collected (young cycles every million
+# allocations, each fit's own collections); only how often changes, which
+# nothing the tests check depends on (a fit's `gc=` policy sets and restores
+# its own; tests/telemetry/test_gc.py reads whatever it finds). The CLI and
+# script runs the tests start keep Python's defaults, as a user's do.
+gc.set_threshold(50_000, 20, 10)
 
 import jax  # noqa: E402
 
