@@ -1,5 +1,7 @@
 import atexit
 import compileall
+import gc
+import json
 import os
 import pathlib
 import sys
@@ -47,6 +49,19 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
     os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(16 * 2**30)
 
+# Python's automatic garbage collector, rarer in the test processes: tracing
+# and lowering make millions of short-lived objects, and each full
+# collection walks every live one (JAX's caches, the jaxprs kept), ~0.3 s
+# apiece here. With the default thresholds (700, 10, 10) a process tracing
+# the planner's candidates (tests/plan) spent 10 s of its 70 in collections,
+# one checking every eqx.nn layer (test_eqx_layers.py) 7 of 40; with these,
+# 2-3 s and 1.6 s. Garbage is still collected (young cycles every million
+# allocations, each fit's own collections); only how often changes, which
+# nothing the tests check depends on (a fit's `gc=` policy sets and restores
+# its own; tests/telemetry/test_gc.py reads whatever it finds). The CLI and
+# script runs the tests start keep Python's defaults, as a user's do.
+gc.set_threshold(50_000, 20, 10)
+
 import jax  # noqa: E402
 
 
@@ -62,51 +77,18 @@ import pytest  # noqa: E402
 # --- the order xdist hands out test files ------------------------------------
 #
 # `--dist loadfile` sends whole files to the workers, by default the files
-# with the most tests first: the files of a few long tests (the benchmark
-# smoke runs, Equinox's BERT, pyright) went last, and one worker ran on with
-# them while the others had finished. Longest first instead (LPT): the
-# seconds each file took in a suite run here (3 workers, 2 cores, nothing
-# else running; files of 25 s or more), others at 1 s a test. Only the
-# order changes: what runs, and which tests run together in one worker,
-# stay as they were.
-FILE_SECONDS = {
-    "tests/docs/test_docs.py": 220,
-    "tests/cli/test_resume_cli.py": 160,
-    "tests/checkpoint/test_faults.py": 150,
-    "tests/cli/test_cli.py": 145,
-    "tests/strategies/test_multiprocess.py": 135,
-    "tests/strategies/test_equivalence.py": 120,
-    "tests/docs/test_benchmarks.py": 120,
-    "tests/strategies/test_mesh.py": 115,
-    "tests/engine/test_groups.py": 105,
-    "tests/models/test_models.py": 85,
-    "tests/models/test_equinox_examples.py": 70,
-    "tests/checkpoint/test_checkpoint.py": 70,
-    "tests/docs/test_examples.py": 70,
-    "tests/engine/test_precision.py": 70,
-    "tests/cli/test_cli_user.py": 70,
-    "tests/testing/test_testing.py": 65,
-    "tests/metrics/test_metrics.py": 60,
-    "tests/engine/test_eval_schedule.py": 60,
-    "tests/strategies/test_fully_sharded.py": 55,
-    "tests/docs/test_docstrings.py": 45,
-    "tests/strategies/test_eqx_layers.py": 35,
-    "tests/cli/test_resume_schedule.py": 45,
-    "tests/engine/test_loop.py": 45,
-    "tests/checks/test_failures.py": 40,
-    "tests/engine/test_ema.py": 40,
-    "tests/engine/test_predict.py": 40,
-    "tests/callbacks/test_progress_bar.py": 35,
-    "tests/checks/test_mistakes.py": 35,
-    "tests/strategies/test_strategy_api.py": 35,
-    "tests/cli/test_cli_start.py": 35,
-    "tests/engine/test_steps_per_call.py": 35,
-    "tests/callbacks/test_loggers.py": 35,
-    # Measured alone (-n 0): 23-33 s quiet, ~26 s of CPU; not in a suite run.
-    "tests/compose/test_compose.py": 30,
-    "tests/cli/test_launch.py": 30,
-    "tests/test_typing.py": 30,
-}
+# with the most tests first: a file of a few long tests went last, and one
+# worker ran on with it while the others had finished. Longest first
+# instead (LPT), by the seconds each file took in a suite run here
+# (file_seconds.json: the --durations=0 times of a run, summed per file and
+# scaled to a quiet machine's). A file the table does not name is new and
+# unmeasured, so it goes first: a long one started last would be the tail,
+# a short one started first costs nothing. Refresh the table when files
+# are renamed or change much. Only the order changes: what runs, and which
+# tests run together in one worker, stay as they were.
+FILE_SECONDS: dict[str, float] = json.loads(
+    (pathlib.Path(__file__).with_name("file_seconds.json")).read_text()
+)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -118,8 +100,8 @@ def pytest_xdist_make_scheduler(config, log):
     class LongestFirst(LoadFileScheduling):
         def _assign_work_unit(self, node):
             def seconds(item):
-                path, tests = item
-                return -FILE_SECONDS.get(path, len(tests))
+                path, _ = item
+                return -FILE_SECONDS.get(path, float("inf"))
 
             ordered = sorted(self.workqueue.items(), key=seconds)  # stable
             self.workqueue.clear()

@@ -7,6 +7,7 @@ counts the steps the kill lost."""
 import json
 import threading
 import time
+import types
 
 import jax
 import optax
@@ -15,7 +16,7 @@ from typing_extensions import override
 
 import phalanx as px
 from helpers import make_data, make_model
-from phalanx.callbacks import _timeline
+from phalanx.callbacks import _budget, _timeline
 from phalanx.callbacks._budget import TimeBudget
 
 
@@ -167,28 +168,34 @@ def test_a_killed_fits_timeline_survives_to_the_resume(tmp_path, monkeypatch):
 
 
 def test_the_file_is_written_while_the_fit_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(_timeline, "_WRITE_EVERY_S", 0.2)
-    # The floor alone decides (a write slowed by a busy machine would
-    # otherwise lengthen the wait past the sleep below).
-    monkeypatch.setattr(_timeline, "_WRITE_SHARE", 1.0 - 1e-9)
+    # The write budget's clock is the test's: it moves only when the callback
+    # below says time passed, so the writes do not depend on how long a step
+    # takes on a busy machine (with a real clock, a step slowed past the
+    # floor wrote the record one step later than the test expected).
+    now = [0.0]
+    monkeypatch.setattr(
+        _budget, "time", types.SimpleNamespace(perf_counter=lambda: now[0])
+    )
     path = tmp_path / "t.json"
     seen = {}
 
     class Look(px.Callback):  # after the Timeline, at each epoch's end
         @override
         def on_epoch_end(self, info: px.StepInfo) -> None:
-            time.sleep(0.25)
-            if path.exists():
-                seen[info.step] = json.loads(path.read_text())
+            now[0] += _timeline._WRITE_EVERY_S  # the floor between writes
+            seen[info.step] = json.loads(path.read_text()) if path.exists() else None
 
     timeline = px.callbacks.Timeline(path, table=False)
     trainer = px.DataParallelTrainer(
         make_model(), optax.adam(1e-2), callbacks=[timeline, Look()], progress=False
     )
     trainer.fit(batches(3), epochs=3)
-    # After each 0.25 s sleep, the next step's end finds 0.2 s passed and
-    # writes the record so far; the epoch's end finds it fresh (on a busy
-    # machine a step may take 0.2 s itself: the next then writes too).
-    assert 4 <= seen[6]["last_step"] <= 5 and 7 <= seen[9]["last_step"] <= 8
-    assert seen[9]["ended"] is None and len(seen[9]["epochs"]) == 2
-    assert json.loads(path.read_text())["ended"] == "returned"
+    # Nothing is written before the floor has passed; then the next step's
+    # end writes the record so far (step 4, then step 7), and the epoch's
+    # end, less than the floor after it, does not.
+    assert seen[3] is None
+    assert (seen[6]["last_step"], len(seen[6]["epochs"])) == (4, 1)
+    assert (seen[9]["last_step"], len(seen[9]["epochs"])) == (7, 2)
+    assert seen[6]["ended"] is None and seen[9]["ended"] is None
+    final = json.loads(path.read_text())
+    assert (final["last_step"], final["ended"]) == (9, "returned")
