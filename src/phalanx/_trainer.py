@@ -12,7 +12,7 @@ reads or writes its private fields.
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar
 
 import equinox as eqx
 import jax
@@ -124,6 +124,7 @@ class DataParallelTrainer(Generic[_Model]):
         ema: float | None = None,
         gc: GCMode = "auto",
         slow_steps: float | None = 3.0,
+        hang_timeout: float | Literal["auto"] | None = "auto",
     ):
         """Each argument in short (the guide "Every trainer argument" says all).
 
@@ -153,6 +154,13 @@ class DataParallelTrainer(Generic[_Model]):
             gc: the garbage collector in `fit`: ``"auto"``, ``"off"``, ``"python"``.
             slow_steps: warn when steps take this many times the median
                 (None: never).
+            hang_timeout: seconds without progress (a step, collective,
+                callback or checkpoint write that does not return) after
+                which `fit` writes every thread's stack to
+                ``hang-rank{r}.txt`` in the `Checkpoint` folder (else
+                ``./phalanx-hang``) and ends the process with exit code 75;
+                ``"auto"``: max(300 s, 3 × `sync_every` × the median step),
+                off in notebooks and interactive sessions; None: off.
 
         Raises:
             TypeError, ValueError: an argument is invalid (the message names it).
@@ -171,6 +179,10 @@ class DataParallelTrainer(Generic[_Model]):
         """The garbage-collection policy of `fit` (see the argument)."""
         self.slow_steps = None if slow_steps is None else float(slow_steps)
         """The slow-step alarm's factor (None: off)."""
+        self.hang_timeout: float | Literal["auto"] | None = (
+            hang_timeout if hang_timeout in (None, "auto") else float(hang_timeout)
+        )
+        """The hang watchdog's deadline in seconds, "auto" or None (off)."""
         self.ema = None if ema is None else float(ema)
         """The decay of the parameters' moving average (None: none kept)."""
         self.precision = precision_of(precision)
@@ -373,7 +385,11 @@ class DataParallelTrainer(Generic[_Model]):
             FloatingPointError: a non-finite gradient under nan_policy="raise".
         """
         options = FitOptions(
-            self.prefetch, self.gc, self.slow_steps, self._splits_by_default
+            self.prefetch,
+            self.gc,
+            self.slow_steps,
+            self._splits_by_default,
+            self.hang_timeout,
         )
         run_fit(
             self,
