@@ -34,13 +34,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal, TypeAlias
 
+from .._env import HANG_EXIT_CODE
 from ._clock import PhaseClock
 
 
 HangTimeout: TypeAlias = float | Literal["auto"] | None
-# The exit code of a process the watchdog ended (EX_TEMPFAIL in sysexits.h:
-# a temporary failure, worth a retry).
-HANG_EXIT_CODE = 75
 # "auto": at least this many seconds of silence...
 AUTO_FLOOR_SECONDS = 300.0
 # ...and at least this many times the median step times `sync_every`: the
@@ -128,9 +126,7 @@ class HangWatchdog:
         self._thread = threading.get_ident()  # the fit's
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
-        self._seconds_per_step: collections.deque[float] = collections.deque(
-            maxlen=101
-        )
+        self._seconds_per_step: collections.deque[float] = collections.deque(maxlen=101)
         # When the loop was last seen compiling (progress of a kind).
         self._compiled_at = 0.0
 
@@ -192,7 +188,7 @@ class HangWatchdog:
             f"(exit code {HANG_EXIT_CODE})",
             f"rank: {self._rank} of {self._processes}",
             f"host: {socket.gethostname()}  pid: {os.getpid()}",
-            f"time: {datetime.datetime.now(datetime.timezone.utc).isoformat()}",
+            f"time: {datetime.datetime.now(datetime.UTC).isoformat()}",
             f"step: {step}",
             f"phase: {where}",
             f"seconds since last progress: {silent:.1f}",

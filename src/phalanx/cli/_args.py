@@ -36,6 +36,8 @@ PER_COMMAND = (
     "telemetry",
     # Whether it warns of slow steps, nothing of the run either.
     "slow_steps",
+    # When a run that stopped progressing is ended: nothing of the run.
+    "hang_timeout",
 )
 # Options a resumed run may change: each leaves every update of the run as it
 # was (invariant 5 of docs/architecture.md: a resumed run continues exactly as
@@ -119,6 +121,8 @@ class TrainArgs:
     telemetry: bool = False
     # --slow-steps FACTOR or off (None): the trainer's slow-step alarm.
     slow_steps: float | None = 3.0
+    # --hang-timeout SECONDS, auto or off (None): the trainer's hang watchdog.
+    hang_timeout: float | Literal["auto"] | None = "auto"
     # The learning-rate schedule's length in steps; None until the run
     # starts, when it becomes its epochs x steps per epoch (see
     # `with_schedule_steps`) and is written to config.toml.

@@ -50,6 +50,7 @@ def _launch(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> i
                 devices_per_process=namespace.devices_per_process,
                 port=namespace.port,
                 verbose=namespace.verbose,
+                max_restarts=namespace.max_restarts,
             )
         )
     except LaunchError as error:
