@@ -10,9 +10,11 @@ outlasts the deadline (a step or collective that never returns, a callback
 or checkpoint write that blocks) it writes ``hang-rank{r}.txt`` (the step,
 the phase, the seconds of silence and every thread's Python stack, by
 `faulthandler`) and exits the process with `HANG_EXIT_CODE`. The other
-processes of the run, blocked in a collective waiting for it, reach their
-own deadline and do the same, naming their own phase; a launcher stops
-them anyway once one has exited.
+processes of the run see that dump appear in the folder (a shared one, as
+checkpoints need) and write their own at once, naming their own phase;
+each waits a few seconds for every process's dump before it exits, since a
+process that exits ends the others (JAX's coordination service aborts them)
+before they could write theirs.
 
 A compile reports nothing until it ends, so a silence while the fit's
 thread is tracing, lowering or compiling (its stack is in JAX's compiler)
@@ -45,6 +47,8 @@ AUTO_FLOOR_SECONDS = 300.0
 # host may wait at a sync point for `sync_every` steps of device time, a
 # normal silence.
 AUTO_FACTOR = 3.0
+# A process that dumped waits this long at most for the others' dumps.
+PEER_WAIT_SECONDS = 10.0
 # The folder of the dumps of a fit with no Checkpoint callback.
 DEFAULT_FOLDER = "phalanx-hang"
 # Where in JAX a thread traces, lowers or compiles (a silence, not a hang).
@@ -129,6 +133,7 @@ class HangWatchdog:
         self._seconds_per_step: collections.deque[float] = collections.deque(maxlen=101)
         # When the loop was last seen compiling (progress of a kind).
         self._compiled_at = 0.0
+        self._seen: dict[str, int] = {}
 
     def deadline(self) -> float:
         """The seconds of silence that count as a hang now."""
@@ -154,6 +159,8 @@ class HangWatchdog:
 
     def _watch(self) -> None:
         last_step, stepped_at = self._step(), time.perf_counter()
+        # The dumps already there (an earlier run's) are not this run's news.
+        self._seen = self._dumps()
         while True:
             deadline = self.deadline()
             # Checked a few times a deadline: the exit comes at most a tenth
@@ -171,12 +178,52 @@ class HangWatchdog:
             clock = self._clock
             since = max(clock.since, _BEAT.at, self._compiled_at, stepped_at)
             silent = now - since
-            if silent > deadline and not self._stop.is_set():
-                self._dump(step, clock.phase, clock.owner, silent, deadline)
+            peers = self._fresh() if self._processes > 1 else []
+            if (silent > deadline or peers) and not self._stop.is_set():
+                if peers:
+                    cause = f"{peers[0]} was written: another process hung"
+                else:
+                    cause = f"no progress for {silent:.0f} s"
+                self._dump(step, clock.phase, clock.owner, silent, deadline, cause)
+                self._await_peers()
+                if peers:  # the hung process exits first: a launcher names it
+                    time.sleep(1.0)
                 os._exit(HANG_EXIT_CODE)
 
+    def _dumps(self) -> dict[str, int]:
+        """The dumps in the folder (by name) and when each was written."""
+        try:
+            found = self.path.parent.glob("hang-rank*.txt")
+            return {path.name: path.stat().st_mtime_ns for path in found}
+        except OSError:
+            return {}
+
+    def _fresh(self) -> list[str]:
+        """The other processes' dumps written since this fit started."""
+        seen = self._seen
+        return sorted(
+            name
+            for name, written in self._dumps().items()
+            if name != self.path.name and seen.get(name) != written
+        )
+
+    def _await_peers(self) -> None:
+        """Wait (a few seconds at most) until every process has written its
+        dump: a process that ends ends the others' too (JAX's coordination
+        service stops them), before their own dump."""
+        others = self._processes - 1
+        give_up = time.monotonic() + PEER_WAIT_SECONDS
+        while len(self._fresh()) < others and time.monotonic() < give_up:
+            time.sleep(0.1)
+
     def _dump(
-        self, step: int, phase: str, owner: str | None, silent: float, deadline: float
+        self,
+        step: int,
+        phase: str,
+        owner: str | None,
+        silent: float,
+        deadline: float,
+        cause: str,
     ) -> None:
         """Write the dump and say where it is on stderr."""
         where = phase if owner is None else f"{phase} ({owner})"
@@ -184,7 +231,7 @@ class HangWatchdog:
         median = f"{statistics.median(per_step):.4g} s" if per_step else "unknown"
         asked = "auto" if self._timeout == "auto" else f"{self._timeout:g}"
         lines = [
-            "phalanx hang watchdog: no progress, the process ends "
+            f"phalanx hang watchdog: {cause}; the process ends "
             f"(exit code {HANG_EXIT_CODE})",
             f"rank: {self._rank} of {self._processes}",
             f"host: {socket.gethostname()}  pid: {os.getpid()}",
@@ -208,9 +255,9 @@ class HangWatchdog:
             written = f"; could not write {self.path} ({error.strerror})"
             faulthandler.dump_traceback(sys.stderr, all_threads=True)
         sys.stderr.write(
-            f"phalanx: no progress for {silent:.0f} s at step {step}, in phase "
-            f"{where} (hang_timeout={asked}, deadline {deadline:.0f} s){written}; "
-            f"exiting with code {HANG_EXIT_CODE}\n"
+            f"phalanx: {cause}, at step {step} in phase {where} (hang_timeout="
+            f"{asked}, deadline {deadline:.0f} s){written}; exiting with code "
+            f"{HANG_EXIT_CODE}\n"
         )
         sys.stderr.flush()
         sys.stdout.flush()

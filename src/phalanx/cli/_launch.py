@@ -50,6 +50,10 @@ from ._gloo_notes import GlooNotes
 # After a process fails (or a signal arrives), the others get SIGTERM, then
 # SIGKILL this many seconds later.
 GRACE_SECONDS = 10.0
+# The same when the run will be restarted: a process left after another died
+# is blocked in a collective with it (or would be, saving a checkpoint on
+# SIGTERM), so waiting longer only delays the restart.
+RESTART_GRACE_SECONDS = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,8 +289,10 @@ def run_launch(args: LaunchArgs, *, grace: float = GRACE_SECONDS) -> int:
             began = time.monotonic()
             ranks = _Ranks(args, args.port or free_port(), stamp, extra)
             started[:] = [ranks]
-            failure, stopping = _supervise(ranks, received, grace)
-            if failure is None or received or restarts == args.max_restarts:
+            last = restarts == args.max_restarts
+            wait = grace if last else min(grace, RESTART_GRACE_SECONDS)
+            failure, stopping = _supervise(ranks, received, wait)
+            if failure is None or received or last:
                 break
             restarts += 1
             rank, code = failure
