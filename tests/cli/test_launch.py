@@ -27,12 +27,12 @@ ENV.pop("NPROC", None)
 
 
 def launch(
-    *args: str, script: str, timeout: float = 120
+    *args: str, script: str, timeout: float = 120, env: dict[str, str] = ENV
 ) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "phalanx", "launch", *args]
     command += ["--", sys.executable, "-c", textwrap.dedent(script)]
     return subprocess.run(
-        command, env=ENV, capture_output=True, text=True, timeout=timeout
+        command, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -143,6 +143,75 @@ def test_the_rank_that_died_first_is_named(tmp_path):
     )
     assert done.returncode == 128 + 9, done.stderr
     assert "rank 1 was killed by SIGKILL" in done.stderr
+
+
+def test_max_restarts_starts_every_rank_again_after_a_failure():
+    # Rank 1 fails in the first two starts (exit 3, then as the hang
+    # watchdog exits), rank 0 waits; the third start ends well.
+    done = launch(
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "2",
+        script="""
+        import os, sys, time
+        restart = os.environ["PHALANX_RESTART_COUNT"]
+        rank = os.environ["JAX_PROCESS_ID"]
+        cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+        print(restart, os.environ["JAX_COORDINATOR_ADDRESS"], cache, flush=True)
+        assert os.path.isdir(cache)
+        if restart != "2":
+            if rank == "1":
+                time.sleep(0.3)
+                sys.exit(3 if restart == "0" else 75)
+            time.sleep(600)
+        """,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    starts = [line.split() for line in lines_of(done.stdout, 1)]
+    assert [start[0] for start in starts] == ["0", "1", "2"]
+    assert len({start[1] for start in starts}) == 3  # a fresh port each time
+    (cache,) = {start[2] for start in starts}  # one compile cache for all
+    assert not os.path.exists(cache)  # the launcher's own, removed at the end
+    said = [line for line in done.stderr.splitlines() if "restart " in line]
+    assert len(said) == 2
+    assert said[0].startswith("phalanx launch: rank 1 exited with code 3 ")
+    assert said[0].endswith("restart 1/2 of all 2 processes")
+    assert said[1].startswith(
+        "phalanx launch: rank 1 was ended by its hang watchdog (exit code 75) "
+    )
+
+
+def test_max_restarts_gives_up_after_n_and_keeps_a_cache_the_user_set(tmp_path):
+    done = launch(
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "1",
+        script=f"""
+        import os, sys
+        assert os.environ["JAX_COMPILATION_CACHE_DIR"] == {str(tmp_path)!r}
+        sys.exit(int(os.environ["JAX_PROCESS_ID"]) * 5)
+        """,
+        env=ENV | {"JAX_COMPILATION_CACHE_DIR": str(tmp_path)},
+    )
+    assert done.returncode == 5, done.stderr
+    assert "restart 1/1" in done.stderr and "restart 2/" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "phalanx launch: rank 1 exited with code 5; the other processes were "
+        "stopped (after 1 restarts)"
+    )
+    assert tmp_path.is_dir()
+
+
+@pytest.mark.parametrize("value", ["-1", "two", "1.5"])
+def test_bad_max_restarts_is_refused_in_one_line(value):
+    done = launch("--nproc", "2", "--max-restarts", value, script="pass")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "phalanx launch: error: argument --max-restarts: must be a whole number, "
+        f"0 or more, got {value!r} (see phalanx launch --help)"
+    ]
 
 
 def test_signals_reach_every_rank():

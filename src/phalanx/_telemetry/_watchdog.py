@@ -183,12 +183,13 @@ class HangWatchdog:
                 if peers:
                     cause = f"{peers[0]} was written: another process hung"
                 else:
-                    cause = f"no progress for {silent:.0f} s"
+                    cause = f"no progress for {silent:.3g} s"
                 self._dump(step, clock.phase, clock.owner, silent, deadline, cause)
                 self._await_peers()
                 if peers:  # the hung process exits first: a launcher names it
                     time.sleep(1.0)
                 os._exit(HANG_EXIT_CODE)
+                return  # (where os._exit is replaced: the tests')
 
     def _dumps(self) -> dict[str, int]:
         """The dumps in the folder (by name) and when each was written."""
@@ -256,7 +257,7 @@ class HangWatchdog:
             faulthandler.dump_traceback(sys.stderr, all_threads=True)
         sys.stderr.write(
             f"phalanx: {cause}, at step {step} in phase {where} (hang_timeout="
-            f"{asked}, deadline {deadline:.0f} s){written}; exiting with code "
+            f"{asked}, deadline {deadline:.3g} s){written}; exiting with code "
             f"{HANG_EXIT_CODE}\n"
         )
         sys.stderr.flush()
