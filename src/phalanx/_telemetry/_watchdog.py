@@ -137,8 +137,9 @@ class HangWatchdog:
 
     def deadline(self) -> float:
         """The seconds of silence that count as a hang now."""
-        if self._timeout != "auto":
-            return self._timeout
+        timeout = self._timeout
+        if timeout != "auto":
+            return float(timeout)
         per_step = self._seconds_per_step
         median = statistics.median(per_step) if per_step else 0.0
         return max(AUTO_FLOOR_SECONDS, AUTO_FACTOR * self._sync_every * median)
