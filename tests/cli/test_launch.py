@@ -2,6 +2,7 @@
 processes on 127.0.0.1 (gloo collectives between processes)."""
 
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -173,11 +174,11 @@ def test_max_restarts_starts_every_rank_again_after_a_failure():
     assert len({start[1] for start in starts}) == 3  # a fresh port each time
     (cache,) = {start[2] for start in starts}  # one compile cache for all
     assert not os.path.exists(cache)  # the launcher's own, removed at the end
-    said = [line for line in done.stderr.splitlines() if "restart " in line]
-    assert len(said) == 2
-    assert said[0].startswith("phalanx launch: rank 1 exited with code 3 ")
-    assert said[0].endswith("restart 1/2 of all 2 processes")
-    assert said[1].startswith(
+    notes = [line for line in done.stderr.splitlines() if "restart " in line]
+    assert len(notes) == 2
+    assert notes[0].startswith("phalanx launch: rank 1 exited with code 3 ")
+    assert notes[0].endswith("restart 1/2 of all 2 processes")
+    assert notes[1].startswith(
         "phalanx launch: rank 1 was ended by its hang watchdog (exit code 75) "
     )
 
@@ -412,3 +413,28 @@ def test_train_distributed_without_a_run(tmp_path):
     assert refused.returncode == 2
     assert refused.stderr.count("\n") == 1 and "--devices chooses" in refused.stderr
     assert not (tmp_path / "other").exists()
+
+
+def test_a_restarted_phalanx_train_goes_on_in_its_run_folder(tmp_path, monkeypatch):
+    from phalanx.cli._config import restarted
+    from phalanx.cli._parser import build_parser
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PHALANX_LAUNCH_STAMP", "20260101-000000")
+    run = str(pathlib.Path("runs") / "20260101-000000")
+
+    def argv_of(*args: str) -> list[str]:
+        argv = ["train", "--epochs", "2", *args]
+        return restarted(argv, build_parser().parse_args(argv))[3:]
+
+    monkeypatch.setenv("PHALANX_RESTART_COUNT", "0")  # a first start: as given
+    assert argv_of() == []
+    monkeypatch.setenv("PHALANX_RESTART_COUNT", "1")
+    assert argv_of() == []  # the start before made no folder: as given
+    (tmp_path / run / "checkpoints").mkdir(parents=True)
+    assert argv_of() == ["--overwrite", "--run-dir", run]  # no checkpoint yet
+    (tmp_path / run / "checkpoints" / "10").mkdir()
+    assert argv_of() == ["--resume", "--run-dir", run]
+    assert argv_of("--run-dir", "other") == ["--run-dir", "other"]  # none there
+    for given in (["--resume"], ["--overwrite"], ["--config", "c.toml"]):
+        assert argv_of(*given) == given  # the command says what it wants

@@ -144,7 +144,7 @@ class TrainArgs:
         values["model_arg"] = values.get("model_arg") or ()
         values["metrics"] = values.get("metrics") or ()
         run_dir = options.get("run_dir")
-        values["run_dir"] = Path(run_dir) if run_dir else _new_run_dir()
+        values["run_dir"] = Path(run_dir) if run_dir else new_run_dir()
         values["distributed"] = bool(values.get("distributed")) or bool(
             os.environ.get(NUM_PROCESSES)
         )
@@ -282,7 +282,7 @@ def read_config(path: Path, option: str) -> dict[str, Any]:
         raise UsageError(f"{option} {path}: not valid TOML ({error})") from None
 
 
-def _new_run_dir() -> Path:
+def new_run_dir() -> Path:
     """runs/<date-time>, with a suffix if a run started in the same second;
     under phalanx launch, the launch's time (the same in every process)."""
     if LAUNCH_STAMP in os.environ:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from ..strategies._registry import lookup, registered
 from ._args import FindLRArgs, TrainArgs, UsageError
-from ._config import resolve_find_lr, resolve_plan, resolve_train
+from ._config import resolve_find_lr, resolve_plan, resolve_train, restarted
 from ._parser import build_parser
 from ._plan_command import check_plan, run_plan
 from ._values import mesh_sizes
@@ -244,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_plan(planned)
             run = ft.partial(run_plan, planned)
         else:
+            argv = restarted(argv, namespace)  # under launch --max-restarts
+            namespace = parser.parse_args(argv)
             args = resolve_train(argv, namespace)
             check_arguments(args)
             run = ft.partial(run_train, args)
