@@ -154,13 +154,7 @@ class DataParallelTrainer(Generic[_Model]):
             gc: the garbage collector in `fit`: ``"auto"``, ``"off"``, ``"python"``.
             slow_steps: warn when steps take this many times the median
                 (None: never).
-            hang_timeout: seconds without progress (a step, collective,
-                callback or checkpoint write that does not return) after
-                which `fit` writes every thread's stack to
-                ``hang-rank{r}.txt`` in the `Checkpoint` folder (else
-                ``./phalanx-hang``) and ends the process with exit code 75;
-                ``"auto"``: max(300 s, 3 × `sync_every` × the median step),
-                off in notebooks and interactive sessions; None: off.
+            hang_timeout: seconds without progress before `fit` exits (75).
 
         Raises:
             TypeError, ValueError: an argument is invalid (the message names it).
@@ -179,10 +173,7 @@ class DataParallelTrainer(Generic[_Model]):
         """The garbage-collection policy of `fit` (see the argument)."""
         self.slow_steps = None if slow_steps is None else float(slow_steps)
         """The slow-step alarm's factor (None: off)."""
-        self.hang_timeout: float | Literal["auto"] | None = (
-            hang_timeout if hang_timeout in (None, "auto") else float(hang_timeout)
-        )
-        """The hang watchdog's deadline in seconds, "auto" or None (off)."""
+        self.hang_timeout: float | Literal["auto"] | None = hang_timeout
         self.ema = None if ema is None else float(ema)
         """The decay of the parameters' moving average (None: none kept)."""
         self.precision = precision_of(precision)
@@ -384,13 +375,8 @@ class DataParallelTrainer(Generic[_Model]):
                 they concern; the state is that of the last good step.
             FloatingPointError: a non-finite gradient under nan_policy="raise".
         """
-        options = FitOptions(
-            self.prefetch,
-            self.gc,
-            self.slow_steps,
-            self._splits_by_default,
-            self.hang_timeout,
-        )
+        alarms = (self.slow_steps, self.hang_timeout)
+        options = FitOptions(self.prefetch, self.gc, *alarms, self._splits_by_default)
         run_fit(
             self,
             self._parts,

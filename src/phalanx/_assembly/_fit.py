@@ -57,17 +57,17 @@ class FitOptions:
         prefetch: batches prepared ahead.
         gc: the garbage-collection policy.
         slow_steps: the slow-step alarm's factor (None: off).
-        default_split: whether batches are split by the default
-            `split_batch` (what the data checks may assume).
         hang_timeout: the hang watchdog's deadline (seconds, "auto", or
             None: off).
+        default_split: whether batches are split by the default
+            `split_batch` (what the data checks may assume).
     """
 
     prefetch: int
     gc: GCMode
     slow_steps: float | None
+    hang_timeout: HangTimeout
     default_split: bool
-    hang_timeout: HangTimeout = "auto"
 
 
 @validates_own_arguments
@@ -186,7 +186,7 @@ def _watchdog(
     return HangWatchdog(
         clock,
         lambda: slot.progress.step,
-        timeout=timeout,
+        timeout=timeout if timeout == "auto" else float(timeout),
         sync_every=trainer.sync_every,
         folder=folders[0] if folders else Path(DEFAULT_FOLDER).absolute(),
         rank=jax.process_index(),

@@ -40,7 +40,8 @@ from .._env import HANG_EXIT_CODE
 from ._clock import PhaseClock
 
 
-HangTimeout: TypeAlias = float | Literal["auto"] | None
+# (int: seconds as a user writes them, e.g. hang_timeout=600.)
+HangTimeout: TypeAlias = float | int | Literal["auto"] | None
 # "auto": at least this many seconds of silence...
 AUTO_FLOOR_SECONDS = 300.0
 # ...and at least this many times the median step times `sync_every`: the
