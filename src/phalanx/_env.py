@@ -19,3 +19,6 @@ RESTART_COUNT = "PHALANX_RESTART_COUNT"
 # The exit code of a process its hang watchdog ended (EX_TEMPFAIL in
 # sysexits.h: a temporary failure, worth a retry).
 HANG_EXIT_CODE = 75
+# The hang watchdog's deadline for a trainer left at hang_timeout="auto":
+# seconds, or "off" (``phalanx launch --hang-timeout``).
+HANG_TIMEOUT = "PHALANX_HANG_TIMEOUT"

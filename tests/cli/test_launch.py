@@ -205,6 +205,24 @@ def test_max_restarts_gives_up_after_n_and_keeps_a_cache_the_user_set(tmp_path):
     assert tmp_path.is_dir()
 
 
+@pytest.mark.parametrize(
+    ("given", "seen"),
+    [(["--hang-timeout", "30"], "30"), ([], None), (["--hang-timeout", "off"], "off")],
+)
+def test_hang_timeout_reaches_every_process(given, seen):
+    done = launch(
+        "--nproc",
+        "2",
+        *given,
+        script="""
+        import os
+        print("timeout", os.environ.get("PHALANX_HANG_TIMEOUT"))
+        """,
+    )
+    assert done.returncode == 0, done.stderr
+    assert lines_of(done.stdout, 0) == lines_of(done.stdout, 1) == [f"timeout {seen}"]
+
+
 @pytest.mark.parametrize("value", ["-1", "two", "1.5"])
 def test_bad_max_restarts_is_refused_in_one_line(value):
     done = launch("--nproc", "2", "--max-restarts", value, script="pass")

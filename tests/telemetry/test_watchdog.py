@@ -18,7 +18,7 @@ from typing_extensions import override
 import phalanx as px
 from helpers import make_data, make_model
 from phalanx._telemetry._clock import PhaseClock
-from phalanx._telemetry._watchdog import HANG_EXIT_CODE, HangWatchdog
+from phalanx._telemetry._watchdog import HANG_EXIT_CODE, HangWatchdog, resolve_auto
 
 
 WATCHDOG = "phalanx-hang-watchdog"
@@ -157,3 +157,16 @@ def test_another_process_dump_makes_this_one_dump(tmp_path, exits):
     assert exits == [HANG_EXIT_CODE]
     first = dog.path.read_text().splitlines()[0]
     assert first.startswith("phalanx hang watchdog: hang-rank1.txt was written")
+
+
+def test_auto_follows_the_launchers_environment(monkeypatch):
+    monkeypatch.delenv("PHALANX_HANG_TIMEOUT", raising=False)
+    assert resolve_auto("auto") == "auto"
+    monkeypatch.setenv("PHALANX_HANG_TIMEOUT", "90")  # phalanx launch --hang-timeout
+    assert resolve_auto("auto") == 90.0
+    assert resolve_auto(5.0) == 5.0 and resolve_auto(None) is None  # asked: kept
+    monkeypatch.setenv("PHALANX_HANG_TIMEOUT", "off")
+    assert resolve_auto("auto") is None
+    monkeypatch.setenv("PHALANX_HANG_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match=r"^PHALANX_HANG_TIMEOUT='soon': set it"):
+        resolve_auto("auto")

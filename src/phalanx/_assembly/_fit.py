@@ -38,7 +38,7 @@ from .._telemetry._watchdog import (
     DEFAULT_FOLDER,
     HangTimeout,
     HangWatchdog,
-    interactive,
+    resolve_auto,
 )
 from .._typing import EvalSets, GCMode, HostMetrics, validates_own_arguments
 from ..callbacks._base import TrainerLike
@@ -177,9 +177,11 @@ def _watchdog(
     callbacks: Callbacks,
     trainer: TrainerLike,
 ) -> contextlib.AbstractContextManager[object]:
-    """The fit's hang watchdog (a no-op one where it is off): its dumps go
-    to the first `Checkpoint`'s folder, else ``./phalanx-hang``."""
-    if timeout is None or (timeout == "auto" and interactive()):
+    """The fit's hang watchdog (a no-op one where it is off; "auto" as the
+    environment says, see `resolve_auto`): its dumps go to the first
+    `Checkpoint`'s folder, else ``./phalanx-hang``."""
+    timeout = resolve_auto(timeout)
+    if timeout is None:
         return contextlib.nullcontext()
     folders = [s.directory for s in callbacks.stores if isinstance(s, Checkpoint)]
     slot = parts.slot

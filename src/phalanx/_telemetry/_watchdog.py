@@ -36,7 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal, TypeAlias
 
-from .._env import HANG_EXIT_CODE
+from .._env import HANG_EXIT_CODE, HANG_TIMEOUT
 from ._clock import PhaseClock
 
 
@@ -83,6 +83,33 @@ def interactive() -> bool:
         return True
     ipython = sys.modules.get("IPython")  # a notebook's kernel, or its shell
     return ipython is not None and ipython.get_ipython() is not None
+
+
+def resolve_auto(timeout: HangTimeout) -> HangTimeout:
+    """`timeout`, where it is ``"auto"`` the environment's choice if made
+    (``PHALANX_HANG_TIMEOUT``: seconds or ``off``, as ``phalanx launch
+    --hang-timeout`` sets it), and off in an interactive session.
+
+    Raises:
+        ValueError: ``PHALANX_HANG_TIMEOUT`` is neither.
+    """
+    if timeout != "auto":
+        return timeout
+    given = os.environ.get(HANG_TIMEOUT, "").strip()
+    if given.lower() == "off":
+        return None
+    if given:
+        try:
+            seconds = float(given)
+        except ValueError:
+            seconds = math.nan
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(
+                f"{HANG_TIMEOUT}={given!r}: set it to a number of seconds above 0 "
+                "(e.g. 600) or off, or unset it"
+            )
+        return seconds
+    return None if interactive() else "auto"
 
 
 def _compiling(frame: FrameType | None) -> bool:

@@ -39,6 +39,7 @@ from typing import IO
 from .._env import (
     COORDINATOR,
     HANG_EXIT_CODE,
+    HANG_TIMEOUT,
     LAUNCH_STAMP,
     NUM_PROCESSES,
     PROCESS_ID,
@@ -66,6 +67,8 @@ class LaunchArgs:
     verbose: bool = False
     # Start every process again this many times at most after a failure.
     max_restarts: int = 0
+    # PHALANX_HANG_TIMEOUT for every process: seconds, "off", or None (unset).
+    hang_timeout: str | None = None
 
 
 class LaunchError(Exception):
@@ -348,12 +351,15 @@ def _supervise(
 
 
 def _restart_environment(args: LaunchArgs) -> tuple[dict[str, str], str | None]:
-    """The launch's own variables for every process, and the compile cache
-    folder it made (None: none). A run that may restart keeps JAX's
+    """The launch's own variables for every process (the hang watchdog's
+    deadline, if given), and the compile cache folder it made (None: none).
+    A run that may restart keeps JAX's
     persistent compile cache in a folder of its own unless the user chose
     one (``JAX_COMPILATION_CACHE_DIR``), every program in it however quick
     its compile (JAX's default keeps only those of 1 s or more)."""
     extra: dict[str, str] = {}
+    if args.hang_timeout is not None:
+        extra[HANG_TIMEOUT] = args.hang_timeout
     if not args.max_restarts or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return extra, None
     cache = tempfile.mkdtemp(prefix="phalanx-launch-cache-")

@@ -51,11 +51,19 @@ def _launch(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> i
                 port=namespace.port,
                 verbose=namespace.verbose,
                 max_restarts=namespace.max_restarts,
+                hang_timeout=_hang_timeout(namespace.hang_timeout),
             )
         )
     except LaunchError as error:
         print(f"phalanx launch: error: {error}", file=sys.stderr)
         return 2
+
+
+def _hang_timeout(value: float | str | None) -> str | None:
+    """``--hang-timeout`` of launch as PHALANX_HANG_TIMEOUT (None: unset)."""
+    if value == "auto":
+        return None
+    return "off" if value is None else f"{value:g}"
 
 
 # --- train ----------------------------------------------------------------------

@@ -385,6 +385,15 @@ def _add_launch(commands: "argparse._SubParsersAction[_Parser]") -> None:
         "JAX_COMPILATION_CACHE_DIR is set). Default 0",
     )
     launch.add_argument(
+        "--hang-timeout",
+        type=seconds_or_off,
+        default="auto",
+        metavar="SECONDS",
+        help="the hang watchdog's deadline in every process whose trainer "
+        "leaves hang_timeout at 'auto' (phalanx train: --hang-timeout auto): "
+        "seconds without progress, or off; sets PHALANX_HANG_TIMEOUT",
+    )
+    launch.add_argument(
         "--verbose",
         action="store_true",
         help="keep gloo's connection notes ('[Gloo] Rank r is connected to n "
