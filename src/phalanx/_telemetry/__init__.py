@@ -2,6 +2,6 @@
 cache, hang watchdog.
 
 The modules here observe a fit (times, counts, warnings); they never change
-what it computes (the hang watchdog ends a process that stopped computing). Importers use the submodules directly; this file only
-documents the room.
+what it computes (the hang watchdog ends a process that stopped computing).
+Importers use the submodules directly; this file only documents the room.
 """
