@@ -290,6 +290,8 @@ def run_launch(args: LaunchArgs, *, grace: float = GRACE_SECONDS) -> int:
         while True:
             extra[RESTART_COUNT] = str(restarts)
             began = time.monotonic()
+            # (A restart forks after the start before's threads have ended:
+            # `_supervise` joined them, as die_with_parent needs.)
             ranks = _Ranks(args, args.port or free_port(), stamp, extra)
             started[:] = [ranks]
             last = restarts == args.max_restarts
