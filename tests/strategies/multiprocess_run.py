@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import equinox as eqx
 import jax
@@ -58,7 +59,7 @@ def train(
     *,
     steps: int = 20,
     resume=None,
-    hang_timeout: float | str | None = "auto",
+    hang_timeout: float | Literal["auto"] | None = "auto",
 ) -> px.DataParallelTrainer:
     """An MLP, adam, `steps` steps (counted from the run's start) over an
     ArrayLoader, which hands each process its slice of every global batch of
