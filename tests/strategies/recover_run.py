@@ -2,13 +2,12 @@
 test_recover.py under ``phalanx launch``): ``recover_run.py OUT MODE``.
 
 MODE ``callback``: rank 1 sleeps for ever in a callback at step 3 (no
-Checkpoint: the hang dumps go to ./phalanx-hang). ``checkpoint``: rank 1's
-checkpoint write of step 4 sleeps for ever (dumps in OUT/checkpoints).
-``restart``: 20 steps with a checkpoint every 2 and ``resume="latest"``;
-in the launch's first start rank 1 kills itself with SIGKILL at step 7, in
-the second rank 0 hangs in a callback at step 13, the third finishes; each
-rank saves its parameters in OUT/rank{r}.npz. Every line that times the
-run says ``at <time.time()>``.
+Checkpoint: the hang dumps go to ./phalanx-hang). ``restart``: 20 steps with
+a checkpoint every 2 and ``resume="latest"``; in the launch's first start
+rank 1 kills itself with SIGKILL at step 7, in the second rank 0's
+checkpoint write of step 14 never returns, the third finishes; each rank
+saves its parameters in OUT/rank{r}.npz. Every line that times the run says
+``at <time.time()>``.
 """
 
 import os
@@ -45,12 +44,14 @@ class Trouble(px.Callback):
                 time.sleep(3600)
 
 
-def hang_in_checkpoint_write(step: int) -> None:
-    """Rank 1's write of `step`'s checkpoint never returns."""
+def hang_in_checkpoint_write(restart: int, rank: int, step: int) -> None:
+    """In start `restart`, rank `rank`'s write of `step`'s checkpoint never
+    returns."""
     save = CheckpointFolder.save
 
     def stuck(self, snapshot, metrics, *, wait):
-        if jax.process_index() == 1 and snapshot.progress.step == step:
+        here = (RESTART, jax.process_index(), snapshot.progress.step)
+        if here == (restart, rank, step):
             print(f"hang at {time.time():.3f}", flush=True)
             time.sleep(3600)
         return save(self, snapshot, metrics, wait=wait)
@@ -66,11 +67,8 @@ def main(out: str, mode: str) -> None:
         train(strategy, [Trouble((0, 1, 3, "hang"))], hang_timeout=HANG_TIMEOUT)
         return
     checkpoint = px.callbacks.Checkpoint(f"{out}/checkpoints", every_n_steps=2)
-    if mode == "checkpoint":
-        hang_in_checkpoint_write(4)
-        train(strategy, [checkpoint], hang_timeout=HANG_TIMEOUT)
-        return
-    faults = Trouble((0, 1, 7, "kill"), (1, 0, 13, "hang"))
+    hang_in_checkpoint_write(1, 0, 14)
+    faults = Trouble((0, 1, 7, "kill"))
     trainer = train(
         strategy, [faults, checkpoint], resume="latest", hang_timeout=HANG_TIMEOUT
     )
