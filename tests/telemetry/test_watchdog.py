@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+import jax
+import jax.numpy as jnp
 import optax
 import pytest
 from typing_extensions import override
@@ -170,3 +172,17 @@ def test_auto_follows_the_launchers_environment(monkeypatch):
     monkeypatch.setenv("PHALANX_HANG_TIMEOUT", "soon")
     with pytest.raises(ValueError, match=r"^PHALANX_HANG_TIMEOUT='soon': set it"):
         resolve_auto("auto")
+
+
+def test_a_long_compile_is_not_a_hang(tmp_path, exits):
+    def wide(x):  # ~1.5 s to trace, lower and compile here (not deep: XLA's
+        # passes recurse, and a chain of thousands of ops overflows its stack)
+        parts = [jnp.sin(x + i) * jnp.cos(x - i) for i in range(1500)]
+        return jnp.stack(parts).sum(0)
+
+    with watchdog(tmp_path, 0.5):
+        start = time.perf_counter()
+        jax.jit(wide).lower(jnp.ones(8)).compile()
+        took = time.perf_counter() - start
+    assert took > 1.0, "the compile must outlast the deadline for this test"
+    assert exits == [] and not (tmp_path / "hang-rank0.txt").exists()
