@@ -17,7 +17,7 @@ from typing_extensions import override
 
 import phalanx as px
 from phalanx.callbacks._wandb_log import transaction_log
-from phalanx.cli._launch import _GLOO_NOTE
+from phalanx.cli._gloo_notes import _GLOO_NOTE
 from phalanx.strategies._registry import Options, Registered, registered
 
 

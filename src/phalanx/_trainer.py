@@ -12,7 +12,7 @@ reads or writes its private fields.
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeAlias, TypeVar
 
 import equinox as eqx
 import jax
@@ -124,6 +124,7 @@ class DataParallelTrainer(Generic[_Model]):
         ema: float | None = None,
         gc: GCMode = "auto",
         slow_steps: float | None = 3.0,
+        hang_timeout: float | Literal["auto"] | None = "auto",
     ):
         """Each argument in short (the guide "Every trainer argument" says all).
 
@@ -153,6 +154,7 @@ class DataParallelTrainer(Generic[_Model]):
             gc: the garbage collector in `fit`: ``"auto"``, ``"off"``, ``"python"``.
             slow_steps: warn when steps take this many times the median
                 (None: never).
+            hang_timeout: seconds without progress before `fit` exits (75).
 
         Raises:
             TypeError, ValueError: an argument is invalid (the message names it).
@@ -171,6 +173,7 @@ class DataParallelTrainer(Generic[_Model]):
         """The garbage-collection policy of `fit` (see the argument)."""
         self.slow_steps = None if slow_steps is None else float(slow_steps)
         """The slow-step alarm's factor (None: off)."""
+        self.hang_timeout: float | Literal["auto"] | None = hang_timeout
         self.ema = None if ema is None else float(ema)
         """The decay of the parameters' moving average (None: none kept)."""
         self.precision = precision_of(precision)
@@ -372,9 +375,8 @@ class DataParallelTrainer(Generic[_Model]):
                 they concern; the state is that of the last good step.
             FloatingPointError: a non-finite gradient under nan_policy="raise".
         """
-        options = FitOptions(
-            self.prefetch, self.gc, self.slow_steps, self._splits_by_default
-        )
+        alarms = (self.slow_steps, self.hang_timeout)
+        options = FitOptions(self.prefetch, self.gc, *alarms, self._splits_by_default)
         run_fit(
             self,
             self._parts,

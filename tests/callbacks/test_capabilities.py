@@ -46,6 +46,7 @@ UNRELATED = {
     ("remat", "'__name__'"): "a checkpoint policy's name in the plan's table",
     ("node", "'remat'"): "a stack of phalanx's own Stacked (its remat field)",
     ("strategy", "'offload'"): "a MeshStrategy's offload in its name",
+    ("sys", "'ps1'"): "whether Python runs interactively (the hang watchdog's auto)",
 }
 
 

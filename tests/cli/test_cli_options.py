@@ -218,6 +218,21 @@ def test_slow_steps_takes_a_factor_or_off(capsys):
         )
 
 
+def test_hang_timeout_takes_seconds_auto_or_off(capsys):
+    assert cli_args().hang_timeout == "auto"  # the trainer's default
+    assert cli_args("--hang-timeout", "90").hang_timeout == 90.0
+    assert cli_args("--hang-timeout", "off").hang_timeout is None
+    for bad in ("0", "-3", "inf", "soon"):
+        with pytest.raises(SystemExit) as exit:
+            cli_args("--hang-timeout", bad)
+        assert exit.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            "phalanx train: error: argument --hang-timeout: must be a number of "
+            f"seconds above 0 (e.g. 600), auto or off, got {bad!r} (see phalanx "
+            "train --help)"
+        )
+
+
 def test_slow_steps_reaches_the_trainer_and_not_the_config(
     tmp_path, monkeypatch, capsys
 ):

@@ -120,6 +120,7 @@ def test_it_takes_trains_options_for_the_run_and_none_for_training():
         "epochs", "lr", "schedule", "schedule_steps", "checkpoint_every",
         "eval_every", "resume", "config", "loggers", "log_every", "profile",
         "steps_per_call", "distributed", "metrics", "telemetry", "slow_steps",
+        "hang_timeout",
     }  # fmt: skip
     assert options("find-lr") == options("train") - training | own
 

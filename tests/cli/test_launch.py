@@ -2,6 +2,7 @@
 processes on 127.0.0.1 (gloo collectives between processes)."""
 
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -27,12 +28,12 @@ ENV.pop("NPROC", None)
 
 
 def launch(
-    *args: str, script: str, timeout: float = 120
+    *args: str, script: str, timeout: float = 120, env: dict[str, str] = ENV
 ) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "phalanx", "launch", *args]
     command += ["--", sys.executable, "-c", textwrap.dedent(script)]
     return subprocess.run(
-        command, env=ENV, capture_output=True, text=True, timeout=timeout
+        command, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -143,6 +144,93 @@ def test_the_rank_that_died_first_is_named(tmp_path):
     )
     assert done.returncode == 128 + 9, done.stderr
     assert "rank 1 was killed by SIGKILL" in done.stderr
+
+
+def test_max_restarts_starts_every_rank_again_after_a_failure():
+    # Rank 1 fails in the first two starts (exit 3, then as the hang
+    # watchdog exits), rank 0 waits; the third start ends well.
+    done = launch(
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "2",
+        script="""
+        import os, sys, time
+        restart = os.environ["PHALANX_RESTART_COUNT"]
+        rank = os.environ["JAX_PROCESS_ID"]
+        cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+        print(restart, os.environ["JAX_COORDINATOR_ADDRESS"], cache, flush=True)
+        assert os.path.isdir(cache)
+        if restart != "2":
+            if rank == "1":
+                time.sleep(0.3)
+                sys.exit(3 if restart == "0" else 75)
+            time.sleep(600)
+        """,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    starts = [line.split() for line in lines_of(done.stdout, 1)]
+    assert [start[0] for start in starts] == ["0", "1", "2"]
+    assert len({start[1] for start in starts}) == 3  # a fresh port each time
+    (cache,) = {start[2] for start in starts}  # one compile cache for all
+    assert not os.path.exists(cache)  # the launcher's own, removed at the end
+    notes = [line for line in done.stderr.splitlines() if "restart " in line]
+    assert len(notes) == 2
+    assert notes[0].startswith("phalanx launch: rank 1 exited with code 3 ")
+    assert notes[0].endswith("restart 1/2 of all 2 processes")
+    assert notes[1].startswith(
+        "phalanx launch: rank 1 was ended by its hang watchdog (exit code 75) "
+    )
+
+
+def test_max_restarts_gives_up_after_n_and_keeps_a_cache_the_user_set(tmp_path):
+    done = launch(
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "1",
+        script=f"""
+        import os, sys
+        assert os.environ["JAX_COMPILATION_CACHE_DIR"] == {str(tmp_path)!r}
+        sys.exit(int(os.environ["JAX_PROCESS_ID"]) * 5)
+        """,
+        env=ENV | {"JAX_COMPILATION_CACHE_DIR": str(tmp_path)},
+    )
+    assert done.returncode == 5, done.stderr
+    assert "restart 1/1" in done.stderr and "restart 2/" not in done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "phalanx launch: rank 1 exited with code 5; the other processes were "
+        "stopped (after 1 restarts)"
+    )
+    assert tmp_path.is_dir()
+
+
+@pytest.mark.parametrize(
+    ("given", "seen"),
+    [(["--hang-timeout", "30"], "30"), ([], None), (["--hang-timeout", "off"], "off")],
+)
+def test_hang_timeout_reaches_every_process(given, seen):
+    done = launch(
+        "--nproc",
+        "2",
+        *given,
+        script="""
+        import os
+        print("timeout", os.environ.get("PHALANX_HANG_TIMEOUT"))
+        """,
+    )
+    assert done.returncode == 0, done.stderr
+    assert lines_of(done.stdout, 0) == lines_of(done.stdout, 1) == [f"timeout {seen}"]
+
+
+@pytest.mark.parametrize("value", ["-1", "two", "1.5"])
+def test_bad_max_restarts_is_refused_in_one_line(value):
+    done = launch("--nproc", "2", "--max-restarts", value, script="pass")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "phalanx launch: error: argument --max-restarts: must be a whole number, "
+        f"0 or more, got {value!r} (see phalanx launch --help)"
+    ]
 
 
 def test_signals_reach_every_rank():
@@ -343,3 +431,28 @@ def test_train_distributed_without_a_run(tmp_path):
     assert refused.returncode == 2
     assert refused.stderr.count("\n") == 1 and "--devices chooses" in refused.stderr
     assert not (tmp_path / "other").exists()
+
+
+def test_a_restarted_phalanx_train_goes_on_in_its_run_folder(tmp_path, monkeypatch):
+    from phalanx.cli._config import restarted
+    from phalanx.cli._parser import build_parser
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PHALANX_LAUNCH_STAMP", "20260101-000000")
+    run = str(pathlib.Path("runs") / "20260101-000000")
+
+    def argv_of(*args: str) -> list[str]:
+        argv = ["train", "--epochs", "2", *args]
+        return restarted(argv, build_parser().parse_args(argv))[3:]
+
+    monkeypatch.setenv("PHALANX_RESTART_COUNT", "0")  # a first start: as given
+    assert argv_of() == []
+    monkeypatch.setenv("PHALANX_RESTART_COUNT", "1")
+    assert argv_of() == []  # the start before made no folder: as given
+    (tmp_path / run / "checkpoints").mkdir(parents=True)
+    assert argv_of() == ["--overwrite", "--run-dir", run]  # no checkpoint yet
+    (tmp_path / run / "checkpoints" / "10").mkdir()
+    assert argv_of() == ["--resume", "--run-dir", run]
+    assert argv_of("--run-dir", "other") == ["--run-dir", "other"]  # none there
+    for given in (["--resume"], ["--overwrite"], ["--config", "c.toml"]):
+        assert argv_of(*given) == given  # the command says what it wants

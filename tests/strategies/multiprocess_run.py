@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import equinox as eqx
 import jax
@@ -53,16 +54,25 @@ SPLIT = 5
 
 
 def train(
-    strategy: px.Strategy, callbacks=(), *, steps: int = 20, resume=None
+    strategy: px.Strategy,
+    callbacks=(),
+    *,
+    steps: int = 20,
+    resume=None,
+    hang_timeout: float | Literal["auto"] | None = "auto",
 ) -> px.DataParallelTrainer:
     """An MLP, adam, `steps` steps (counted from the run's start) over an
     ArrayLoader, which hands each process its slice of every global batch of
-    64."""
+    64 (`hang_timeout`: the trainer's)."""
     x = np.random.default_rng(0).standard_normal((640, 20)).astype(np.float32)
     y = np.random.default_rng(1).integers(0, 3, 640).astype(np.int32)
     model = px.models.MLP(20, 3, hidden=(16,), key=jax.random.key(0))
     trainer = px.DataParallelTrainer(
-        model, optax.adam(1e-2), strategy=strategy, callbacks=callbacks
+        model,
+        optax.adam(1e-2),
+        strategy=strategy,
+        callbacks=callbacks,
+        hang_timeout=hang_timeout,
     )
     loader = px.data.ArrayLoader((x, y), 64, seed=1)
     trainer.fit(loader, steps=steps, resume=resume)

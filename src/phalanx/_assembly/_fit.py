@@ -7,11 +7,15 @@ The trainer's `fit` is this function given the trainer's parts; it reads
 the trainer only through what `TrainerLike` declares.
 """
 
+import contextlib
 import dataclasses
 import functools
 import os
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
+
+import jax
 
 from .._checks._arguments import (
     check_duration,
@@ -30,8 +34,15 @@ from .._state._progress import RunPlan, RunProgress, fit_totals
 from .._state._run import Run
 from .._telemetry._clock import PhaseClock
 from .._telemetry._observer import FitTelemetry
+from .._telemetry._watchdog import (
+    DEFAULT_FOLDER,
+    HangTimeout,
+    HangWatchdog,
+    resolve_auto,
+)
 from .._typing import EvalSets, GCMode, HostMetrics, validates_own_arguments
 from ..callbacks._base import TrainerLike
+from ..callbacks._checkpoint import Checkpoint
 from ..callbacks._dispatch import Callbacks
 from ..callbacks._monitors import check_monitors
 from ..checkpoint._resume import find_snapshot, resume_data
@@ -47,6 +58,8 @@ class FitOptions:
         prefetch: batches prepared ahead.
         gc: the garbage-collection policy.
         slow_steps: the slow-step alarm's factor (None: off).
+        hang_timeout: the hang watchdog's deadline (seconds, "auto", or
+            None: off).
         default_split: whether batches are split by the default
             `split_batch` (what the data checks may assume).
     """
@@ -54,6 +67,7 @@ class FitOptions:
     prefetch: int
     gc: GCMode
     slow_steps: float | None
+    hang_timeout: HangTimeout
     default_split: bool
 
 
@@ -134,7 +148,8 @@ def run_fit(
         )
     fit = FitData(data, sets, eval_every, check)
     current.events, current.totals, current.clock = events, totals, clock
-    with clock.running():
+    watchdog = _watchdog(options.hang_timeout, clock, parts, callbacks, trainer)
+    with clock.running(), watchdog:
         try:
             try:
                 # A callback failing to start (a tracker that cannot reach
@@ -156,6 +171,32 @@ def run_fit(
         finally:
             current.events = None
         callbacks.fit_end(info_now(trainer, parts))
+
+
+def _watchdog(
+    timeout: HangTimeout,
+    clock: PhaseClock,
+    parts: TrainerParts,
+    callbacks: Callbacks,
+    trainer: TrainerLike,
+) -> contextlib.AbstractContextManager[object]:
+    """The fit's hang watchdog (a no-op one where it is off; "auto" as the
+    environment says, see `resolve_auto`): its dumps go to the first
+    `Checkpoint`'s folder, else ``./phalanx-hang``."""
+    timeout = resolve_auto(timeout)
+    if timeout is None:
+        return contextlib.nullcontext()
+    folders = [s.directory for s in callbacks.stores if isinstance(s, Checkpoint)]
+    slot = parts.slot
+    return HangWatchdog(
+        clock,
+        lambda: slot.progress.step,
+        timeout=timeout if timeout == "auto" else float(timeout),
+        sync_every=trainer.sync_every,
+        folder=folders[0] if folders else Path(DEFAULT_FOLDER).absolute(),
+        rank=jax.process_index(),
+        processes=jax.process_count(),
+    )
 
 
 def _start_run(

@@ -13,6 +13,7 @@ import optax
 from .._losses import LOSSES
 from .._precision import precision_of
 from .._state._progress import RunProgress
+from .._telemetry._watchdog import check_hang_timeout
 from .._typing import EvalSets, GCMode
 from .._validate import (
     boolean,
@@ -48,6 +49,7 @@ def check_config(
     ema: Any = None,
     gc: Any = "auto",
     slow_steps: Any = 3.0,
+    hang_timeout: Any = "auto",
 ) -> None:
     """Raise TypeError / ValueError naming the first bad trainer argument."""
     if not callable(model):
@@ -110,6 +112,7 @@ def check_config(
             "time at which a slow step is reported, a number above 1 (e.g. "
             "slow_steps=3.0), or None for no report"
         )
+    check_hang_timeout(hang_timeout)
     if steps_per_call > 1 and strategy is not None:
         stacked(strategy.batch_sharding)  # the strategy can stack batches
     optional_int_at_least(

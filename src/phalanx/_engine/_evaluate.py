@@ -11,6 +11,7 @@ from typing import Any
 import jax
 
 from .._checks._batch import empty_data_message
+from .._telemetry._watchdog import beat
 from .._typing import EvalSets, HostMetrics
 from ._feed import Feed
 from ._prepare import Preparer
@@ -68,6 +69,7 @@ def evaluate(
             if sums is None:
                 sums = compiler.eval_sums(program)
             sums = program.evaluate(leaves, sums, placed.leaves, placed.weight)
+            beat()  # progress, for the hang watchdog
             if (i + 1) % sync_every == 0:
                 jax.block_until_ready(sums)
     if sums is None or program is None:

@@ -36,6 +36,8 @@ PER_COMMAND = (
     "telemetry",
     # Whether it warns of slow steps, nothing of the run either.
     "slow_steps",
+    # When a run that stopped progressing is ended: nothing of the run.
+    "hang_timeout",
 )
 # Options a resumed run may change: each leaves every update of the run as it
 # was (invariant 5 of docs/architecture.md: a resumed run continues exactly as
@@ -123,6 +125,8 @@ class TrainArgs:
     data_workers: int = 0
     # --slow-steps FACTOR or off (None): the trainer's slow-step alarm.
     slow_steps: float | None = 3.0
+    # --hang-timeout SECONDS, auto or off (None): the trainer's hang watchdog.
+    hang_timeout: float | Literal["auto"] | None = "auto"
     # The learning-rate schedule's length in steps; None until the run
     # starts, when it becomes its epochs x steps per epoch (see
     # `with_schedule_steps`) and is written to config.toml.
@@ -144,7 +148,7 @@ class TrainArgs:
         values["model_arg"] = values.get("model_arg") or ()
         values["metrics"] = values.get("metrics") or ()
         run_dir = options.get("run_dir")
-        values["run_dir"] = Path(run_dir) if run_dir else _new_run_dir()
+        values["run_dir"] = Path(run_dir) if run_dir else new_run_dir()
         values["distributed"] = bool(values.get("distributed")) or bool(
             os.environ.get(NUM_PROCESSES)
         )
@@ -282,7 +286,7 @@ def read_config(path: Path, option: str) -> dict[str, Any]:
         raise UsageError(f"{option} {path}: not valid TOML ({error})") from None
 
 
-def _new_run_dir() -> Path:
+def new_run_dir() -> Path:
     """runs/<date-time>, with a suffix if a run started in the same second;
     under phalanx launch, the launch's time (the same in every process)."""
     if LAUNCH_STAMP in os.environ:

@@ -4,10 +4,12 @@ flags given; and ``phalanx find-lr``'s: train's defaults, then the flags
 given."""
 
 import argparse
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._env import RESTART_COUNT
 from ._args import (
     CONFIG_FILE,
     PER_COMMAND,
@@ -16,6 +18,7 @@ from ._args import (
     PlanArgs,
     TrainArgs,
     UsageError,
+    new_run_dir,
     read_config,
 )
 from ._model import model_args
@@ -49,6 +52,26 @@ def resolve_train(argv: Sequence[str], namespace: argparse.Namespace) -> TrainAr
     else:
         return TrainArgs.from_options(options)
     return TrainArgs.from_options({**options, **stored, **given})
+
+
+def restarted(argv: list[str], namespace: argparse.Namespace) -> list[str]:
+    """`argv` of a ``phalanx train`` that ``phalanx launch --max-restarts``
+    started again (``PHALANX_RESTART_COUNT`` above 0): the run goes on in
+    its folder, from its latest checkpoint (``--resume``), or afresh where
+    the start before failed before its first one (``--overwrite``). As
+    given for a first start, or where --resume, --overwrite or --config
+    says otherwise."""
+    if os.environ.get(RESTART_COUNT, "0") in ("", "0"):
+        return argv
+    if namespace.resume or namespace.overwrite or namespace.config:
+        return argv
+    run_dir = Path(namespace.run_dir) if namespace.run_dir else new_run_dir()
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()):
+        return [*argv, "--resume", "--run-dir", str(run_dir)]
+    if run_dir.exists():
+        return [*argv, "--overwrite", "--run-dir", str(run_dir)]
+    return argv
 
 
 # find-lr's own options: the range, and where its files go.

@@ -10,6 +10,15 @@ within a bounded time instead of waiting on a collective that never ends.
 On Linux the processes also die with the launcher: killed with SIGKILL, or
 crashed, it cannot stop them itself, and ranks left behind would hold their
 devices and ports.
+
+With ``--max-restarts N``, a failed run (a rank that exited non-zero, was
+killed, or was ended by its hang watchdog) is started again, every rank of
+it, up to N times: the program is expected to resume from its latest
+checkpoint (``fit(resume="latest")``). Each start gets a fresh coordinator
+port, the same run-folder stamp, ``PHALANX_RESTART_COUNT`` (0, 1, ...) and
+JAX's persistent compile cache (a folder the launcher makes and removes,
+unless ``JAX_COMPILATION_CACHE_DIR`` is set), so a restart reads its
+programs instead of compiling them again.
 """
 
 import ctypes
@@ -21,17 +30,31 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import IO
 
-from .._env import COORDINATOR, LAUNCH_STAMP, NUM_PROCESSES, PROCESS_ID
+from .._env import (
+    COORDINATOR,
+    HANG_EXIT_CODE,
+    HANG_TIMEOUT,
+    LAUNCH_STAMP,
+    NUM_PROCESSES,
+    PROCESS_ID,
+    RESTART_COUNT,
+)
+from ._gloo_notes import GlooNotes
 
 
 # After a process fails (or a signal arrives), the others get SIGTERM, then
 # SIGKILL this many seconds later.
 GRACE_SECONDS = 10.0
+# The same when the run will be restarted: a process left after another died
+# is blocked in a collective with it (or would be, saving a checkpoint on
+# SIGTERM), so waiting longer only delays the restart.
+RESTART_GRACE_SECONDS = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,71 +65,14 @@ class LaunchArgs:
     port: int | None = None
     # Keep gloo's connection notes in the output.
     verbose: bool = False
+    # Start every process again this many times at most after a failure.
+    max_restarts: int = 0
+    # PHALANX_HANG_TIMEOUT for every process: seconds, "off", or None (unset).
+    hang_timeout: str | None = None
 
 
 class LaunchError(Exception):
     """A command `launch` cannot start: reported in one line, exit code 2."""
-
-
-# gloo's note once a process has connected to the others; "#" is a number.
-_GLOO_NOTE = (
-    "[Gloo] Rank # is connected to # peer ranks. Expected number of connected "
-    "peer ranks is : #"
-)
-
-
-def _walk_note(text: str, at: int) -> tuple[int, int]:
-    """How much of `text`'s start continues gloo's note from position `at`:
-    (characters of `text`, the position in the note reached)."""
-    used = 0
-    while at < len(_GLOO_NOTE) and used < len(text):
-        if _GLOO_NOTE[at] == "#":
-            digits = len(text[used:]) - len(text[used:].lstrip("0123456789"))
-            if not digits:
-                break
-            used += digits
-        elif text[used] != _GLOO_NOTE[at]:
-            break
-        else:
-            used += 1
-        at += 1
-    return used, at
-
-
-class GlooNotes:
-    """Takes gloo's connection notes out of one stream's lines.
-
-    gloo's C++ side writes its note in pieces, one write per part, so the
-    program's own output can land between them: a line can hold the note
-    and the program's text, and a note cut by another writer's line end
-    goes on at the start of the next line. The note's text is removed
-    wherever it is; a line left empty by that (or the stray line end after
-    it) is dropped, and everything else is the program's own.
-    """
-
-    def __init__(self) -> None:
-        self._at = 0  # where in an unfinished note the stream is (0: none)
-        self._after = False  # the previous line held (part of) a note
-
-    def __call__(self, line: str) -> str | None:
-        """`line` without gloo's text; None where nothing else was in it."""
-        text, removed = line.rstrip("\n"), False
-        if self._at:
-            used, at = _walk_note(text, self._at)
-            self._at = at if used and at < len(_GLOO_NOTE) else 0
-            text, removed = text[used:], used > 0
-        start = text.find("[Gloo]")
-        while start >= 0:
-            used, at = _walk_note(text[start:], 0)
-            if start + used == len(text) and at < len(_GLOO_NOTE):
-                self._at = at  # the note goes on in a later line
-            text, removed = text[:start] + text[start + used :], True
-            start = text.find("[Gloo]", start)
-        stray = self._after and not text.strip()
-        self._after = removed
-        if (removed or stray) and not text.strip():
-            return None
-        return text + line[len(line.rstrip("\n")) :] if removed else line
 
 
 # prctl(2) option: the signal a process gets when its parent thread exits.
@@ -145,10 +111,11 @@ def free_port() -> int:
 
 
 def rank_environment(
-    args: LaunchArgs, rank: int, port: int, stamp: str
+    args: LaunchArgs, rank: int, port: int, stamp: str, extra: dict[str, str]
 ) -> dict[str, str]:
-    """The environment of process `rank`."""
-    env = dict(os.environ)
+    """The environment of process `rank` (`extra`: the launch's own
+    variables, e.g. the restart count)."""
+    env = dict(os.environ) | extra
     env[COORDINATOR] = f"127.0.0.1:{port}"
     env[NUM_PROCESSES] = str(args.nproc)
     env[PROCESS_ID] = str(rank)
@@ -168,9 +135,8 @@ def rank_environment(
 class _Ranks:
     """The running processes and the threads that copy their output."""
 
-    def __init__(self, args: LaunchArgs, port: int):
+    def __init__(self, args: LaunchArgs, port: int, stamp: str, extra: dict[str, str]):
         self.verbose = args.verbose
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.processes: list[subprocess.Popen[str]] = []
         self.copiers: list[threading.Thread] = []
         self.waiters: list[threading.Thread] = []
@@ -183,7 +149,7 @@ class _Ranks:
             try:
                 process = subprocess.Popen(
                     args.command,
-                    env=rank_environment(args, rank, port, stamp),
+                    env=rank_environment(args, rank, port, stamp, extra),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
@@ -286,18 +252,23 @@ def check_command(command: tuple[str, ...]) -> None:
 def describe_exit(code: int) -> str:
     if code < 0:
         return f"was killed by {signal.Signals(-code).name}"
+    if code == HANG_EXIT_CODE:
+        return f"was ended by its hang watchdog (exit code {code})"
     return f"exited with code {code}"
 
 
 def run_launch(args: LaunchArgs, *, grace: float = GRACE_SECONDS) -> int:
-    """Run `args.command` in `args.nproc` processes; their combined exit code.
+    """Run `args.command` in `args.nproc` processes (again, every one, after
+    a failure, up to `args.max_restarts` times); their combined exit code.
 
     Returns:
-        0 when every process exits 0; otherwise the first failing process's
-        code (128 + signal number for a process killed by a signal).
+        0 when every process of the last start exits 0; otherwise the first
+        failing process's code (128 + signal number for a process killed by
+        a signal).
     """
     check_command(args.command)
-    port = args.port or free_port()
+    # One stamp for every start: a run folder named by it is resumed.
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     received: list[int] = []
     started: list[_Ranks] = []
 
@@ -313,29 +284,42 @@ def run_launch(args: LaunchArgs, *, grace: float = GRACE_SECONDS) -> int:
         signum: signal.signal(signum, forward)
         for signum in (signal.SIGINT, signal.SIGTERM)
     }
+    extra, cache = _restart_environment(args)
+    failure, restarts = None, 0
     try:
-        ranks = _Ranks(args, port)
-        started.append(ranks)
-        if received:
-            ranks.signal(received[-1])
-        failure = None
-        while failure is None and ranks.running():
-            failure = ranks.first_failure()
-            if failure is not None:
-                ranks.stop(grace)
-            elif len(received) > 1:
-                ranks.stop(0.0)  # a second signal: stop now
-            time.sleep(0.05)
-        ranks.join_output()
-        failure = failure or ranks.first_failure()
+        while True:
+            extra[RESTART_COUNT] = str(restarts)
+            began = time.monotonic()
+            # (A restart forks after the start before's threads have ended:
+            # `_supervise` joined them, as die_with_parent needs.)
+            ranks = _Ranks(args, args.port or free_port(), stamp, extra)
+            started[:] = [ranks]
+            last = restarts == args.max_restarts
+            wait = grace if last else min(grace, RESTART_GRACE_SECONDS)
+            failure, stopping = _supervise(ranks, received, wait)
+            if failure is None or received or last:
+                break
+            restarts += 1
+            rank, code = failure
+            print(
+                f"phalanx launch: rank {rank} {describe_exit(code)} "
+                f"{stopping - began:.1f} s after the start; every process "
+                f"stopped in {time.monotonic() - stopping:.1f} s; restart "
+                f"{restarts}/{args.max_restarts} of all {args.nproc} processes",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if cache is not None:
+            shutil.rmtree(cache, ignore_errors=True)
     if failure is not None and not received:  # after a signal, exits are expected
         rank, code = failure
+        tried = f" (after {restarts} restarts)" if args.max_restarts else ""
         print(
             f"phalanx launch: rank {rank} {describe_exit(code)}; the other "
-            "processes were stopped",
+            f"processes were stopped{tried}",
             file=sys.stderr,
             flush=True,
         )
@@ -343,3 +327,51 @@ def run_launch(args: LaunchArgs, *, grace: float = GRACE_SECONDS) -> int:
         return 0
     code = failure[1]
     return 128 - code if code < 0 else code
+
+
+def _supervise(
+    ranks: _Ranks, received: list[int], grace: float
+) -> tuple[tuple[int, int] | None, float]:
+    """Wait for `ranks` to end, stopping the rest when one fails (or a
+    signal in `received` asks); the first failure, as (rank, exit code),
+    and when it was seen (`time.monotonic`)."""
+    if received:
+        ranks.signal(received[-1])
+    failure, seen = None, time.monotonic()
+    while failure is None and ranks.running():
+        failure = ranks.first_failure()
+        if failure is not None:
+            seen = time.monotonic()
+            ranks.stop(grace)
+        elif len(received) > 1:
+            ranks.stop(0.0)  # a second signal: stop now
+        time.sleep(0.05)
+    ranks.join_output()
+    if failure is None:
+        failure, seen = ranks.first_failure(), time.monotonic()
+    return failure, seen
+
+
+def _restart_environment(args: LaunchArgs) -> tuple[dict[str, str], str | None]:
+    """The launch's own variables for every process (the hang watchdog's
+    deadline, if given), and the compile cache folder it made (None: none).
+    A run that may restart keeps JAX's
+    persistent compile cache in a folder of its own unless the user chose
+    one (``JAX_COMPILATION_CACHE_DIR``), every program in it however quick
+    its compile (JAX's default keeps only those of 1 s or more)."""
+    extra: dict[str, str] = {}
+    if args.hang_timeout is not None:
+        extra[HANG_TIMEOUT] = args.hang_timeout
+    if not args.max_restarts or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return extra, None
+    cache = tempfile.mkdtemp(prefix="phalanx-launch-cache-")
+    extra["JAX_COMPILATION_CACHE_DIR"] = cache
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        extra["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    print(
+        f"phalanx launch: JAX's compile cache for the restarts is in {cache} "
+        "(removed at the end; set JAX_COMPILATION_CACHE_DIR to keep one)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return extra, cache

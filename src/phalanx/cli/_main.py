@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from ..strategies._registry import lookup, registered
 from ._args import FindLRArgs, TrainArgs, UsageError
-from ._config import resolve_find_lr, resolve_plan, resolve_train
+from ._config import resolve_find_lr, resolve_plan, resolve_train, restarted
 from ._parser import build_parser
 from ._plan_command import check_plan, run_plan
 from ._values import mesh_sizes
@@ -50,11 +50,20 @@ def _launch(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> i
                 devices_per_process=namespace.devices_per_process,
                 port=namespace.port,
                 verbose=namespace.verbose,
+                max_restarts=namespace.max_restarts,
+                hang_timeout=_hang_timeout(namespace.hang_timeout),
             )
         )
     except LaunchError as error:
         print(f"phalanx launch: error: {error}", file=sys.stderr)
         return 2
+
+
+def _hang_timeout(value: float | str | None) -> str | None:
+    """``--hang-timeout`` of launch as PHALANX_HANG_TIMEOUT (None: unset)."""
+    if value == "auto":
+        return None
+    return "off" if value is None else f"{value:g}"
 
 
 # --- train ----------------------------------------------------------------------
@@ -243,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_plan(planned)
             run = ft.partial(run_plan, planned)
         else:
+            argv = restarted(argv, namespace)  # under launch --max-restarts
+            namespace = parser.parse_args(argv)
             args = resolve_train(argv, namespace)
             check_arguments(args)
             run = ft.partial(run_train, args)

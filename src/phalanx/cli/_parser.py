@@ -22,8 +22,10 @@ from ._values import (
     at_least_two,
     factor_or_off,
     fraction,
+    non_negative_int,
     positive_float,
     positive_int,
+    seconds_or_off,
     size,
     steps,
 )
@@ -205,6 +207,18 @@ def build_parser(
         "RUN_DIR/timeline.json is written on every run",
     )
     add(
+        "--hang-timeout",
+        type=seconds_or_off,
+        default="auto",
+        metavar="SECONDS",
+        help="end the run when it makes no progress for SECONDS (a step, "
+        "collective, callback or checkpoint write that never returns): each "
+        "process writes its Python stacks to RUN_DIR/checkpoints/hang-rank"
+        "{r}.txt and exits with code 75 (phalanx launch --max-restarts then "
+        "restarts the run from its last checkpoint); auto (the default): "
+        "max(300, 3 x 16 x the median step) seconds; off: never",
+    )
+    add(
         "--slow-steps",
         type=factor_or_off,
         default=3.0,
@@ -332,7 +346,8 @@ def _add_launch(commands: "argparse._SubParsersAction[_Parser]") -> None:
             "coordinator on 127.0.0.1 (phalanx.distributed.initialize() reads "
             "the environment this sets). Output lines are prefixed with the "
             "rank; Ctrl-C and SIGTERM reach every process; if one fails, the "
-            "others are stopped and launch exits non-zero. On Linux they also "
+            "others are stopped and launch exits non-zero (or, with "
+            "--max-restarts, starts them all again). On Linux they also "
             "die with launch, even if it is killed with SIGKILL."
         ),
         usage="phalanx launch --nproc N [options] -- COMMAND [ARGS ...]",
@@ -355,6 +370,28 @@ def _add_launch(commands: "argparse._SubParsersAction[_Parser]") -> None:
         type=positive_int,
         metavar="PORT",
         help="coordinator port (default: a free one)",
+    )
+    launch.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="when a process fails (exits non-zero, is killed, or hangs and "
+        "its hang watchdog ends it), stop the others and start all of them "
+        "again, up to N times; the program resumes from its latest checkpoint "
+        "(fit(resume='latest'), phalanx train --resume). Each start has "
+        "PHALANX_RESTART_COUNT=0,1,... and a fresh port; JAX's compile cache "
+        "is kept across starts (a temporary folder unless "
+        "JAX_COMPILATION_CACHE_DIR is set). Default 0",
+    )
+    launch.add_argument(
+        "--hang-timeout",
+        type=seconds_or_off,
+        default="auto",
+        metavar="SECONDS",
+        help="the hang watchdog's deadline in every process whose trainer "
+        "leaves hang_timeout at 'auto' (phalanx train: --hang-timeout auto): "
+        "seconds without progress, or off; sets PHALANX_HANG_TIMEOUT",
     )
     launch.add_argument(
         "--verbose",

@@ -214,6 +214,7 @@ def train_and_report(
         seed=args.seed,
         steps_per_call=args.steps_per_call,
         slow_steps=args.slow_steps,
+        hang_timeout=args.hang_timeout,
         precision=args.precision,
         callbacks=[
             # The start line says where there is no mfu (`flops_note`).

@@ -4,6 +4,7 @@ or raises `argparse.ArgumentTypeError` saying how to write it."""
 
 import argparse
 import math
+from typing import Literal
 
 from .._plan._sizes import parse_size
 from ._model import is_reference, parse_model_arg
@@ -18,6 +19,18 @@ def positive_int(text: str) -> int:
         ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number, 0 or more, got {text!r}"
+        )
     return value
 
 
@@ -54,6 +67,22 @@ def factor_or_off(text: str) -> float | None:
     if not (math.isfinite(value) and value > 1):
         raise argparse.ArgumentTypeError(
             f"must be a factor above 1 (e.g. 3) or off, got {text!r}"
+        )
+    return value
+
+
+def seconds_or_off(text: str) -> float | Literal["auto"] | None:
+    """A positive number of seconds, ``auto`` or ``off`` (None)."""
+    word = text.strip().lower()
+    if word in ("off", "auto"):
+        return None if word == "off" else "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds above 0 (e.g. 600), auto or off, got {text!r}"
         )
     return value
 
