@@ -128,7 +128,7 @@ def main() -> None:
     run = trainer(callbacks)
     data = (direct if args.direct else loader)(args.out, args.workers)
     run.fit(data, steps=args.steps, resume="latest" if args.resume else None)
-    if not args.direct:
+    if isinstance(data, px.data.GrainLoader):
         data.close()
     np.savez(f"{args.out}/rank{jax.process_index()}.npz", *parameters(run))
 

@@ -24,10 +24,11 @@ class Source:
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int):
-        features = np.random.default_rng(i).standard_normal(4).astype(np.float32)
-        features[0] = i
-        return features, np.int32(i % 3)
+    def __getitem__(self, index: int):
+        rng = np.random.default_rng(index)
+        features = rng.standard_normal(4).astype(np.float32)
+        features[0] = index
+        return features, np.int32(index % 3)
 
     def __repr__(self) -> str:  # grain's DataLoader checks it on restore
         return f"Source({self.n})"
