@@ -39,7 +39,7 @@ def test_the_options_resume_accepts_are_pinned():
     assert set(RESUMABLE) == {
         "epochs", "log_every", "checkpoint_every", "eval_every", "loggers",
         "no_plot", "profile", "strategy", "shard", "mesh", "microbatches",
-        "devices", "steps_per_call",
+        "devices", "steps_per_call", "data_workers",
     }  # fmt: skip
 
 

@@ -6,9 +6,11 @@ import pathlib
 import re
 import sys
 
+import numpy as np
 import pytest
 
 import forkserver
+import phalanx as px
 
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -24,6 +26,8 @@ ARGS = {
     "transformer.py": ["--steps", "20"],
     "gan.py": ["--steps", "800"],
     "long_context.py": ["--steps", "1", "--seq", "2048"],
+    # 2 MiB instead of 1 GiB (examples/digits_on_disk.py's default).
+    "digits_on_disk.py": ["records", "--gib", "0.002", "--test", "64"],
 }
 
 
@@ -64,7 +68,9 @@ def test_every_example_is_tested():
 def test_examples_feed_data_through_the_loader():
     # Issue 3, acceptance 4: issue 2's examples use px.data.ArrayLoader
     # (mlp_sharding runs mlp_classifier's main); custom_data uses a generator.
-    for name in sorted(set(ARGS) - {"mlp_sharding.py", "custom_data.py"}):
+    # (digits_on_disk writes files for `phalanx train --dataset records:`.)
+    skipped = {"mlp_sharding.py", "custom_data.py", "digits_on_disk.py"}
+    for name in sorted(set(ARGS) - skipped):
         assert "px.data.ArrayLoader(" in (EXAMPLES / name).read_text(), name
     assert (
         "from mlp_classifier import main" in (EXAMPLES / "mlp_sharding.py").read_text()
@@ -209,3 +215,15 @@ def test_long_context():
     assert "mesh {'data': 2, 'fsdp': 1, 'context': 4, 'tensor': 1}" in out, out
     losses = floats(r"(?m)^step\s+\d+\s+loss (\S+)", out)
     assert len(losses) == 1 and 0 < losses[0] < 6, out  # ln(124 characters): 4.8
+
+
+def test_digits_on_disk(tmp_path):
+    # Issue 45, item 2: the digits augmented to a size chosen (1 GiB by
+    # default) written as ArrayRecord splits, one chunk at a time, readable
+    # by px.data.Records (and so by phalanx train --dataset records:DIR).
+    out = run_example("digits_on_disk.py", *ARGS["digits_on_disk.py"], cwd=tmp_path)
+    assert "train: 524 examples" in out and "test: 64 examples" in out, out
+    train = px.data.Records(tmp_path / "records", "train")
+    assert train.shape == (524, 1024) and train.dtype == np.float32
+    assert set(np.unique(train.labels)) <= set(range(10))
+    assert train[0].std() > 0.5  # a digit and its noise, not zeros

@@ -20,6 +20,7 @@ from ..callbacks._base import StepInfo, TrainerLike
 from ..callbacks._dispatch import Callbacks
 from ..checkpoint._agreement import PER_PROCESS, every_process
 from ..data import Resumable
+from ..data._grain_iterables import GrainIterable
 from ._feed import Feed
 
 
@@ -127,7 +128,7 @@ class FitEvents:
             state = data.state_dict()
         else:
             return None
-        if getattr(data, "per_process_state", False) and jax.process_count() > 1:
+        if isinstance(data, GrainIterable) and jax.process_count() > 1:
             # Each process's own position (a grain iterator's in its shard),
             # gathered: every process snapshots at the same step.
             return {PER_PROCESS: every_process(state)}

@@ -106,11 +106,7 @@ def _epoch(
         skip=skip,
         train=True,
         group=settings.steps_per_call,
-        # This process's share of the pass's rows (a resume may be on
-        # another number of processes).
-        rows=None
-        if progress.pass_rows is None
-        else progress.pass_rows // jax.process_count(),
+        rows=progress.local_pass_rows(),
     )
     head = feed.head
     if programs.first is None and head is not None:
@@ -229,9 +225,8 @@ def _pass_progress(
         progress = dataclasses.replace(progress, sum_names=names)
     elif progress.sum_names != names:
         raise ValueError(resumed_sums_message(progress, names))
-    if progress.pass_rows is None:  # the pass's first batch, all processes' rows
-        rows = first.size * jax.process_count()
-        progress = dataclasses.replace(progress, pass_rows=rows)
+    if progress.pass_rows is None:  # the pass's first batch
+        progress = progress.with_pass_rows(first.size)
     return progress
 
 
@@ -298,10 +293,9 @@ def _run(
 
 
 def _program_for(parts: LoopParts, events: FitEvents, first: DeviceBatch) -> Program:
-    """The program of a call whose first batch is `first`: the one built for
-    its step size, or one built now (a new signature, counted)."""
+    """The program for the global step size of `first` (a batch knows its
+    process's): the one built, or one built now (a new signature, counted)."""
     programs = parts.programs
-    # Programs are kept by global step size; a batch knows this process's.
     size = first.size * jax.process_count()
     program = programs.get(size)
     if program is None or not program.compiled:

@@ -4,6 +4,8 @@ import dataclasses
 from collections.abc import Iterable, Sized
 from typing import Any
 
+import jax
+
 from ._sums import EpochSums
 
 
@@ -77,6 +79,17 @@ class RunProgress:
             self.preempted,
             self.pass_rows,
         )
+
+    def with_pass_rows(self, local: int) -> "RunProgress":
+        """The progress once a pass's first batch is padded to `local` rows
+        on each process (`pass_rows` counts every process's)."""
+        return dataclasses.replace(self, pass_rows=local * jax.process_count())
+
+    def local_pass_rows(self) -> int | None:
+        """This process's share of `pass_rows` (a resume may be on another
+        number of processes); None before the pass's first batch."""
+        rows = self.pass_rows
+        return None if rows is None else rows // jax.process_count()
 
     def next_epoch(self) -> "RunProgress":
         """The progress at the start of the next epoch."""

@@ -53,9 +53,14 @@ class GrainLoader:
 
     Example:
         ```python
-        source = grain.MapDataset.source(grain.sources.ArrayRecordDataSource(paths))
-        loader = px.data.GrainLoader(source.map(decode), batch_size=256, worker_count=2)
-        trainer.fit(loader, epochs=3)  # checkpoints keep loader.state_dict()
+        import grain
+
+        examples = [(np.full(4, i, np.float32), np.int32(i % 2)) for i in range(100)]
+        source = grain.MapDataset.source(examples)  # or an ArrayRecordDataSource
+        loader = px.data.GrainLoader(source, batch_size=32, seed=0)
+        x, y, weight = next(iter(loader))  # x: (32, 4); weight: 1 for real examples
+        loader.state_dict()  # {"epoch": 0, "position": 1}: checkpoints keep it
+        loader.close()
         ```
     """
 
@@ -284,7 +289,7 @@ def _check_source(source: Any) -> Any:
             "source) to resume anywhere. Pass the MapDataset before "
             ".to_iter_dataset(), or give the iterable to fit directly"
         )
-    if hasattr(source, "__len__") and hasattr(source, "__getitem__"):
+    if isinstance(source, grain.sources.RandomAccessDataSource):  # len and [i]
         return grain.MapDataset.source(source)
     raise TypeError(
         f"source is a {type(source).__name__}; pass a grain.MapDataset or a "

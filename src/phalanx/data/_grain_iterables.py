@@ -8,6 +8,7 @@ last batch taken, which a checkpoint keeps with the run. grain is never
 imported here unless the data is grain's.
 """
 
+import sys
 from collections.abc import Iterator
 from typing import Any, final
 
@@ -18,10 +19,9 @@ _END = object()
 def resumable(data: Any) -> Any:
     """`data` wrapped in `GrainIterable` where it is one of grain's
     datasets or loaders, else `data` itself."""
-    if not type(data).__module__.startswith("grain."):
+    grain = sys.modules.get("grain")  # not imported: nothing of grain's here
+    if grain is None:
         return data
-    import grain
-
     if isinstance(data, grain.MapDataset | grain.IterDataset | grain.DataLoader):
         return GrainIterable(data)
     return data
@@ -38,11 +38,9 @@ class GrainIterable:
     keeps that batch for the next pass if the consumer stops.
 
     Each process's state is its own (grain's position in its shard): a
-    multi-process run's checkpoints keep every process's
-    (``per_process_state``), and a resume gives each its own back.
+    multi-process run's checkpoints keep every process's, and a resume
+    gives each its own back.
     """
-
-    per_process_state = True
 
     def __init__(self, dataset: Any):
         import jax  # only for the process count, which the state records
@@ -131,9 +129,10 @@ class GrainIterable:
 
     def _close(self) -> None:
         iterator, self._iterator, self._pending = self._iterator, None, _END
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            close()
+        import grain
+
+        if isinstance(iterator, grain.DatasetIterator):  # (a DataLoader's has none)
+            iterator.close()
 
 
 def _state(iterator: Any) -> Any:
