@@ -131,6 +131,7 @@ from cli_runs import (  # noqa: E402
     EVERY_5,
     FINAL,
     NOTICE,
+    STALE_TMP,
     TOTAL,
     cli_trainer,
     finish,
@@ -181,6 +182,10 @@ def straight(tmp_path_factory) -> tuple[pathlib.Path, str]:
     """A run that is never stopped: its folder and its last stdout line."""
     cwd = tmp_path_factory.mktemp("straight")
     run = finish(cwd, *COMMON, *EVERY_5, "--run-dir", "RUN")
-    assert said(run.stderr) == [NOTICE]
+    # orbax may note, from its own finalizing thread under load, that the
+    # temporary folder of the save it is writing has no metadata yet (seen
+    # once in CI): its own folder, nothing a killed run left.
+    lines = [line for line in said(run.stderr) if not STALE_TMP.fullmatch(line)]
+    assert lines == [NOTICE], run.output()
     assert FINAL.match(run.lines[-1]), run.output()
     return cwd / "RUN", run.lines[-1]
