@@ -60,8 +60,10 @@ KERAS_CALLS = (
 
 @pytest.fixture(scope="module")
 def pyright(tmp_path_factory) -> dict[str, str]:
-    """pyright's report on src/ and on two users' files (KERAS_CALLS and
-    USER_SUBCLASS below), from one run (each run analyses phalanx anew):
+    """pyright's report on users' files (KERAS_CALLS, USER_SUBCLASS and
+    TYPED_HOOKS below), from one run (each run analyses phalanx anew; src/
+    itself is checked by CI's own pyright step, and by the tooling before a
+    commit: reporting on it here took 16 of this run's 19 CPU-seconds):
     for each, its diagnostics as pyright prints them, a line each
     (``FILE:LINE:COLUMN - SEVERITY: MESSAGE``), then its counts
     (``N errors, N warnings``)."""
@@ -74,8 +76,7 @@ def pyright(tmp_path_factory) -> dict[str, str]:
     for name, code in files.items():
         (folder / f"{name}.py").write_text(code)
     exe = shutil.which("pyright") or str(Path(sys.executable).parent / "pyright")
-    paths = {"src": str(ROOT / "src")}
-    paths |= {name: str(folder / f"{name}.py") for name in files}
+    paths = {name: str(folder / f"{name}.py") for name in files}
     done = subprocess.run(
         [exe, "--outputjson", *paths.values()],
         cwd=ROOT,
@@ -97,12 +98,6 @@ def pyright(tmp_path_factory) -> dict[str, str]:
         lines.append(f"{counts[0]} errors, {counts[1]} warnings")
         reports[name] = "\n".join(lines)
     return reports
-
-
-@pytest.mark.slow
-def test_pyright_clean_on_src(pyright):
-    output = pyright["src"]
-    assert output.endswith("0 errors, 0 warnings"), output
 
 
 @pytest.mark.slow
