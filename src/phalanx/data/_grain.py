@@ -17,6 +17,7 @@ import numpy as np
 from .._typing import validates_own_arguments
 from .._validate import boolean, integer
 from ._buffers import BufferPool
+from ._epochs import EpochCursor
 from ._grain_iterables import absl_flags_parsed
 from ._processes import process_layout
 
@@ -127,49 +128,38 @@ class GrainLoader:
         self.num_examples = len(self._source)
         if self.num_examples == 0:
             raise ValueError("source holds 0 examples; pass a non-empty source")
-        if len(self) == 0:
-            raise ValueError(
-                f"drop_last=True with {batch_size=} > {self.num_examples} examples "
-                "leaves no batches; use a smaller batch_size or drop_last=False"
-            )
-        self._epoch = 0
-        self._position = 0
+        self._at = EpochCursor(self.num_examples, batch_size, drop_last)
         # The open reader and the global batch it yields next.
         self._reader: tuple[Any, int] | None = None
         self._buffers = BufferPool()
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        if self.drop_last:
-            return self.num_examples // self.batch_size
-        return -(-self.num_examples // self.batch_size)
+        return self._at.batches
 
     @property
     def epoch(self) -> int:
         """The epoch the next batch comes from (0 first)."""
-        return self._epoch
+        return self._at.epoch
 
     @property
     def position(self) -> int:
         """Batches already yielded in the current epoch."""
-        return self._position
+        return self._at.position
 
     def __iter__(self) -> Iterator[Any]:
         """Yield the rest of the current epoch, then move to the next epoch."""
-        epoch = self._epoch
-        while self._epoch == epoch:
+        at = self._at
+        epoch = at.epoch
+        while at.epoch == epoch:
             batch = self._read()
-            # Advance before yielding, as ArrayLoader does: a consumer that
-            # stops after this batch has used it.
-            self._position += 1
-            if self._position == len(self):
-                self._epoch, self._position = self._epoch + 1, 0
+            at.advance()  # before yielding (see EpochCursor)
             yield batch
 
     def state_dict(self) -> dict[str, int]:
         """Where iteration stands: ``{"epoch": ..., "position": ...}``, in
         global batches (the same on every process)."""
-        return {"epoch": self._epoch, "position": self._position}
+        return self._at.state_dict()
 
     @validates_own_arguments
     def load_state_dict(self, state_dict: Any) -> None:
@@ -179,24 +169,7 @@ class GrainLoader:
         Raises:
             TypeError, ValueError: `state_dict` is not one this loader made.
         """
-        if not isinstance(state_dict, dict) or set(state_dict) != {
-            "epoch",
-            "position",
-        }:
-            raise ValueError(
-                f"state_dict={state_dict!r} must be a dict with exactly the keys "
-                "'epoch' and 'position', as returned by GrainLoader.state_dict()"
-            )
-        epoch, position = state_dict["epoch"], state_dict["position"]
-        integer("state_dict['epoch']", epoch, minimum=0, numpy=True, example="0")
-        integer("state_dict['position']", position, minimum=0, numpy=True, example="0")
-        if position >= len(self):
-            raise ValueError(
-                f"state_dict['position']={position} is past the {len(self)} "
-                "batches of an epoch of this loader; load a state saved from a "
-                "loader with the same source, batch_size and drop_last"
-            )
-        self._epoch, self._position = int(epoch), int(position)
+        self._at.load_state_dict(state_dict, "GrainLoader", made_of="source")
 
     def close(self) -> None:
         """Stop the reader and its workers (a later read starts them again)."""
@@ -215,7 +188,7 @@ class GrainLoader:
     def _read(self) -> Any:
         """The next batch, from the open reader if it stands there, else
         from a new one opened at it."""
-        index = self._epoch * len(self) + self._position
+        index = self._at.index
         if self._reader is None or self._reader[1] != index:
             self.close()
             self._reader = (self._open(index), index)
@@ -239,7 +212,7 @@ class GrainLoader:
             process_count=self.process_count,
             shuffle=self.shuffle,
             seed=self.seed,
-            drop_last=self.drop_last,
+            per_epoch=len(self),
             augment=self.augment,
         )
         options = grain.ReadOptions(

@@ -42,7 +42,7 @@ class LocalBatches(grain.MapDataset):
         process_count: int,
         shuffle: bool,
         seed: int,
-        drop_last: bool,
+        per_epoch: int,
         augment: Augment | None,
     ):
         super().__init__(parent)
@@ -51,11 +51,7 @@ class LocalBatches(grain.MapDataset):
         self._local = batch_size // process_count
         self._offset = process_index * self._local
         self._shuffle, self._seed, self._augment = shuffle, seed, augment
-        self.per_epoch = (
-            self._examples // batch_size
-            if drop_last
-            else -(-self._examples // batch_size)
-        )
+        self.per_epoch = per_epoch  # global batches an epoch (the loader's)
 
     def __len__(self) -> int:
         # Epochs without end: the loader takes one epoch's batches per pass.

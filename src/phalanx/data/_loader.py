@@ -12,6 +12,7 @@ import numpy as np
 from .._typing import validates_own_arguments
 from .._validate import boolean, integer
 from ._buffers import BufferPool
+from ._epochs import EpochCursor
 from ._processes import process_layout
 
 
@@ -104,47 +105,36 @@ class ArrayLoader:
         self.process_index = process_index
         self.process_count = process_count
         self.num_examples = len(self._arrays[0])
-        if len(self) == 0:
-            raise ValueError(
-                f"drop_last=True with {batch_size=} > {self.num_examples} examples "
-                "leaves no batches; use a smaller batch_size or drop_last=False"
-            )
-        self._epoch = 0
-        self._position = 0
+        self._at = EpochCursor(self.num_examples, batch_size, drop_last)
         self._order: tuple[int, np.ndarray | None] | None = None
         self._buffers = BufferPool()
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        if self.drop_last:
-            return self.num_examples // self.batch_size
-        return -(-self.num_examples // self.batch_size)
+        return self._at.batches
 
     @property
     def epoch(self) -> int:
         """The epoch the next batch comes from (0 first)."""
-        return self._epoch
+        return self._at.epoch
 
     @property
     def position(self) -> int:
         """Batches already yielded in the current epoch."""
-        return self._position
+        return self._at.position
 
     def __iter__(self) -> Iterator[Batch]:
         """Yield the rest of the current epoch, then move to the next epoch."""
-        epoch = self._epoch
-        while self._epoch == epoch:
-            batch = self._batch(self._position)
-            # Advance before yielding: a consumer that stops after this batch
-            # has used it, and the state is then already where to resume.
-            self._position += 1
-            if self._position == len(self):
-                self._epoch, self._position = self._epoch + 1, 0
+        at = self._at
+        epoch = at.epoch
+        while at.epoch == epoch:
+            batch = self._batch(at.position)
+            at.advance()  # before yielding (see EpochCursor)
             yield batch
 
     def state_dict(self) -> dict[str, int]:
         """Where iteration stands: ``{"epoch": ..., "position": ...}``."""
-        return {"epoch": self._epoch, "position": self._position}
+        return self._at.state_dict()
 
     @validates_own_arguments
     def load_state_dict(self, state_dict: Mapping[str, int]) -> None:
@@ -153,38 +143,21 @@ class ArrayLoader:
         Raises:
             TypeError, ValueError: `state_dict` is not one this loader made.
         """
-        if not isinstance(state_dict, Mapping) or set(state_dict) != {
-            "epoch",
-            "position",
-        }:
-            raise ValueError(
-                f"state_dict={state_dict!r} must be a dict with exactly the keys "
-                "'epoch' and 'position', as returned by ArrayLoader.state_dict()"
-            )
-        epoch, position = state_dict["epoch"], state_dict["position"]
-        integer("state_dict['epoch']", epoch, minimum=0, numpy=True, example="0")
-        integer("state_dict['position']", position, minimum=0, numpy=True, example="0")
-        if position >= len(self):
-            raise ValueError(
-                f"state_dict['position']={position} is past the {len(self)} "
-                "batches of an epoch of this loader; load a state saved from a "
-                "loader with the same data, batch_size and drop_last"
-            )
-        self._epoch, self._position = epoch, position
+        self._at.load_state_dict(state_dict, "ArrayLoader", made_of="data")
 
     # ------------------------------------------------------------- batches
 
     def _permutation(self) -> np.ndarray | None:
         """This epoch's order of examples (None: the natural order)."""
-        if self._order is None or self._order[0] != self._epoch:
+        if self._order is None or self._order[0] != self._at.epoch:
             order = (
-                np.random.default_rng([self.seed, self._epoch]).permutation(
+                np.random.default_rng([self.seed, self._at.epoch]).permutation(
                     self.num_examples
                 )
                 if self.shuffle
                 else None
             )
-            self._order = (self._epoch, order)
+            self._order = (self._at.epoch, order)
         return self._order[1]
 
     def _batch(self, index: int) -> Batch:

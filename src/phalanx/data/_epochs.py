@@ -1,0 +1,76 @@
+"""`EpochCursor`: where a loader's iteration stands, shared by `ArrayLoader`
+and `GrainLoader`: the epoch, the batches already yielded in it, and the
+``{"epoch", "position"}`` state a checkpoint keeps (NumPy only)."""
+
+from collections.abc import Mapping
+from typing import Any, final
+
+from .._validate import integer
+
+
+@final
+class EpochCursor:
+    """The epoch and position of a loader of `batches` batches an epoch.
+
+    A loader yields the batch at `position`, then calls `advance` before
+    handing it on: a consumer that stops after a batch has used it, and the
+    state is then already where to resume.
+    """
+
+    def __init__(self, examples: int, batch_size: int, drop_last: bool):
+        """
+        Raises:
+            ValueError: ``drop_last=True`` leaves no batches.
+        """
+        self.batches = (
+            examples // batch_size if drop_last else -(-examples // batch_size)
+        )
+        if self.batches == 0:
+            raise ValueError(
+                f"drop_last=True with {batch_size=} > {examples} examples "
+                "leaves no batches; use a smaller batch_size or drop_last=False"
+            )
+        self.epoch = 0
+        self.position = 0
+
+    @property
+    def index(self) -> int:
+        """The next batch, counted across epochs."""
+        return self.epoch * self.batches + self.position
+
+    def advance(self) -> None:
+        """Past one batch: to the next position, or the next epoch's first."""
+        self.position += 1
+        if self.position == self.batches:
+            self.epoch, self.position = self.epoch + 1, 0
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch": ..., "position": ...}``."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state_dict: Any, loader: str, made_of: str) -> None:
+        """Go back to `state_dict`, checked: `loader` names the class whose
+        `state_dict` makes it, `made_of` what it reads (for the message).
+
+        Raises:
+            TypeError, ValueError: `state_dict` is not one such a loader made.
+        """
+        if not isinstance(state_dict, Mapping) or set(state_dict) != {
+            "epoch",
+            "position",
+        }:
+            raise ValueError(
+                f"state_dict={state_dict!r} must be a dict with exactly the keys "
+                f"'epoch' and 'position', as returned by {loader}.state_dict()"
+            )
+        epoch, position = state_dict["epoch"], state_dict["position"]
+        integer("state_dict['epoch']", epoch, minimum=0, numpy=True, example="0")
+        integer("state_dict['position']", position, minimum=0, numpy=True, example="0")
+        if position >= self.batches:
+            raise ValueError(
+                f"state_dict['position']={position} is past the {self.batches} "
+                "batches of an epoch of this loader; load a state saved from a "
+                f"loader with the same {made_of}, batch_size and drop_last"
+            )
+        # Python ints (NumPy ints pass the checks): the state goes to JSON.
+        self.epoch, self.position = int(epoch), int(position)
