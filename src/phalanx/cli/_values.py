@@ -60,15 +60,7 @@ def factor_or_off(text: str) -> float | None:
     """A factor above 1, or ``off`` (None)."""
     if text.strip().lower() == "off":
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 1):
-        raise argparse.ArgumentTypeError(
-            f"must be a factor above 1 (e.g. 3) or off, got {text!r}"
-        )
-    return value
+    return _above(text, 1, "a factor above 1 (e.g. 3) or off")
 
 
 def seconds_or_off(text: str) -> float | Literal["auto"] | None:
@@ -76,14 +68,17 @@ def seconds_or_off(text: str) -> float | Literal["auto"] | None:
     word = text.strip().lower()
     if word in ("off", "auto"):
         return None if word == "off" else "auto"
+    return _above(text, 0, "a number of seconds above 0 (e.g. 600), auto or off")
+
+
+def _above(text: str, bound: int, must: str) -> float:
+    """`text` as a finite number above `bound`, or refused: it must be `must`."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(
-            f"must be a number of seconds above 0 (e.g. 600), auto or off, got {text!r}"
-        )
+    if not (math.isfinite(value) and value > bound):
+        raise argparse.ArgumentTypeError(f"must be {must}, got {text!r}")
     return value
 
 
