@@ -37,8 +37,11 @@ def test_a_killed_run_on_disk_data_resumes_exactly(records, tmp_path):
     finish(tmp_path, *dataset, *ARGS, "--run-dir", str(straight))
     killed = tmp_path / "killed"
     run = Phalanx(tmp_path, *dataset, *ARGS, "--run-dir", str(killed))
-    # Mid-epoch 1 (12 steps an epoch): step 15's checkpoint is on disk.
-    run.signal_when(lambda r: 15 in listed(killed / "checkpoints")[0], signal.SIGKILL)
+    # Mid-epoch 1 (12 steps an epoch): step 15's checkpoint is on disk (its
+    # folder appears whole, by a rename; listing the folder with orbax while
+    # the run deletes older steps races with it).
+    step_15 = killed / "checkpoints" / "15"
+    run.signal_when(lambda r: step_15.is_dir(), signal.SIGKILL)
     resumed = finish(tmp_path, *dataset, *ARGS, "--run-dir", str(killed), "--resume")
     assert "resumed from step" in resumed.stderr + "\n".join(resumed.lines)
     steps, last = listed(straight / "checkpoints")
