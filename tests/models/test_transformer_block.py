@@ -17,12 +17,12 @@ BATCH = ("data", "fsdp")
 
 
 def tensor_spec(path, leaf):
-    """The heads over "tensor": the projections to q, k, v split on their
-    outputs, the projection back on its inputs (after the layer axis)."""
+    """The heads over "tensor": the projection to q, k, v split on its
+    outputs (whole heads), the projection back on its inputs (after the layer axis)."""
     name = jax.tree_util.keystr(path)
-    if name.endswith(("query_proj.weight", "key_proj.weight", "value_proj.weight")):
+    if name.endswith("qkv_proj.weight"):
         return P(None, "tensor", None)
-    if name.endswith(("query_proj.bias", "key_proj.bias", "value_proj.bias")):
+    if name.endswith("qkv_proj.bias"):
         return P(None, "tensor")
     if name.endswith("output_proj.weight"):
         return P(None, None, "tensor")

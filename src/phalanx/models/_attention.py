@@ -1,8 +1,9 @@
 """`px.models.dot_product_attention`: attention of one example that stays
 exact when a strategy splits the sequence over devices.
 
-Where the sequence is whole on its devices it is `jax.nn.dot_product_attention`
-(cuDNN's fused kernel on GPUs that take it). Where `MeshStrategy(context=N)`
+Where the sequence is whole on its devices it is JAX's Pallas splash kernel
+on a TPU (`_tpu_attention.py`), else `jax.nn.dot_product_attention` (cuDNN's
+fused kernel on GPUs that take it). Where `MeshStrategy(context=N)`
 splits it (`phalanx._contracts.sequence_split`), it exchanges the chunks
 itself: all-gathered, or round a ring (`_split_attention.py`, `_ring.py`).
 Arguments are checked at trace time, on static shapes.
@@ -17,7 +18,9 @@ from jaxtyping import Array, Bool, Float
 from .._contracts import sequence_split
 from .._log import logger
 from .._typing import validates_own_arguments
+from . import _tpu_attention
 from ._split_attention import split_attention
+from ._tpu_attention import on_one_device, splash_attention
 
 
 Implementation: TypeAlias = Literal["auto", "all_gather", "ring"]
@@ -42,9 +45,11 @@ def dot_product_attention(
 
     The same computation as `jax.nn.dot_product_attention` without its batch
     axis: ``softmax(q kᵀ / sqrt(dim)) v`` over the visible keys. Where the
-    sequence is whole it is that function: on a GPU cuDNN's fused kernel
-    first (it takes bfloat16 and float16), else XLA's, with one warning
-    saying why. Where `MeshStrategy(context=N)` splits the sequence over
+    sequence is whole it is that computation by a fused kernel where the
+    chip has one: on a TPU JAX's Pallas splash kernel (sequences a multiple
+    of 128 long, in one device's program), on a GPU cuDNN's (it takes
+    bfloat16 and float16); else XLA's, with one warning saying why cuDNN
+    did not. Where `MeshStrategy(context=N)` splits the sequence over
     ``N`` devices, each device attends with its chunk of the queries:
 
     - ``"all_gather"``: gathers every device's keys and values. One
@@ -148,9 +153,16 @@ def _check(
 def _whole(
     query: Array, key: Array, value: Array, mask: Array | None, *, causal: bool
 ) -> Array:
-    """Attention over a sequence whole on its devices: cuDNN's fused kernel
-    where the platform is a GPU and it takes the arguments, else XLA's."""
+    """Attention over a sequence whole on its devices: on a TPU the splash
+    kernel where it takes the arguments and runs in one device's program; on
+    a GPU cuDNN's fused kernel where it takes them; else XLA's."""
     visible = None if mask is None else mask[None, None, None]
+    if (_platform() == "tpu" or _tpu_attention.INTERPRET) and on_one_device():
+        out = splash_attention(
+            query, key, value, mask, causal=causal, interpret=_platform() != "tpu"
+        )
+        if out is not None:
+            return out
     if _platform() == "gpu":
         try:
             return jax.nn.dot_product_attention(

@@ -53,6 +53,8 @@ class Stacked(AbstractStacked):
     # False; True (recompute every activation of a layer in the backward
     # pass); or a `jax.checkpoint_policies` policy (what to keep).
     remat: bool | Callable[..., Any] = eqx.field(static=True)
+    # The loop's unrolling (`jax.lax.scan`'s `unroll`): False, True or a count.
+    unroll: bool | int = eqx.field(static=True)
     # What each layer's arrays pass through before it is applied (None:
     # nothing); set by the step (`each_layer`), not by users.
     use: Callable[[Any], Any] | None = eqx.field(static=True)
@@ -66,6 +68,7 @@ class Stacked(AbstractStacked):
         *,
         key: PRNGKeyArray,
         remat: bool | Callable[..., Any] = False,
+        unroll: bool | int = False,
     ):
         """
         Args:
@@ -79,14 +82,26 @@ class Stacked(AbstractStacked):
             remat: recompute each layer's activations in the backward pass
                 instead of keeping them: True for all, or a
                 `jax.checkpoint_policies` policy saying what to keep.
+            unroll: unroll the loop over the layers (`jax.lax.scan`'s
+                `unroll`): True for all of them, or how many a loop
+                iteration runs. A rolled loop writes each layer's saved
+                activations and its gradient into stacked arrays, which XLA
+                on a TPU copies; an unrolled one does not: a GPT-2-small step
+                (12 layers, bf16) took 66 ms unrolled against 84 ms rolled on
+                a TPU v5e. Compile time grows with the layers unrolled.
 
         Raises:
-            ValueError: `n` is not an int >= 1.
+            ValueError: `n` is not an int >= 1, or `unroll` an int < 1.
             TypeError: `make_layer` is not callable or takes no argument,
                 or `remat` is neither a bool nor a policy.
         """
         if not is_int(n) or n < 1:
             raise ValueError(f"n={n!r} must be an int >= 1 (the number of layers)")
+        if not isinstance(unroll, bool) and (not is_int(unroll) or unroll < 1):
+            raise ValueError(
+                f"unroll={unroll!r} must be True, False or an int >= 1 (the layers "
+                "each loop iteration runs)"
+            )
         if not (isinstance(remat, bool) or callable(remat)):
             raise TypeError(
                 f"remat={remat!r} must be a bool or a jax.checkpoint_policies "
@@ -101,6 +116,7 @@ class Stacked(AbstractStacked):
         self.layers = eqx.filter_vmap(build)(jr.split(key, n))
         self.n = n
         self.remat = remat
+        self.unroll = unroll
         self.use = None
         self.again = None
 
@@ -135,7 +151,7 @@ class Stacked(AbstractStacked):
         elif self.remat is not False or self.again is not None:
             policy = _keeping(self.remat, self.again)
             layer = jax.checkpoint(layer, policy=policy)  # pyright: ignore[reportAssignmentType]
-        return jax.lax.scan(layer, x, (params, keys))[0]
+        return jax.lax.scan(layer, x, (params, keys), unroll=self.unroll)[0]
 
 
 def _keeping(

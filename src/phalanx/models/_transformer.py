@@ -21,9 +21,10 @@ class TransformerBlock(eqx.Module):
     back (pre-norm residual): ``x + attention(norm(x))``, then
     ``x + mlp(norm(x))``. Shape-preserving, so `Stacked` stacks it.
 
-    The query, key and value projections are separate layers whose outputs
-    are the heads in order: a tensor rule splitting their weights' first
-    axis (and `output_proj`'s second) splits the heads.
+    The query, key and value projections are one layer, `qkv_proj` (one
+    matrix product instead of three), whose outputs are the heads in order,
+    each head's query, key and value together: a tensor rule splitting its
+    weight's first axis (and `output_proj`'s second) splits whole heads.
 
     Example:
         ```python
@@ -36,9 +37,7 @@ class TransformerBlock(eqx.Module):
     """
 
     attention_norm: eqx.nn.LayerNorm
-    query_proj: eqx.nn.Linear
-    key_proj: eqx.nn.Linear
-    value_proj: eqx.nn.Linear
+    qkv_proj: eqx.nn.Linear
     output_proj: eqx.nn.Linear
     mlp_norm: eqx.nn.LayerNorm
     mlp_in: eqx.nn.Linear
@@ -86,15 +85,13 @@ class TransformerBlock(eqx.Module):
             raise ValueError(
                 f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}"
             )
-        keys = jr.split(key, 6)
+        keys = jr.split(key, 4)
         self.attention_norm = eqx.nn.LayerNorm(width)
-        self.query_proj = eqx.nn.Linear(width, width, key=keys[0])
-        self.key_proj = eqx.nn.Linear(width, width, key=keys[1])
-        self.value_proj = eqx.nn.Linear(width, width, key=keys[2])
-        self.output_proj = eqx.nn.Linear(width, width, key=keys[3])
+        self.qkv_proj = eqx.nn.Linear(width, 3 * width, key=keys[0])
+        self.output_proj = eqx.nn.Linear(width, width, key=keys[1])
         self.mlp_norm = eqx.nn.LayerNorm(width)
-        self.mlp_in = eqx.nn.Linear(width, mlp_width, key=keys[4])
-        self.mlp_out = eqx.nn.Linear(mlp_width, width, key=keys[5])
+        self.mlp_in = eqx.nn.Linear(width, mlp_width, key=keys[2])
+        self.mlp_out = eqx.nn.Linear(mlp_width, width, key=keys[3])
         self.width = width
         self.heads = heads
         self.causal = causal
@@ -114,11 +111,11 @@ class TransformerBlock(eqx.Module):
         seq = x.shape[0]
         each = jax.vmap  # the layers below act on one position
         normed = each(self.attention_norm)(x)
-        shape = (seq, self.heads, self.width // self.heads)
-        q, k, v = (
-            each(proj)(normed).reshape(shape)
-            for proj in (self.query_proj, self.key_proj, self.value_proj)
+        # (seq, heads, 3, dim): each head's query, key and value together.
+        qkv = each(self.qkv_proj)(normed).reshape(
+            seq, self.heads, 3, self.width // self.heads
         )
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         attended = dot_product_attention(
             q, k, v, causal=self.causal, implementation=self.implementation
         )
