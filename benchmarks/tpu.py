@@ -55,9 +55,9 @@ from phalanx._telemetry._peak_flops import peak_flops
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "tests")]
 CELLS = {  # name: (size, batch, steps a window)
-    "tiny": ("tiny", 64, 2000),
-    "mlp": ("mlp", 256, 2000),
     "wide": ("wide", 4096, 500),
+    "tiny": ("tiny", 64, 1000),
+    "mlp": ("mlp", 256, 1000),
 }
 references.SIZES["wide"] = references.ModelSize(1024, (4096, 4096, 4096), 10)
 
