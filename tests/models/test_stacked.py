@@ -46,10 +46,19 @@ def test_the_layers_run_in_order():
     np.testing.assert_array_equal(params.layers[0].weight[0], first.layers[0].weight)
 
 
-@pytest.mark.parametrize("remat", [True, jax.checkpoint_policies.dots_saveable])
-def test_remat_changes_no_gradient(remat):
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"remat": True},
+        {"remat": jax.checkpoint_policies.dots_saveable},
+        {"unroll": True},
+        {"unroll": 2, "remat": True},
+    ],
+    ids=["remat", "remat-policy", "unrolled", "unrolled-by-2-remat"],
+)
+def test_remat_and_unrolling_change_no_gradient(options):
     plain = px.models.Stacked(block, 4, key=jax.random.key(1))
-    again = px.models.Stacked(block, 4, key=jax.random.key(1), remat=remat)
+    again = px.models.Stacked(block, 4, key=jax.random.key(1), **options)
 
     def loss(model):
         return jnp.sum(model(jnp.linspace(-1, 1, 8)) ** 2)
@@ -118,6 +127,8 @@ def test_bad_arguments_say_what_to_pass():
         px.models.Stacked(block, 0, key=jax.random.key(0))
     with pytest.raises(TypeError, match=r"remat='all' must be a bool or a jax"):
         px.models.Stacked(block, 2, key=jax.random.key(0), remat="all")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"unroll=0 must be True, False or an int"):
+        px.models.Stacked(block, 2, key=jax.random.key(0), unroll=0)
 
 
 class KeywordKey(eqx.Module):
