@@ -24,6 +24,7 @@ ARGS = {
     "collectives.py": ["--epochs", "2"],
     "custom_data.py": ["--epochs", "3"],
     "transformer.py": ["--steps", "20"],
+    "language_model.py": ["--steps", "20"],
     "gan.py": ["--steps", "800"],
     "long_context.py": ["--steps", "1", "--seq", "2048"],
     # 2 MiB instead of 1 GiB (examples/digits_on_disk.py's default).
@@ -185,6 +186,17 @@ def test_transformer():
     assert losses[-1] < losses[0] - 0.5, out
     [written] = re.findall(r"(?m)^written: (.*)$", out)
     assert len(ast.literal_eval(written)) == 60, out
+
+
+@pytest.mark.slow
+def test_language_model():
+    # Issue 53, item 2: the GPT-2-shaped decoder (tiny here) trains in bf16
+    # from phalanx's blocks; its loss falls from ln(256 tokens) = 5.5.
+    out = run_example("language_model.py", *ARGS["language_model.py"])
+    assert "Decoder tiny: 124,672 parameters" in out, out
+    [first] = floats(r"loss (\S+) in the first epoch", out)
+    [last] = floats(r"(\S+) in the last", out)
+    assert 5.0 < first < 6.0 and last < first - 1.0, out
 
 
 @pytest.mark.slow
