@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # phalanx on the lent TPU chip in one device call of at most 9 minutes
 # (issue 53): the MLP cells against a hand-written jax.jit loop with the
-# non-finite guard's variants, steps_per_call, a planted NaN gradient, and
+# non-finite guard on and off, steps_per_call, a planted NaN gradient, and
 # the GPT-2-small decoder and the tests' transformer against hand loops with
 # their MFU (benchmarks/tpu.py says what each part measures). Each part has
 # its own time limit, so one that hangs costs only its share, and writes its
@@ -48,7 +48,7 @@ bench() { timeout -k 10 "$1" python3 benchmarks/tpu.py "${@:2}" --out "$OUT"; }
 {
     part "the machine"
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
-    part "MLP cells: hand loop, default, steps_per_call=8, the guard's variants"
+    part "MLP cells: hand loop, default, steps_per_call=8, the guard on and off"
     bench 160 cells
     part "GPT-2 small (batch 8, 1,024 tokens) and the tests' transformer, bf16"
     bench 220 lm --lm-steps 20

@@ -7,6 +7,7 @@ It asserts that every case ran and produced numbers, nothing about speed
 import json
 import os
 import pathlib
+import runpy
 import sys
 from typing import Any
 
@@ -171,3 +172,28 @@ def test_tiny_mesh_benchmark_run(tmp_path):
         (4, False),
     ]
     assert "peak/dev" in result.stdout
+
+
+@pytest.mark.slow
+def test_tpu_benchmark_parts_run_without_a_tpu(tmp_path):
+    # Issue 53: benchmarks/tpu.py's parts work on any device (here the CPU);
+    # the planted NaN behaves as the chip's run must.
+    script = str(ROOT / "benchmarks" / "tpu.py")
+    for part in ("nan", "steps"):
+        command = [sys.executable, script, part, "--out", str(tmp_path)]
+        result = forkserver.run(command, **SUBPROCESS, cwd=tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+    nan = json.loads((tmp_path / "nan.json").read_text())
+    assert nan["raise_names_step_3"] and nan["raise_state_equals_3_clean_steps"]
+    assert nan["raise_state_step"] == 3 and nan["skip_skipped_steps"] == 1
+    steps = json.loads((tmp_path / "steps.json").read_text())
+    assert set(steps) >= {"1", "8", "32", "device", "jax"}
+    assert steps["32"]["speedup"] > 0 and steps["32"]["temporary_bytes"] >= 0
+
+
+def test_the_speed_guide_shows_the_committed_tpu_results():
+    # `python scripts/tpu_results.py` writes the table from the JSON file.
+    script = runpy.run_path(str(ROOT / "scripts" / "tpu_results.py"))
+    record = json.loads(script["RESULTS"].read_text())
+    assert len(record["commit"]) == 40 and record["device"].startswith("TPU")
+    assert script["table"](record) in script["GUIDE"].read_text()
