@@ -72,9 +72,11 @@ class FitEvents:
         self._steps_per_call = steps_per_call
         self._feed: Feed | None = None
         self.signal: int | None = None
-        # The loop goes on in a phase (several times a step: telemetry's
-        # own method, no call between).
+        # The loop goes on in a phase (several times a step), and a call
+        # starts after a step (once a call): telemetry's own methods, no
+        # call between.
         self.phase: Callable[[TimePhase], object] = telemetry.phase
+        self.call_started: Callable[[int], None] = telemetry.call_started
 
     # ------------------------------------------------------------ the run
 
@@ -193,9 +195,6 @@ class FitEvents:
 
     def pass_started(self, step: int) -> None:
         self._telemetry.pass_started(step)
-
-    def call_started(self, step: int) -> None:
-        self._telemetry.call_started(step)
 
     def synced(self, done: int, step: int | None = None) -> None:
         self._telemetry.synced(done, step)

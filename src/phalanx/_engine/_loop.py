@@ -13,7 +13,7 @@ or a callback itself, and reaches through no object it is handed.
 """
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable, Sized
 from typing import Any
 
 import jax
@@ -28,9 +28,9 @@ from ..strategies._placement import to_host
 from ._events import FitEvents
 from ._feed import Feed
 from ._loop_inputs import FitData, LoopParts, LoopSettings
+from ._loop_programs import build_first, build_from_peek, program_for, tell_compiled
 from ._pipeline import DeviceBatch
 from ._program import Program, mismatched
-from ._signature import named_arguments
 
 
 @dataclasses.dataclass
@@ -43,12 +43,15 @@ class _Window:
         flags_step: the step of those flags.
         examples: examples (all processes') trained on in the epoch.
         check_metrics: still to be called before the first step.
+        program: the program of the last call (None: none yet in this fit),
+            the next call's while its step size stays.
     """
 
     flags: jax.Array | None = None
     flags_step: int = 0
     examples: int = 0
     check_metrics: Callable[[tuple[str, ...], tuple[str, ...]], None] | None = None
+    program: Program | None = None
 
 
 def fit_loop(
@@ -91,7 +94,7 @@ def _epoch(
     # Resumed from a snapshot of the epoch's last step: only its end is left.
     done = isinstance(data, Sized) and 0 < len(data) <= progress.epoch_steps
     if done and programs.first is None:
-        _build_from_peek(data, parts)
+        build_from_peek(data, parts)
     # A plain re-iterable resumed mid-epoch restarts its epoch: skip what
     # was trained on (a Resumable loader resumes by itself).
     skip = 0 if isinstance(data, Resumable) else progress.epoch_steps
@@ -110,7 +113,7 @@ def _epoch(
     )
     head = feed.head
     if programs.first is None and head is not None:
-        _build(parts, events, head, f"batch {skip} of epoch {epoch}")
+        build_first(parts, events, head, f"batch {skip} of epoch {epoch}")
     events.pass_feed(feed)
     events.pass_started(progress.step)
     try:
@@ -167,31 +170,41 @@ def _train_pass(
     pass ends, the plan is done, a callback stops training, or a signal
     came; each of those is acted on where a call ends, and a call ends at
     each step ``eval_every`` evaluates after."""
-    k, every = settings.steps_per_call, fit.eval_every
-    examples = jax.process_count()  # every process's slice of a batch
+    k, every, sync_every = settings.steps_per_call, fit.eval_every, settings.sync_every
+    processes = jax.process_count()  # every process's slice of a batch
+    call_started, phase = events.call_started, events.phase
     while True:
         progress = slot.progress
         left = progress.steps_left()
         size = k if left is None else min(k, left)
         if every is not None:  # up to the next evaluation
             size = min(size, every - progress.step % every)
-        events.call_started(progress.step)
+        call_started(progress.step)
         group = feed.take(size)
-        events.phase("host")
+        phase("host")
         if not group:
             return
-        program = _program_for(parts, events, group[0])
-        if window.check_metrics is not None:  # once, before the first step
-            window.check_metrics(
-                program.sums.metric_names, program.eval_sums.metric_names
-            )
-            window.check_metrics = None
-        progress = _pass_progress(slot.progress, program, group[0])
+        program, first = window.program, group[0]
+        # The same program as the last call's, its sums' names set: nothing
+        # to look up or check (the steady state).
+        if (
+            program is None
+            or program.size != first.size * processes
+            or progress.sums is None
+            or progress.pass_rows is None
+        ):
+            program = window.program = program_for(parts, events, first)
+            if window.check_metrics is not None:  # once, before the first step
+                window.check_metrics(
+                    program.sums.metric_names, program.eval_sums.metric_names
+                )
+                window.check_metrics = None
+            progress = _pass_progress(slot.progress, program, first)
         before = progress.step
-        window.examples += sum(placed.n for placed in group) * examples
+        window.examples += sum([placed.n for placed in group]) * processes
         rows = _call(slot, events, parts, program, group, progress, k)
         progress = slot.progress
-        if progress.step // settings.sync_every > before // settings.sync_every:
+        if progress.step // sync_every > before // sync_every:
             _sync(slot, events, settings, window, parts)
         # An evaluation after this call's last step comes before that step's
         # hooks: a checkpoint saved there holds it.
@@ -206,9 +219,9 @@ def _train_pass(
                 # The slices are equal but for the last batch of a pass, at
                 # most one example apart.
                 sums = StepSums(row[0], program.step_sums, row[1])
-                n = placed.n * examples
+                n = placed.n * processes
                 events.step_ended(slot.progress, sums, n, before + i + 1, i == last)
-        progress = slot.progress
+            progress = slot.progress
         if events.stopping() or progress.plan.done(progress.step, None):
             return
 
@@ -250,9 +263,8 @@ def _call(
         assert program.train_many is not None
         batch, weight, total = preparer.stack(group)
         args = (leaves, *epoch_sums, batch, weight, total)
-        leaves, epoch_sums, sums = _run(
-            events, parts, program, f"train step x{k}", args
-        )
+        kind = f"train step x{k}"
+        leaves, epoch_sums, sums = _run(events, parts, program, kind, args)
         slot.run = Run(leaves, progress.stepped(epoch_sums, k))
         return [(sums, i) for i in range(k)]
     rows: list[tuple[Any, int | None]] = []
@@ -288,47 +300,8 @@ def _run(
         out = program.traced(*args)
     events.phase("host")
     if events.compile_count != compiles:
-        _compiled(events, parts, kind, compiles, args)
+        tell_compiled(events, parts, kind, compiles, args)
     return out
-
-
-def _program_for(parts: LoopParts, events: FitEvents, first: DeviceBatch) -> Program:
-    """The program for the global step size of `first` (a batch knows its
-    process's): the one built, or one built now (a new signature, counted)."""
-    programs = parts.programs
-    size = first.size * jax.process_count()
-    program = programs.get(size)
-    if program is None or not program.compiled:
-        base = programs.first
-        assert base is not None, "the pass's first batch built a program"
-        compiles, preparer = events.compile_count, parts.preparer
-        program = programs.add(preparer.resized(base, size))
-        _compiled(events, parts, program.kind, compiles, program.arguments)
-    return program
-
-
-def _build(parts: LoopParts, events: FitEvents, batch: Any, where: str) -> Program:
-    """The first program of all, built for the pass's first `batch`."""
-    compiles, programs, preparer = events.compile_count, parts.programs, parts.preparer
-    program = programs.add(preparer.build(batch, where))
-    _compiled(events, parts, program.kind, compiles, program.arguments)
-    return program
-
-
-def _build_from_peek(data: Iterable[Any], parts: LoopParts) -> None:
-    """Build the first program from the data's first batch without training
-    on it or moving the data on: reading an epoch's sums takes the program's
-    readers, and a run resumed at its epoch's last step has no batch left
-    to build it from."""
-    state = data.state_dict() if isinstance(data, Resumable) else None
-    try:
-        first = next(iter(data), None)
-    finally:
-        if isinstance(data, Resumable):
-            data.load_state_dict(state)
-    if first is not None:
-        programs, preparer = parts.programs, parts.preparer
-        programs.add(preparer.build(first, "batch 0"))
 
 
 def _sync(
@@ -358,17 +331,6 @@ def _sync(
         jax.block_until_ready(flags)
         events.phase("host")
     events.synced(done, progress.step)
-
-
-def _compiled(
-    events: FitEvents, parts: LoopParts, kind: str, since: int, args: tuple[Any, ...]
-) -> None:
-    """A train call compiled (the compiles since `since`), for `args` (its
-    arguments, or the abstract ones a program was built for): tell the
-    alarms what they were."""
-    layout, preparer = parts.layout, parts.preparer
-    spec, arguments = named_arguments(args, layout.treedef, preparer.batch_names)
-    events.compiled(kind, since, spec, arguments)
 
 
 def _epoch_logs(slot: RunSlot, parts: LoopParts, epoch_sums: Any) -> HostMetrics:

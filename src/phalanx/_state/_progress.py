@@ -68,17 +68,19 @@ class RunProgress:
     pass_rows: int | None = None
 
     def stepped(self, sums: EpochSums, steps: int = 1) -> "RunProgress":
-        """The progress after `steps` more steps, whose epoch's sums are `sums`."""
-        return RunProgress(
-            self.step + steps,
-            self.epoch,
-            self.epoch_steps + steps,
-            self.plan,
-            sums,
-            self.sum_names,
-            self.preempted,
-            self.pass_rows,
-        )
+        """The progress after `steps` more steps, whose epoch's sums are `sums`.
+
+        Made once a step: a copy of this one's fields with three replaced
+        (0.4 µs), not through the frozen class's `__init__`, which sets
+        each field with `object.__setattr__` (1.0 µs).
+        """
+        new = object.__new__(RunProgress)
+        fields = new.__dict__
+        fields.update(self.__dict__)
+        fields["step"] = self.step + steps
+        fields["epoch_steps"] = self.epoch_steps + steps
+        fields["sums"] = sums
+        return new
 
     def with_pass_rows(self, local: int) -> "RunProgress":
         """The progress once a pass's first batch is padded to `local` rows

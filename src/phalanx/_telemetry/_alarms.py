@@ -10,6 +10,7 @@ is planned to be slow (compiles, evaluations, checkpoint saves), is judged
 against the median of the windows before it.
 """
 
+import bisect
 import collections
 import os
 import statistics
@@ -45,6 +46,9 @@ class SlowSteps:
         self._windows: collections.deque[dict[str, float]] = collections.deque(
             maxlen=WINDOWS
         )
+        # The windows' totals per step, sorted: their median is read at each
+        # sync point (one insertion, not a sort of every window).
+        self._totals: list[float] = []
         self._base = clock.totals()
         self._done = 0  # steps known finished at the window's start
         self._step = 0  # steps dispatched at the window's start
@@ -58,10 +62,12 @@ class SlowSteps:
             self._longest = (seconds, step)
         self._last = now
 
-    def restart(self, done: int, step: int | None = None) -> None:
+    def restart(
+        self, done: int, step: int | None = None, totals: dict[str, float] | None = None
+    ) -> None:
         """Start a new window here, `done` steps finished and `step` made
-        (default `done`)."""
-        self._base = self.clock.totals()
+        (default `done`), the clock's `totals` read now (default: read)."""
+        self._base = self.clock.totals() if totals is None else totals
         self._done = done
         self._step = done if step is None else step
         self._longest, self._last = (0.0, 0), 0.0
@@ -78,25 +84,29 @@ class SlowSteps:
         # point finds few finished but a whole window dispatched, which,
         # per finished step, looked many times slower than it was.
         steps = max(done - self._done, step - self._step)
-        spent = {p: (totals[p] - self._base[p]) / steps for p in JUDGED}
-        compiled = totals["compile"] > self._base["compile"]
+        base = self._base
+        spent = {p: (totals[p] - base[p]) / steps for p in JUDGED}
+        compiled = totals["compile"] > base["compile"]
         first, longest = self._step + 1, self._longest
-        self.restart(done, step)
+        self.restart(done, step, totals)
         if compiled:  # a warm-up window
             return
         spent["total"] = total = sum(spent.values())
-        windows = self._windows
+        windows, totals_sorted = self._windows, self._totals
         if len(windows) >= WARMUP and self.warned < LIMIT:
             # Each phase's median only for a window found slow: a tiny
             # model's loop reaches a sync point every few milliseconds.
-            typical = statistics.median(w["total"] for w in windows)
+            typical = _median(totals_sorted)
             extra = (total - typical) * steps
             if total > self.factor * typical and extra > FLOOR_S:
                 median = {p: statistics.median(w[p] for w in windows) for p in JUDGED}
                 median["total"] = typical
                 self._warn(first, step, steps, spent, median, longest)
                 return  # kept out of the median
+        if len(windows) == windows.maxlen:  # the oldest leaves the median
+            del totals_sorted[bisect.bisect_left(totals_sorted, windows[0]["total"])]
         windows.append(spent)
+        bisect.insort(totals_sorted, total)
 
     def _warn(
         self,
@@ -148,6 +158,14 @@ def busy_machine() -> str:
         f", while the machine was busy (load average {load:.1f} on {cores} "
         "CPUs: other programs may have taken the time)"
     )
+
+
+def _median(ordered: list[float]) -> float:
+    """The median of sorted numbers (as `statistics.median` gives it)."""
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def _ms(seconds: float) -> str:
