@@ -269,10 +269,12 @@ class BatchSpec:
 
 
 def check_finite(leaves: Sequence[np.ndarray], treedef: Any, where: str) -> None:
-    """Raise if a floating leaf holds NaN or infinity."""
-    for name, leaf in zip(_path_names(treedef), leaves, strict=True):
+    """Raise if a floating leaf holds NaN or infinity (the leaves' names are
+    made only then: every host batch is checked)."""
+    for i, leaf in enumerate(leaves):
         if leaf.dtype.kind == "f" and not np.isfinite(leaf).all():
             bad = int(np.argwhere(~np.isfinite(leaf))[0][0])
+            name = _path_names(treedef)[i]
             raise ValueError(
                 f"data: {where} leaf {name} holds a non-finite value (NaN or inf) "
                 f"at example {bad}; clean or impute the data, or pass "

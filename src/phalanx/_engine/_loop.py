@@ -345,7 +345,7 @@ def _epoch_logs(slot: RunSlot, parts: LoopParts, epoch_sums: Any) -> HostMetrics
     logs = {k: average[k] for k in ["loss", *sorted(set(average) - {"loss"})]}
     if "skipped" in step_sums.names:  # skip, or overflows skip too
         logs["skipped_steps"] = float(epoch_sums.flags[FLAGS.index("skipped")])
-    scale = layout.unflatten(run.leaves).loss_scale
+    scale = layout.loss_scale(run.leaves)
     if scale is not None:  # dynamic: the scale the next step will use
         logs["loss_scale"] = float(to_host(scale.scale))
     return logs
