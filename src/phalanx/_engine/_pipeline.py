@@ -200,8 +200,8 @@ class BatchPipeline:
         where: str,
     ) -> tuple[list[Leaf], Any, int, np.ndarray | None]:
         """Check a batch's ``(inputs, targets, sample_weight)``, given the
-        leaves and structure of ``(inputs, targets)`` and their
-        `_quick_signature`.
+        leaves and structure of ``(inputs, targets)`` and their `signature`
+        (None where some leaf is not an array).
 
         Returns:
             The leaves (as arrays) and structure of ``(inputs, targets)``, the
@@ -265,14 +265,11 @@ class BatchPipeline:
         batch). A batch to `train` on must weigh something: its gradient is
         divided by its total weight.
 
-        A batch like one seen before at this point of a pass (its leaves'
-        shapes, dtypes and layouts), whose leaves were used as they were
-        (on the devices, laid out as the strategy splits them; or, with
-        value checks off, on the host of one process) and needed no padding,
-        takes a quick path: its leaves are used as they are again, with the
-        cached weights and total. Nothing of it is checked again: its
-        shapes were checked, and its layout moves nothing (`place`), when
-        it was first seen."""
+        A batch like one seen before at this point of a pass (leaves of the
+        same shapes, dtypes and layouts) whose leaves were used as they are
+        (laid out as the strategy splits them, or host leaves of one process
+        with value checks off) and needed no padding takes a quick path:
+        nothing is checked or placed again; its cached weights and total."""
         leaves, treedef = jax.tree.flatten(parts[:2])
         key = None
         if parts[2] is None:
@@ -280,7 +277,8 @@ class BatchPipeline:
             quick = self._quick.get(key)
             if quick is not None:
                 return DeviceBatch(leaves, *quick)
-        flat = (leaves, treedef, _quick_signature(leaves, treedef))
+        arrays = all(isinstance(leaf, Leaf) for leaf in leaves)
+        flat = (leaves, treedef, signature(leaves, treedef) if arrays else None)
         leaves, treedef, n, sample_weight = self.check(parts, flat, where)
         if first is None:  # a pass's first batch fixes its step's shape
             check_same_slices(leaves, treedef, where)
@@ -368,10 +366,9 @@ class BatchPipeline:
 def _quick_key(
     leaves: list[Any], treedef: Any, first: int | None, train: bool
 ) -> tuple[Any, ...] | None:
-    """The key of a batch's quick path: its structure, and each leaf's
-    shape and dtype (a device leaf's abstract value: 0.1 µs a leaf less
-    than both read apart) and layout (None on the host), where every leaf is
-    an array (else None); made without converting or checking anything."""
+    """The key of a batch's quick path where every leaf is an array (else
+    None): its structure, each leaf's shape and dtype (a device leaf's
+    abstract value, read once) and layout (None on the host)."""
     described: list[tuple[Any, ...]] = []
     for leaf in leaves:
         if isinstance(leaf, jax.Array):
@@ -381,15 +378,6 @@ def _quick_key(
         else:
             return None
     return treedef, tuple(described), first, train
-
-
-def _quick_signature(leaves: list[Any], treedef: Any) -> Signature | None:
-    """The `signature` of leaves that are all arrays (else None): the key of
-    a batch's checks, made without converting or checking anything."""
-    for leaf in leaves:
-        if not isinstance(leaf, Leaf):
-            return None
-    return treedef, tuple([(leaf.shape, leaf.dtype) for leaf in leaves])
 
 
 def pad(leaves: list[Leaf], size: int) -> list[Leaf]:
