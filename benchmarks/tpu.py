@@ -5,8 +5,10 @@ same models (issue 53), one part a call, each writing ``<part>.json``:
   (batch 64) and 784-256-128-10 (batch 256), where the host's work a step
   is the speed, and 1024-4096×3-10 (batch 4096, a 7 ms step on a TPU v5e),
   where the chip's is. Sides: the hand loop (`references.py`'s ``"jit"``),
-  the default trainer (``nan_policy="raise"``), ``steps_per_call=8``, and on
-  the wide MLP ``nan_policy="off"`` and ``"skip"``. Rounds alternate the
+  the default trainer (``nan_policy="raise"``: on a TPU the held guard,
+  ``phalanx/_engine/_held.py``), ``steps_per_call=8``, and on the wide MLP
+  ``nan_policy="off"``, ``"skip"`` and the gated guard (each step deciding
+  whether its own update lands, as on a CPU). Rounds alternate the
   sides (each a fit of the cell's steps: 1,000, or 500 on the wide MLP);
   each side's ratio is the median over the rounds of the hand loop's time ÷
   its time for the same steps.
@@ -48,6 +50,7 @@ import optax
 
 import phalanx as px
 import references
+from phalanx._engine import _held
 from phalanx._telemetry._peak_flops import peak_flops
 
 
@@ -74,6 +77,7 @@ def cells(args: argparse.Namespace) -> dict[str, Any]:
         if name == "wide":
             sides['nan_policy="off"'] = _fit(x, y, nan_policy="off")
             sides['nan_policy="skip"'] = _fit(x, y, nan_policy="skip")
+            sides["gated guard"] = _gated(x, y)
         out[name] = _rounds(sides, steps, args.rounds)
         out[name]["batch"] = batch
         out[name]["model"] = references.SIZE.describe()
@@ -113,6 +117,17 @@ def _fit(x: np.ndarray, y: np.ndarray, **kwargs: Any) -> Callable[[int], None]:
         jax.block_until_ready(trainer.state)
 
     return run
+
+
+def _gated(x: np.ndarray, y: np.ndarray) -> Callable[[int], None]:
+    """The default trainer with the guard of a CPU (each step decides
+    whether its own update lands) instead of the held one."""
+    held = _held.HOLD
+    _held.HOLD = False
+    try:
+        return _fit(x, y)
+    finally:
+        _held.HOLD = held
 
 
 def _rounds(

@@ -72,8 +72,24 @@ def table(record: dict[str, Any]) -> str:
             f"{fit['ms']:.1f} | {fit['mfu']:.1%} | {cell['phalanx ratio']:.3f} |"
         )
     one, many = steps["1"], steps["32"]
+    wide = cells["wide"]
+    guards = {
+        "skip": wide.get('nan_policy="skip" ratio'),
+        "gated": wide.get("gated guard ratio"),
+    }
     rows += [
         "",
+        *(
+            [
+                "On the 1024-4096×3-10 MLP, the default's guard is the held one "
+                "(`raise` decided by the next step); the gated guard (each step "
+                f"deciding whether its own update lands) ran at {guards['gated']:.3f}"
+                f", `nan_policy=\"skip\"` at {guards['skip']:.3f}.",
+                "",
+            ]
+            if None not in guards.values()
+            else []
+        ),
         f"`steps_per_call=32` on the 16-16-4 MLP: {many['steps_per_s']:,.0f} steps "
         f"a second, {many['speedup']:.2f}× `steps_per_call=1`'s "
         f"{one['steps_per_s']:,.0f}; the compiled call's temporaries "

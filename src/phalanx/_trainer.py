@@ -143,7 +143,8 @@ class DataParallelTrainer(Generic[_Model]):
             seed: seeds the run's PRNG key (dropout, ...).
             model_state: the `eqx.nn.State` of stateful layers.
             checks: ``"on"``: batches' values checked too; ``"off"``: shapes.
-            nan_policy: ``"raise"``, ``"skip"`` (the update) or ``"off"``.
+            nan_policy: ``"raise"`` (on a TPU: one more copy of the state
+                held), ``"skip"`` (the update) or ``"off"``.
             sync_every: the host waits for the device every this many steps.
             prefetch: batches prepared ahead on a background thread (None: 2,
                 or 0 on a single CPU device).
@@ -312,11 +313,10 @@ class DataParallelTrainer(Generic[_Model]):
         return self._parts.slot.progress
 
     def snapshot(self) -> Snapshot:
-        """Everything needed to continue training exactly, as it is now: the
-        state, progress, history, where the data stands (during `fit`) and
-        the callbacks' state. During `fit` the state's arrays are the run's
-        own buffers, valid until its next step (copy them to keep them)."""
-        return snapshot_of(self._parts, self.state, self.history, self._callbacks)
+        """All that continues training exactly, as it is now: state, progress,
+        history, callbacks' state, the data's position (in `fit`, whose next
+        step donates the state's arrays: `copy` the snapshot to keep them)."""
+        return snapshot_of(self._parts, self.history, self._callbacks)
 
     def restore(self, snapshot: Snapshot) -> None:
         """Continue from `snapshot`: its state, progress, history and

@@ -10,6 +10,15 @@ import pytest
 
 import phalanx as px
 from helpers import make_data, make_model, max_abs_diff, params_of, sqrt_loss
+from phalanx._engine import _held
+
+
+@pytest.fixture(params=["gated", "held"])
+def guard(request, monkeypatch):
+    """Each ``"raise"`` test under the gated guard (the update decided in its
+    step: CPUs) and the held one (decided by the next step: TPUs)."""
+    monkeypatch.setattr(_held, "HOLD", request.param == "held")
+    return request.param
 
 
 def batches():
@@ -32,7 +41,7 @@ def trainer(policy, sync_every=16):
 
 
 @pytest.mark.parametrize("sync_every", [1, 4, 16])
-def test_raise_names_leaf_and_step_and_keeps_state(sync_every):
+def test_raise_names_leaf_and_step_and_keeps_state(sync_every, guard):
     good, bad = batches()
     clean = trainer("raise")
     clean.fit(good[:3], epochs=1)
@@ -47,7 +56,7 @@ def test_raise_names_leaf_and_step_and_keeps_state(sync_every):
     assert int(run.state.step) == 3
 
 
-def test_infinite_gradient_is_caught_and_named():
+def test_infinite_gradient_is_caught_and_named(guard):
     # +inf (not NaN) in one leaf only, at step 2: caught, and that leaf named.
     class Inf(px.DataParallelTrainer):
         def gradients(self, grads, state):
@@ -61,6 +70,57 @@ def test_infinite_gradient_is_caught_and_named():
     with pytest.raises(FloatingPointError, match=r"model\.layers\[1\]\.bias.*step 2"):
         run.fit(good, epochs=1)
     assert int(run.state.step) == 2
+
+
+def test_held_guard_trains_as_the_gated_one(monkeypatch):
+    # The same updates, bitwise, with or without the spare; the held step
+    # is the one a TPU's fit runs (one step a call, "raise", no dynamic
+    # scale), and only there.
+    good, _ = batches()
+    runs = {}
+    for held in (False, True):
+        monkeypatch.setattr(_held, "HOLD", held)
+        run = trainer("raise")
+        run.fit(good, epochs=2)
+        assert run.summary(good[0]) is not None
+        runs[held] = run
+    assert max_abs_diff(runs[True].model, runs[False].model) == 0
+    losses = {held: [e["loss"] for e in run.history] for held, run in runs.items()}
+    assert losses[True] == losses[False]
+    monkeypatch.setattr(_held, "HOLD", True)
+    settings = {"nan_policy": "skip"}, {"steps_per_call": 2}
+    for held, kwargs in [(True, {}), *((False, s) for s in settings)]:
+        run = px.DataParallelTrainer(make_model(), optax.adam(1e-2), **kwargs)
+        run.fit(good[:2], epochs=1)
+        assert run._parts.programs.first.held is held
+
+
+@pytest.mark.parametrize("where", ["last step", "snapshot"])
+def test_held_guard_bad_last_step(where, monkeypatch):
+    # The bad step is the last of a fit (no frozen step after it: the run's
+    # spare is the state), or a snapshot is taken right after it: either way
+    # the state from before it.
+    monkeypatch.setattr(_held, "HOLD", True)
+    good, bad = batches()
+    clean = trainer("raise")
+    clean.fit(good[:3], epochs=1)
+    snapshots = []
+
+    class Snap(px.Callback):
+        def on_step_end(self, info):
+            if info.step == 4:
+                snapshots.append(info.snapshot().copy())
+
+    run = trainer("raise")
+    run.callbacks = [Snap()]
+    data = [*good[:3], bad] if where == "last step" else [*good[:3], bad, good[3]]
+    with pytest.raises(FloatingPointError, match="at step 3"):
+        run.fit(data, epochs=1)
+    assert max_abs_diff(run.model, clean.model) == 0
+    assert int(run.state.step) == 3
+    if where == "snapshot":
+        (snapshot,) = snapshots
+        assert max_abs_diff(snapshot.state.model, clean.model) == 0
 
 
 def test_skip_drops_the_update_and_counts_it():

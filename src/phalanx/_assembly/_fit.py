@@ -27,6 +27,7 @@ from .._checks._arguments import (
 from .._checks._device_note import note_single_cpu_device
 from .._engine._evaluate import evaluate_sets
 from .._engine._events import FitEvents
+from .._engine._held import settled
 from .._engine._loop import fit_loop
 from .._engine._loop_inputs import FitData, LoopParts, LoopSettings
 from .._preemption import Preempted, preemption
@@ -214,7 +215,7 @@ def _start_run(
     as far as this fit is `asked` (``epochs``, ``steps``) from the run's
     start."""
     slot, current = parts.slot, parts.current
-    run = slot.run
+    run = settled(slot.run)  # (a fit stopped by an error may have left a spare)
     # A fit that ended early (an error, steps=) may have left a part-done
     # epoch behind.
     progress = run.progress

@@ -11,6 +11,7 @@ import jax
 
 from .._engine._compiled import StepValues
 from .._engine._evaluate import evaluate
+from .._engine._held import settled
 from .._engine._lint import layout_warnings, stacked_leaves
 from .._engine._predict import predict_inputs
 from .._engine._program import Program
@@ -31,12 +32,16 @@ from ._parts import TrainerParts, checked_leaves
 
 
 def snapshot_of(
-    parts: TrainerParts, state: TrainState, history: History, callbacks: Callbacks
+    parts: TrainerParts, history: History, callbacks: Callbacks
 ) -> Snapshot:
-    """The run as it is now (see `DataParallelTrainer.snapshot`)."""
+    """The run as it is now (see `DataParallelTrainer.snapshot`); under the
+    held guard, the state from before a last step whose gradient was not
+    finite (``_engine/_held.py``: this waits for that step)."""
     events, strategy = parts.current.events, parts.preparer.compiler.parts.strategy
+    slot = parts.slot
+    slot.run = settled(slot.run)
     return Snapshot(
-        state=state,
+        state=parts.builder.build(slot.run.leaves),
         progress=parts.slot.progress,
         history=history.state_dict(),
         data=None if events is None else events.data_state(),

@@ -3,7 +3,8 @@ train step's update inside the step: whether the update happens, what the
 epoch's record of skipped and bad steps says, and what the step reports.
 
 `guard` decides from the gradient alone, in the graph (no host sync); the
-host reads the record at its next log point.
+host reads the record at its next log point. On a TPU, ``"raise"`` with one
+step a call leaves the decision to the next step (`held`: ``_held.py``).
 """
 
 from collections.abc import Callable
@@ -45,6 +46,7 @@ def guard(
     sums: Float[Array, " sums"],
     epoch_sums: EpochSums,
     total: Float[Array, ""],
+    held: bool = False,
 ) -> tuple[list[jax.Array], EpochSums, Float[Array, " reported"]]:
     """Apply the non-finite gradient policy and the dynamic loss scale to an
     `update`; add the step's `sums` to the epoch's.
@@ -63,7 +65,10 @@ def guard(
 
     The check is one read of the gradient (`_finite_leaves`), which XLA
     fuses into the computation that writes it; the update waits for it
-    (`_kept_or_updated`).
+    (`_kept_or_updated`). `held` (``"raise"`` under the held guard, no
+    dynamic scale: ``_held.py``): the update always lands, the flags
+    recording a bad step all the same; the next step returns the state from
+    before it.
     """
     loss_scale = update.loss_scale
     finite_leaves = _finite_leaves(update.grads)
@@ -82,7 +87,7 @@ def guard(
         scale_after = jax.tree.map(
             lambda a, b: jnp.where(halted | first_bad, a, b), loss_scale, moved
         )
-    if policy == "off" and loss_scale is None:
+    if (policy == "off" or held) and loss_scale is None:
         leaves = update.apply(None)
     else:
         leaves = _kept_or_updated(apply, update, scale_after)

@@ -27,6 +27,7 @@ from ..data import Resumable
 from ..strategies._placement import to_host
 from ._events import FitEvents
 from ._feed import Feed
+from ._held import settled, spare_for
 from ._loop_inputs import FitData, LoopParts, LoopSettings
 from ._loop_programs import build_first, build_from_peek, program_for, tell_compiled
 from ._pipeline import DeviceBatch
@@ -71,6 +72,7 @@ def fit_loop(
             if progress.done():
                 break
             _epoch(slot, fit, events, parts, settings, window)
+    slot.run = settled(slot.run)
     # (A restored snapshot may carry the signal that stopped its own run.)
     progress = dataclasses.replace(slot.progress, preempted=events.signal)
     return slot.advance(progress)
@@ -268,11 +270,17 @@ def _call(
         slot.run = Run(leaves, progress.stepped(epoch_sums, k))
         return [(sums, i) for i in range(k)]
     rows: list[tuple[Any, int | None]] = []
+    spare = run.spare
     for placed in group:
         args = (leaves, *epoch_sums, placed.leaves, placed.weight, placed.total)
+        if program.held:  # the state the last call read, donated here
+            args = (leaves, spare_for(leaves) if spare is None else spare, *args[1:])
+        before = leaves
         leaves, epoch_sums, sums = _run(events, parts, program, "train step", args)
+        # (A call through the step's jit donated the state: no spare.)
+        spare = before if program.held and not before[0].is_deleted() else None
         progress = progress.stepped(epoch_sums)
-        slot.run = Run(leaves, progress)
+        slot.run = Run(leaves, progress, spare)
         rows.append((sums, None))
     return rows
 
@@ -297,7 +305,8 @@ def _run(
     except (TypeError, ValueError) as error:
         if not mismatched(error) or step is not program.train:
             raise
-        out = program.traced(*args)
+        # The gated step (not held): the state, then what follows the spare.
+        out = program.traced(args[0], *args[2 if program.held else 1 :])
     events.phase("host")
     if events.compile_count != compiles:
         tell_compiled(events, parts, kind, compiles, args)
@@ -357,6 +366,7 @@ def _raise_if_nonfinite(slot: RunSlot, parts: LoopParts, flags: Any) -> None:
     _, step, leaf = (int(flag) for flag in flags)
     if step >= 0:
         layout = parts.layout
+        slot.run = settled(slot.run)  # the state from before that step
         run = slot.advance(dataclasses.replace(slot.progress, step=step))
         model = layout.unflatten(run.leaves).model
         raise nonfinite_error(step, leaf, model)

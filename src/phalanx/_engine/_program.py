@@ -10,7 +10,6 @@ its own (built, and counted by the recompile alarm, as a new one). Nothing
 here sees the trainer, a host batch or a clock.
 """
 
-import functools as ft
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -20,11 +19,12 @@ import jax.numpy as jnp
 
 from .._checks._batch import BatchSpec
 from .._checks._hooks import HookError
-from .._state._sums import NO_FLAGS, EpochSums, SumLayout, sum_order
-from ..metrics._statistic import Summed
+from .._state._sums import NO_FLAGS, EpochSums, SumLayout
 from ..strategies._placement import replicated, stacked
+from ._held import holds
 from ._hints import first_batch_hint
 from ._layout import StateLayout
+from ._program_sums import eval_layout, step_layout, sum_layout
 from ._proofs import (
     by_leaf,
     constraint_mismatches,
@@ -70,7 +70,9 @@ class Program(NamedTuple):
             and the epoch's sums (not its flags: the loop waits on an
             earlier step's flags while later steps run). Compiled ahead of
             time where it is the call a fit makes first
-            (``steps_per_call=1``), else a `jax.jit`.
+            (``steps_per_call=1``), else a `jax.jit`. Under the held guard
+            (`held`) it takes the run's spare after the state, ``train(leaves,
+            spare, sums, flags, ...)``, and donates the spare instead.
         train_many: `steps_per_call` updates in one call on batches stacked
             along a leading steps axis, compiled ahead of time (None with
             ``steps_per_call=1``).
@@ -97,6 +99,7 @@ class Program(NamedTuple):
         compiled: whether the first call's train step is compiled (ahead
             of time); a program built to trace or inspect with is not, and
             `fit` builds its own before its first step.
+        held: whether `train` is the held guard's step (``_held.py``).
     """
 
     spec: BatchSpec
@@ -113,6 +116,7 @@ class Program(NamedTuple):
     arguments: tuple[Any, ...]
     memory: Any
     compiled: bool = True
+    held: bool = False
 
     @property
     def kind(self) -> str:
@@ -162,7 +166,7 @@ def build_program(
             a parameter, a gradient or a state leaf (`_proofs.py`).
     """
     step, layout = parts.step, parts.layout
-    train, evaluate, probe, inspect = build_steps(
+    train, evaluate, probe, inspect, held = build_steps(
         step,
         layout,
         spec.treedef,
@@ -201,6 +205,16 @@ def build_program(
     arguments = _arguments(parts, shapes, size, packed, (leaves, split, rep), 1)
     k = parts.steps_per_call
     call = jitted  # what the fit calls first: one step, or k of them
+    compiling = arguments
+    hold = holds(step, list(state), k)
+    if hold:  # the spare after the state, donated in its place
+        call = jax.jit(
+            _sums_apart(held, spare=True),
+            donate_argnums=(1, 2),
+            in_shardings=(state, state, rep, rep, leaves, split, rep),
+            out_shardings=(state, rep, rep),
+        )
+        compiling = (arguments[0], *arguments)
     if k > 1:
         stack = stacked(split)
         stacks = [stacked(leaf) for leaf in leaves]
@@ -210,12 +224,14 @@ def build_program(
             in_shardings=(state, rep, rep, stacks, stack, rep),
             out_shardings=(state, rep, rep),
         )
-        arguments = _arguments(parts, shapes, size, packed, (stacks, stack, rep), k)
-    compiled = _compiled(call, arguments, parts, spec) if compile else None
+        arguments = compiling = _arguments(
+            parts, shapes, size, packed, (stacks, stack, rep), k
+        )
+    compiled = _compiled(call, compiling, parts, spec) if compile else None
     if k > 1:
         first, train_many = jitted, compiled or call
     else:
-        first, train_many = compiled or jitted, None
+        first, train_many = compiled or call, None
     return Program(
         spec=spec,
         size=size,
@@ -234,12 +250,13 @@ def build_program(
             out_shardings=(state, None, rep),
         ),
         sums=layout_of_sums,
-        step_sums=_step_layout(step, layout_of_sums),
-        eval_sums=_eval_layout(parts, probe, shapes, weight, sums),
+        step_sums=step_layout(step, layout_of_sums),
+        eval_sums=eval_layout(step, probe, (layout.structs, shapes, weight), sums),
         outputs=outputs,
         arguments=arguments,
         memory=None if compiled is None else compiled.memory_analysis(),
         compiled=compiled is not None,
+        held=hold,
     )
 
 
@@ -344,55 +361,15 @@ def mismatched(error: BaseException) -> bool:
     )
 
 
-def _step_layout(step: StepParts, sums: SumLayout) -> SumLayout:
-    """The entries of a train call's step sums: the sums', then
-    ``"skipped"`` and ``"loss_scale"`` where the step reports them."""
-    dynamic = step.precision.loss_scale == "dynamic"
-    skip = step.nan_policy == "skip" or dynamic
-    extra = ("skipped",) if skip else ()
-    return sums.plus(*extra, *(("loss_scale",) if dynamic else ()))
-
-
-def _eval_layout(
-    parts: ProgramParts, probe: Any, shapes: Any, weight: Any, sums: dict[str, Any]
-) -> SumLayout:
-    """The entries of the eval step's packed sums: the train step's, or
-    those of the trainer's own `eval_metrics` (traced once more)."""
-    if parts.step.eval_metrics is not None:
-        _, sums = jax.eval_shape(
-            ft.partial(probe, inference=True), parts.layout.structs, shapes, weight
-        )
-    return sum_layout(sums)
-
-
-def _sums_apart(train: Any) -> Any:
+def _sums_apart(train: Any, spare: bool = False) -> Any:
     """`train` taking the epoch's sums and flags as two arguments (so that a
-    jit can donate the sums alone)."""
+    jit can donate the sums alone); with `spare`, `train` takes the run's
+    spare after the state."""
 
-    def call(
-        leaves: list[jax.Array],
-        sums: jax.Array,
-        flags: jax.Array,
-        batch_leaves: list[Any],
-        weight: jax.Array,
-        total: jax.Array,
-    ) -> Any:
-        return train(leaves, EpochSums(sums, flags), batch_leaves, weight, total)
+    def call(leaves: list[jax.Array], *rest: Any) -> Any:
+        state = (leaves, rest[0]) if spare else (leaves,)
+        sums, flags, batch_leaves, weight, total = rest[1:] if spare else rest
+        epoch_sums = EpochSums(sums, flags)
+        return train(*state, epoch_sums, batch_leaves, weight, total)
 
     return call
-
-
-def sum_layout(sums: dict[str, Any]) -> SumLayout:
-    """The entries of packed sums, from the probe's (abstract) per-device
-    sums: a mean's a scalar per device, a statistic's its total."""
-    names, shapes, readers = [], [], []
-    for name in sum_order(sums):
-        entry = sums[name]
-        names.append(name)
-        if isinstance(entry, Summed):
-            shapes.append(tuple(entry.total.shape[1:]))
-            readers.append(entry.read)
-        else:
-            shapes.append(())
-            readers.append(None)
-    return SumLayout(tuple(names), tuple(shapes), tuple(readers))

@@ -30,6 +30,7 @@ from ..strategies._placement import in_device_memory, in_stored_memory
 from ._forward import infer
 from ._gradient import gradient
 from ._guard import Update, guard
+from ._held import held_train_step
 from ._layout import StateLayout
 from ._slice import examples_of, inference_call, packed, run_slice, split_model
 from ._step_parts import BatchCheck, Examples, StepParts, StepPlan, plan_steps
@@ -66,12 +67,16 @@ class StepFunctions(NamedTuple):
             (leaves, grads, sums)``: `train` with the gradient it applied
             (reduced, after the `gradients` hook) as an output, for
             `DataParallelTrainer.compute_step`.
+        held: ``held(leaves, spare, epoch_sums, batch_leaves, weight, total)
+            -> (leaves, epoch_sums, sums)``: `train` under the held guard
+            (``_held.py``), `spare` the state the previous call read.
     """
 
     train: Callable[..., TrainOutputs]
     evaluate: Callable[..., Float[Array, " sums"]]
     probe: Callable[..., tuple[Any, Any]]
     inspect: Callable[..., tuple[list[jax.Array], PyTree, Float[Array, " reported"]]]
+    held: Callable[..., TrainOutputs]
 
 
 def build_steps(
@@ -87,6 +92,7 @@ def build_steps(
         ft.partial(eval_step, plan),
         ft.partial(probe_step, plan),
         ft.partial(inspect_step, plan),
+        ft.partial(held_train_step, ft.partial(train_step, plan, held=True), plan),
     )
 
 
@@ -97,9 +103,11 @@ def train_step(
     batch_leaves: list[jax.Array],
     weight: PerExample,
     total: Float[Array, ""],
+    held: bool = False,
 ) -> TrainOutputs:
-    """One update: the state's new leaves, the epoch's sums, the step's sums."""
-    return _update(plan, leaves, epoch_sums, batch_leaves, weight, total)[:3]
+    """One update: the state's new leaves, the epoch's sums, the step's sums
+    (`held`: the update lands whatever its gradient, see ``_held.py``)."""
+    return _update(plan, leaves, epoch_sums, batch_leaves, weight, total, held)[:3]
 
 
 def inspect_step(
@@ -124,6 +132,7 @@ def _update(
     batch_leaves: list[jax.Array],
     weight: PerExample,
     total: Float[Array, ""],
+    held: bool = False,
 ) -> tuple[list[jax.Array], EpochSums, Float[Array, " reported"], PyTree]:
     """One update: the train step's outputs, and the gradient it applied.
     State kept in host memory (`MeshStrategy(offload=True)`) is brought to
@@ -141,7 +150,7 @@ def _update(
         ft.partial(_kept, plan, state),
     )
     leaves, epoch_sums, sums = guard(
-        plan.parts.nan_policy, update, step.sums, epoch_sums, total
+        plan.parts.nan_policy, update, step.sums, epoch_sums, total, held
     )
     return in_stored_memory(leaves, stored), epoch_sums, sums, step.grads
 

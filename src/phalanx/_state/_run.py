@@ -25,10 +25,14 @@ class Run:
             the strategy lays them out). A step donates them: a run that has
             been stepped from is spent.
         progress: the step, epoch, plan and the epoch's sums.
+        spare: under the held guard (``_engine/_held.py``), the state the
+            last step read, which the next step donates (and returns where
+            the last step's gradient was not finite); None elsewhere.
     """
 
     leaves: list[jax.Array]
     progress: RunProgress
+    spare: list[jax.Array] | None = None
 
     def replace(
         self,
@@ -36,10 +40,11 @@ class Run:
         leaves: list[jax.Array] | None = None,
         progress: RunProgress | None = None,
     ) -> "Run":
-        """This run with new `leaves` and/or `progress`."""
-        return Run(
-            self.leaves if leaves is None else leaves,
-            self.progress if progress is None else progress,
+        """This run with new `leaves` (and no spare) and/or `progress`."""
+        if leaves is not None:
+            return Run(leaves, self.progress if progress is None else progress)
+        return dataclasses.replace(
+            self, progress=self.progress if progress is None else progress
         )
 
 
