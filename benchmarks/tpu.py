@@ -6,9 +6,9 @@ same models (issue 53), one part a call, each writing ``<part>.json``:
   is the speed, and 1024-4096×3-10 (batch 4096, a 7 ms step on a TPU v5e),
   where the chip's is. Sides: the hand loop (`references.py`'s ``"jit"``),
   the default trainer (``nan_policy="raise"``: on a TPU the held guard,
-  ``phalanx/_engine/_held.py``), ``steps_per_call=8``, and on the wide MLP
-  ``nan_policy="off"``, ``"skip"`` and the gated guard (each step deciding
-  whether its own update lands, as on a CPU). Rounds alternate the
+  ``phalanx/_engine/_held.py``), ``steps_per_call=8``, the default with the
+  gated guard (each step deciding whether its own update lands, as on a
+  CPU), and on the wide MLP ``nan_policy="off"`` and ``"skip"``. Rounds alternate the
   sides (each a fit of the cell's steps: 1,000, or 500 on the wide MLP);
   each side's ratio is the median over the rounds of the hand loop's time ÷
   its time for the same steps.
@@ -74,10 +74,10 @@ def cells(args: argparse.Namespace) -> dict[str, Any]:
         sides: dict[str, Callable[[int], None]] = {"hand": _hand(x, y)}
         sides["default"] = _fit(x, y)
         sides["steps_per_call=8"] = _fit(x, y, steps_per_call=8)
+        sides["gated guard"] = _gated(x, y)
         if name == "wide":
             sides['nan_policy="off"'] = _fit(x, y, nan_policy="off")
             sides['nan_policy="skip"'] = _fit(x, y, nan_policy="skip")
-            sides["gated guard"] = _gated(x, y)
         out[name] = _rounds(sides, steps, args.rounds)
         out[name]["batch"] = batch
         out[name]["model"] = references.SIZE.describe()
