@@ -78,7 +78,11 @@ def held_train_step(
 
     def frozen() -> tuple[list[jax.Array], EpochSums, jax.Array]:
         step = plan.layout.unflatten(leaves).step  # the update's: bad + 1
-        before = jax.lax.cond(step > bad, lambda: spare, lambda: leaves)
+        # Selected element by element: returned as they are (a `lax.cond`),
+        # `leaves` would be copied on every step, held or not (XLA may not
+        # return an argument it was not given to overwrite).
+        updated = step > bad
+        before = [jnp.where(updated, s, x) for s, x in zip(spare, leaves, strict=True)]
         flags = epoch_sums.flags.at[_SKIPPED].add(1)
         nan = jnp.full(reported.shape, jnp.nan, reported.dtype)
         return before, EpochSums(epoch_sums.sums, flags), nan
