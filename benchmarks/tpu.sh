@@ -44,14 +44,18 @@ export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/src" PYTHONUNBUFFERED=1
 # pass PHALANX_COMMIT=$(git rev-parse HEAD) from a clean checkout).
 echo "${PHALANX_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}" > "$OUT/commit.txt"
 part() { echo "== $1 ($(date +%T))"; }
-bench() { timeout -k 10 "$1" python3 benchmarks/tpu.py "${@:2}" --out "$OUT"; }
+# ROUNDS (3) and LM_STEPS (20) trade precision for device time.
+bench() {
+    timeout -k 10 "$1" python3 benchmarks/tpu.py "${@:2}" --rounds "${ROUNDS:-3}" \
+        --out "$OUT"
+}
 {
     part "the machine"
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
     part "MLP cells: hand loop, default, steps_per_call=8, the guard on and off"
     bench 175 cells
     part "GPT-2 small (batch 8, 1,024 tokens) and the tests' transformer, bf16"
-    bench 220 lm --lm-steps 20
+    bench 220 lm --lm-steps "${LM_STEPS:-20}"
     part "steps_per_call 1, 8, 32 on the tiny MLP"
     bench 50 steps
     part "a NaN gradient planted at step 3"
