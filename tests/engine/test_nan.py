@@ -184,3 +184,19 @@ def test_huge_finite_gradient_whose_sum_overflows_is_applied(policy):
     # Each step moved every entry by 1e-40 * 1e38.
     moved = np.asarray(model.layers[0].weight) - np.asarray(run.model.layers[0].weight)
     np.testing.assert_allclose(moved, 0.02, rtol=1e-4)
+
+
+def test_held_guard_where_the_gradient_is_big_on_a_tpu(monkeypatch):
+    # "auto": a TPU's gradient of 16 MiB or more (writing it out and reading
+    # it back would cost more than the held step's second state); not the
+    # tiny MLPs whose steps are the host's, and never a CPU's.
+    def holds(hidden, backend):
+        monkeypatch.setattr(_held.jax, "default_backend", lambda: backend)
+        model = px.models.MLP(16, 4, hidden=hidden, key=jax.random.key(0))
+        run = px.DataParallelTrainer(model, optax.adam(1e-3), progress=False)
+        parts = run._parts.preparer.compiler.program_parts
+        return _held.holds(parts.step, parts.layout, 1)
+
+    assert holds((2048, 2048), "tpu")
+    assert not holds((16,), "tpu")
+    assert not holds((2048, 2048), "cpu")

@@ -206,7 +206,7 @@ def build_program(
     k = parts.steps_per_call
     call = jitted  # what the fit calls first: one step, or k of them
     compiling = arguments
-    hold = holds(step, list(state), k)
+    hold = holds(step, layout, k)
     if hold:  # the spare after the state, donated in its place
         call = jax.jit(
             _sums_apart(held, spare=True),
