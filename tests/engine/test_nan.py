@@ -72,18 +72,28 @@ def test_infinite_gradient_is_caught_and_named(guard):
     assert int(run.state.step) == 2
 
 
-def test_held_guard_trains_as_the_gated_one(monkeypatch):
-    # The same updates, bitwise, with or without the spare; the held step
-    # is the one a TPU's fit runs (one step a call, "raise", no dynamic
-    # scale), and only there.
+@pytest.mark.parametrize("strategy", [px.ShardingStrategy, px.FullyShardedStrategy])
+def test_held_guard_trains_as_the_gated_one(strategy, monkeypatch):
+    # The same updates, bitwise, with or without the spare (laid out as the
+    # state: every call is the compiled held step's, which keeps a spare);
+    # the held step is the one a TPU's fit runs (one step a call, "raise",
+    # no dynamic scale), and only there.
     good, _ = batches()
-    runs = {}
+    runs, spares = {}, []
+
+    class Spare(px.Callback):
+        def on_step_end(self, info):
+            spares.append(info.trainer._parts.slot.run.spare is not None)
+
     for held in (False, True):
         monkeypatch.setattr(_held, "HOLD", held)
-        run = trainer("raise")
+        run = px.DataParallelTrainer(
+            make_model(), optax.adam(1e-2), strategy=strategy(8), callbacks=[Spare()]
+        )
         run.fit(good, epochs=2)
         assert run.summary(good[0]) is not None
         runs[held] = run
+    assert spares == [False] * 12 + [True] * 12
     assert max_abs_diff(runs[True].model, runs[False].model) == 0
     losses = {held: [e["loss"] for e in run.history] for held, run in runs.items()}
     assert losses[True] == losses[False]
