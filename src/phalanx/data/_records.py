@@ -8,9 +8,16 @@ record per example: its features' bytes, then its int32 label),
 ``NAME-labels.npy`` (every label, 4 bytes an example: what a trainer reads
 whole to count the classes). ArrayRecord reads with ``pread``, so what a
 run reads lands in the page cache, not in its resident memory.
+
+A split is written whole or not at all: every file goes under a temporary
+name beside its own and is renamed into place once every chunk is checked
+and written, ``NAME.json`` last. `Records` checks the three agree before
+the first read.
 """
 
 import json
+import os
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, final
@@ -18,55 +25,169 @@ from typing import Any, final
 import numpy as np
 
 
+def _files(folder: Path, split: str) -> tuple[Path, Path, Path]:
+    """The split's records, labels and description, in the order they are
+    renamed into place (the description last)."""
+    return (
+        folder / f"{split}.array_record",
+        folder / f"{split}-labels.npy",
+        folder / f"{split}.json",
+    )
+
+
+def _again(split: str) -> str:
+    """The fix for a split whose files do not agree."""
+    return (
+        f"write the split again with px.data.write_records(folder, {split!r}, "
+        "chunks, overwrite=True)"
+    )
+
+
+def _sync(path: Path) -> None:
+    """Flush `path` (a file, or a folder's renames) to disk, so that a
+    rename never lands before the bytes it names."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def write_records(
-    folder: str | Path, split: str, chunks: Iterable[tuple[np.ndarray, np.ndarray]]
+    folder: str | Path,
+    split: str,
+    chunks: Iterable[tuple[np.ndarray, np.ndarray]],
+    *,
+    overwrite: bool = False,
 ) -> "Records":
     """Write `chunks` of ``(x, y)`` (features with a leading examples axis,
     int labels) as the split `split` of `folder`, one chunk in memory at a
     time; the split, opened.
 
+    Whole or not at all: the files are written under temporary names in
+    `folder` and renamed into place (``NAME.json`` last) only once every
+    chunk has been checked and written. A refused chunk, or an error from
+    `chunks` itself, removes the temporaries and leaves `folder` as it was.
+
+    Args:
+        folder: where the split's files go (made if missing).
+        split: the split's name, ``NAME`` of its files.
+        chunks: ``(x, y)`` pairs, read one at a time.
+        overwrite: replace a split of this name already in `folder`.
+
     Raises:
-        ValueError: chunks disagree on the features' shape or dtype, or
-            labels are not ints, one per example.
+        FileExistsError: `folder` holds the split and `overwrite` is False
+            (raised before anything is written).
+        ValueError: chunks disagree on the features' shape or dtype, labels
+            are not ints, one per example, or there are no chunks.
     """
     from array_record.python.array_record_module import ArrayRecordWriter
 
     folder = Path(folder)
+    paths = _files(folder, split)
+    existing = [path for path in paths if path.exists()]
+    if existing and not overwrite:
+        raise FileExistsError(
+            f"{existing[0]} exists: split {split!r} is already in {folder}; pass "
+            "overwrite=True to replace it, or write another split name"
+        )
     folder.mkdir(parents=True, exist_ok=True)
-    labels, spec = [], None
-    writer = ArrayRecordWriter(
-        str(folder / f"{split}.array_record"), "group_size:1,uncompressed"
-    )
+    temporaries: list[Path] = []
     try:
-        for x, y in chunks:
-            x, y = np.ascontiguousarray(x), np.asarray(y)
-            this = (x.shape[1:], x.dtype)
-            if spec is not None and this != spec:
-                raise ValueError(
-                    f"a chunk of features {x.dtype}{list(x.shape[1:])} after "
-                    f"{spec[1]}{list(spec[0])}: every example needs one shape and dtype"
-                )
-            if y.dtype.kind not in "iu" or y.shape != x.shape[:1]:
-                raise ValueError(
-                    f"labels {y.dtype}{list(y.shape)} for {len(x)} examples: pass "
-                    "one int label per example"
-                )
-            spec = this
-            for row, label in zip(x, y.astype(np.int32), strict=True):
-                writer.write(row.tobytes() + label.tobytes())
-            labels.append(y.astype(np.int32))
-    finally:
-        writer.close()
-    if spec is None:
-        raise ValueError(f"no chunks to write as {split!r}; pass at least one")
-    np.save(folder / f"{split}-labels.npy", np.concatenate(labels))
-    meta = {
-        "shape": list(spec[0]),
-        "dtype": spec[1].str,
-        "count": sum(map(len, labels)),
-    }
-    (folder / f"{split}.json").write_text(json.dumps(meta) + "\n")
+        for path in paths:
+            # A fresh name beside the file, made with the umask's mode (as the
+            # file itself would be; mkstemp's are the owner's alone).
+            temporary = folder / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+            temporary.touch(exist_ok=False)
+            temporaries.append(temporary)
+        records, labels_file, description = temporaries
+        labels, spec = [], None
+        writer = ArrayRecordWriter(str(records), "group_size:1,uncompressed")
+        try:
+            for x, y in chunks:
+                x, y = np.ascontiguousarray(x), np.asarray(y)
+                this = (x.shape[1:], x.dtype)
+                if spec is not None and this != spec:
+                    raise ValueError(
+                        f"a chunk of features {x.dtype}{list(x.shape[1:])} after "
+                        f"{spec[1]}{list(spec[0])}: every example needs one shape "
+                        "and dtype"
+                    )
+                if y.dtype.kind not in "iu" or y.shape != x.shape[:1]:
+                    raise ValueError(
+                        f"labels {y.dtype}{list(y.shape)} for {len(x)} examples: "
+                        "pass one int label per example"
+                    )
+                spec = this
+                for row, label in zip(x, y.astype(np.int32), strict=True):
+                    writer.write(row.tobytes() + label.tobytes())
+                labels.append(y.astype(np.int32))
+        finally:
+            writer.close()
+        if spec is None:
+            raise ValueError(f"no chunks to write as {split!r}; pass at least one")
+        with open(labels_file, "wb") as file:
+            np.save(file, np.concatenate(labels))
+        meta = {
+            "shape": list(spec[0]),
+            "dtype": spec[1].str,
+            "count": sum(map(len, labels)),
+        }
+        description.write_text(json.dumps(meta) + "\n")
+        for path in temporaries:
+            _sync(path)
+    except BaseException:
+        for path in temporaries:
+            path.unlink(missing_ok=True)
+        raise
+    # The old description goes first: until the new one lands, a reader
+    # finds the split missing, never old labels beside new records.
+    paths[-1].unlink(missing_ok=True)
+    for temporary, path in zip(temporaries, paths, strict=True):
+        os.replace(temporary, path)
+    try:
+        _sync(folder)
+    except OSError:  # a filesystem that cannot sync a folder keeps renames its way
+        pass
     return Records(folder, split)
+
+
+def _describe(path: Path, split: str) -> tuple[tuple[int, ...], np.dtype, int]:
+    """The features' shape and dtype and the count that `path` (a split's
+    ``NAME.json``) describes."""
+    try:
+        meta = json.loads(path.read_text())
+        shape = tuple(meta["shape"])
+        dtype, count = np.dtype(meta["dtype"]), meta["count"]
+        if not all(type(n) is int and n >= 0 for n in (*shape, count)):
+            raise ValueError(f"shape {meta['shape']}, count {count!r}")
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"{path} is not a split's description ({type(error).__name__}: "
+            f"{' '.join(str(error).split())}), expected JSON with shape, dtype "
+            f"and count; {_again(split)}"
+        ) from None
+    return shape, dtype, count
+
+
+def _count(path: Path, split: str, count: int) -> int:
+    """The number of records in `path`, read from its index by ArrayRecord's
+    own reader."""
+    from array_record.python.array_record_module import ArrayRecordReader
+
+    found, reason = None, "truncated, or not an ArrayRecord file"
+    try:
+        reader = ArrayRecordReader(str(path))
+        found = reader.num_records() if reader.ok() else None
+        reader.close()  # raises the reader's failure, if it had one
+    except (RuntimeError, OSError) as error:
+        found, reason = None, " ".join(str(error).split()) or reason
+    if found is None:
+        raise ValueError(
+            f"{path} is unreadable ({reason}), expected {count} records; "
+            f"{_again(split)}"
+        )
+    return found
 
 
 @final
@@ -92,28 +213,41 @@ class Records:
     """
 
     def __init__(self, folder: str | Path, split: str):
-        """
+        """Open the split `split` of `folder`, checking before any read that
+        its records, labels and description agree.
+
         Raises:
             FileNotFoundError: the split's files are not in `folder`.
-            ValueError: they do not agree.
+            ValueError: a file is unreadable (truncated, corrupt), or the
+                records or labels are not as many as ``NAME.json`` says.
         """
         folder = Path(folder)
-        self.path = folder / f"{split}.array_record"
-        files = [self.path, folder / f"{split}.json", folder / f"{split}-labels.npy"]
+        self.path, labels, description = _files(folder, split)
+        files = [self.path, description, labels]
         missing = [str(f) for f in files if not f.exists()]
         if missing:
             raise FileNotFoundError(
                 f"split {split!r} of {folder} lacks {', '.join(missing)}; write "
                 "it with px.data.write_records"
             )
-        meta = json.loads(files[1].read_text())
-        self.labels = np.load(files[2])
-        self.example_shape = tuple(meta["shape"])
-        self.dtype = np.dtype(meta["dtype"])
-        if len(self.labels) != meta["count"]:
+        self.example_shape, self.dtype, count = _describe(description, split)
+        try:
+            self.labels = np.load(labels)
+        except (ValueError, OSError, EOFError) as error:
             raise ValueError(
-                f"{files[2]} holds {len(self.labels)} labels for {meta['count']} "
-                f"examples in {self.path}; write the split again"
+                f"{labels} is unreadable ({' '.join(str(error).split())}), "
+                f"expected {count} int labels; {_again(split)}"
+            ) from None
+        if self.labels.dtype.kind not in "iu" or self.labels.shape != (count,):
+            raise ValueError(
+                f"{labels} holds labels {self.labels.dtype}{list(self.labels.shape)}"
+                f", {description} says {count} int labels; {_again(split)}"
+            )
+        found = _count(self.path, split, count)
+        if found != count:
+            raise ValueError(
+                f"{self.path} holds {found} records, {description} says "
+                f"{count}; {_again(split)}"
             )
 
     @property
