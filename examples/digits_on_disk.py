@@ -54,7 +54,8 @@ def main() -> None:
     x = (x - x.mean()) / x.std()
     train = int(args.gib * 2**30) // (SIDE * SIDE * 4)
     for split, count, seed in (("train", train, 0), ("test", args.test, 1)):
-        records = px.data.write_records(args.out, split, augmented(x, y, count, seed))
+        chunks = augmented(x, y, count, seed)  # a rerun replaces the splits
+        records = px.data.write_records(args.out, split, chunks, overwrite=True)
         size = records.path.stat().st_size / 2**30
         print(f"{split}: {len(records)} examples, {size:.2f} GiB in {records.path}")
 
