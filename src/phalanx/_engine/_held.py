@@ -30,7 +30,8 @@ from before a bad last step) wherever the run is handed out whole.
 """
 
 import math
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -94,7 +95,7 @@ def _gradient_bytes(layout: StateLayout) -> int:
 
 
 def held_train_step(
-    train_step: Any,
+    train_step: Callable[..., tuple[list[jax.Array], EpochSums, jax.Array]],
     plan: StepPlan,
     leaves: list[jax.Array],
     spare: list[jax.Array],
