@@ -79,17 +79,18 @@ def test_held_guard_trains_as_the_gated_one(strategy, monkeypatch):
     # the held step is the one a TPU's fit runs (one step a call, "raise",
     # no dynamic scale), and only there.
     good, _ = batches()
-    runs, spares = {}, []
+    runs, spares, slots = {}, [], []
 
     class Spare(px.Callback):
         def on_step_end(self, info):
-            spares.append(info.trainer._parts.slot.run.spare is not None)
+            spares.append(slots[-1].run.spare is not None)
 
     for held in (False, True):
         monkeypatch.setattr(_held, "HOLD", held)
         run = px.DataParallelTrainer(
             make_model(), optax.adam(1e-2), strategy=strategy(8), callbacks=[Spare()]
         )
+        slots.append(run._parts.slot)
         run.fit(good, epochs=2)
         assert run.summary(good[0]) is not None
         runs[held] = run
@@ -102,7 +103,8 @@ def test_held_guard_trains_as_the_gated_one(strategy, monkeypatch):
     for held, kwargs in [(True, {}), *((False, s) for s in settings)]:
         run = px.DataParallelTrainer(make_model(), optax.adam(1e-2), **kwargs)
         run.fit(good[:2], epochs=1)
-        assert run._parts.programs.first.held is held
+        program = run._parts.programs.first
+        assert program is not None and program.held is held
 
 
 @pytest.mark.parametrize("where", ["last step", "snapshot"])
