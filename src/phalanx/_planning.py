@@ -14,8 +14,10 @@ from ._plan._devices import DeviceSpec
 from ._plan._result import Plan
 from ._plan._space import PlanSpace
 from ._trainer import DataParallelTrainer
+from ._typing import validates_own_arguments
 
 
+@validates_own_arguments
 def plan(
     model: eqx.Module | Callable[[], eqx.Module],
     optimizer: optax.GradientTransformation,
@@ -76,6 +78,11 @@ def plan(
         raise TypeError(
             f"model={model!r} is neither an Equinox module nor a function "
             "building one; pass the model, or e.g. lambda: MyModel(key)"
+        )
+    if not (isinstance(trainer, type) and issubclass(trainer, DataParallelTrainer)):
+        raise TypeError(
+            f"trainer={trainer!r} is not px.DataParallelTrainer or a subclass of "
+            "it; pass the class itself, e.g. trainer=MyTrainer"
         )
     built: list[DataParallelTrainer] = []
 

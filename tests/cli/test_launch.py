@@ -14,6 +14,7 @@ import pytest
 from cli_runs import said
 from helpers import is_gloo_note
 from phalanx.cli._launch import GlooNotes, free_port
+from phalanx.cli._main import main
 
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
@@ -347,6 +348,20 @@ def test_bad_launch_arguments(args, message):
     )
     assert done.returncode == 2
     assert message in done.stderr and done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("value", ["70000", "0", "-1", "http"])
+def test_a_port_out_of_range_is_refused_in_one_line(value, capsys):
+    # Issue 54, item 3: --port 70000 exited 0. Parsed in this process: no
+    # process is started.
+    with pytest.raises(SystemExit) as exited:
+        main(["launch", "--nproc", "2", "--port", value, "--", "true"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "phalanx launch: error: argument --port: must be a TCP port from 1 to "
+        f"65535, got {value!r}; leave --port out for a free one (see phalanx "
+        "launch --help)"
+    ]
 
 
 def run_python(script: str, **env: str) -> subprocess.CompletedProcess:

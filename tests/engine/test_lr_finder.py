@@ -14,6 +14,7 @@ from typing_extensions import override
 
 import phalanx as px
 from helpers import host_arrays, make_data, make_model
+from phalanx._engine._lr_finder import LRFinderResult
 
 
 class Calls(px.Callback):
@@ -171,3 +172,13 @@ def test_bad_arguments_and_unreadable_rates_are_refused_before_a_step():
     with pytest.raises(ValueError, match=r"data has no batch"):
         trainer.find_lr([])
     assert int(trainer.state.step) == 0
+
+
+def test_plot_makes_the_folders_of_its_path(tmp_path):
+    # Issue 54, item 3: a missing folder was a FileNotFoundError.
+    rates = tuple(10.0 ** (k / 4) for k in range(-28, 0))
+    losses = tuple(1.0 / (k + 1) for k in range(len(rates)))
+    found = LRFinderResult(rates, losses, losses, suggestion=rates[5])
+    path = tmp_path / "runs" / "lr" / "lr.png"
+    found.plot(path)
+    assert path.read_bytes()[:4] == b"\x89PNG"

@@ -5,6 +5,7 @@ its bad inputs."""
 
 import functools
 import logging
+import re
 
 import jax
 import jax.numpy as jnp
@@ -327,3 +328,12 @@ def test_shapes_that_do_not_agree_are_refused():
         ValueError, match=r"must be floating of shape \(seq, heads, dim\)"
     ):
         px.models.dot_product_attention(q[None], q[None], q[None])
+
+
+def test_a_causal_that_is_not_a_bool_is_refused():
+    # Issue 54, item 3: "yes" was accepted (and read as True).
+    q = jnp.ones((8, HEADS, DIM))
+    with pytest.raises(
+        TypeError, match=re.escape("causal='yes' must be True or False")
+    ):
+        px.models.dot_product_attention(q, q, q, causal="yes")  # pyright: ignore[reportArgumentType]

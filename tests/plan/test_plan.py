@@ -5,14 +5,18 @@ picks another or says that nothing fits. The search against an exhaustive
 grid, real batches and offloading: test_plan_search.py (a file of its own,
 so that the two share out among the suite's workers)."""
 
+import re
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
 import phalanx as px
 from phalanx._engine._summary import format_bytes
+from phalanx._plan._devices import BANDWIDTHS, device_spec
 from phalanx._plan._space import PlanSpace
 from stacked_transformer import RULES, Transformer
 
@@ -122,3 +126,75 @@ def test_bad_options_say_what_to_pass():
         trainer.plan(BATCH, budget="1GiB", margin=1.5)
     with pytest.raises(ValueError, match="device='abacus'"):
         trainer.plan(BATCH, budget="1GiB", device="abacus")
+
+
+def test_bad_inputs_are_refused_before_any_compile():
+    # Issue 54, item 3: one line naming the argument, its value and the fix.
+    trainer = px.DataParallelTrainer(
+        make(), optax.adam(1e-3), loss=loss, progress=False
+    )
+    n = len(jax.devices())
+    fix = f"pass a count from 1 to {n}, or a list of devices (e.g. jax.devices()[:4])"
+    with pytest.raises(TypeError, match=re.escape(f"devices='8': {fix}")):
+        trainer.plan(BATCH, budget="1GiB", devices="8")
+    with pytest.raises(TypeError, match=re.escape("devices contains '8', which")):
+        trainer.plan(BATCH, budget="1GiB", devices=["8"])
+    with pytest.raises(ValueError, match=re.escape("devices=[] is empty; pass a")):
+        trainer.plan(BATCH, budget="1GiB", devices=[])
+    msg = (
+        "margin='0.1' must be a number in [0, 1): the share of the budget kept "
+        "free, e.g. 0.1"
+    )
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        px.plan(make, optax.adam(1e-3), BATCH, budget="1GiB", margin="0.1")  # pyright: ignore[reportArgumentType]
+    uneven = (
+        jax.ShapeDtypeStruct((64, 8), jnp.int32),
+        jax.ShapeDtypeStruct((32, 8), jnp.int32),
+    )
+    msg = (
+        "batch: its leaves disagree on the number of examples (the leading "
+        "axis): x has 64, y has 32; give every leaf the same number, e.g. "
+        "x[:n] with y[:n]"
+    )
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        px.plan(make, optax.adam(1e-3), uneven, budget="1GiB", loss=loss)
+    known = [entry[0] for entry in BANDWIDTHS]
+    msg = (
+        f"device='h1000' is not a device the cost model knows; pass one of "
+        f"{known} or 'cpu', or a "
+        "px.DeviceSpec(name, flops, memory_bandwidth, link_bandwidth)"
+    )
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        trainer.plan(BATCH, budget="1GiB", device="h1000")
+    with pytest.raises(TypeError, match=re.escape("device=100: pass a device")):
+        trainer.plan(BATCH, budget="1GiB", device=100)
+    msg = (
+        "trainer='DataParallelTrainer' is not px.DataParallelTrainer or a "
+        "subclass of it; pass the class itself, e.g. trainer=MyTrainer"
+    )
+    with pytest.raises(TypeError, match=re.escape(msg)):
+        px.plan(make, optax.adam(1e-3), BATCH, trainer="DataParallelTrainer")  # pyright: ignore[reportArgumentType]
+
+
+def test_a_device_name_is_matched_as_whole_words():
+    f32 = np.dtype("float32")
+    assert device_spec("h100", "cpu", f32).name == "H100"
+    assert device_spec("NVIDIA H100 80GB HBM3", "cpu", f32).name == "H100"
+    assert device_spec("TPU v5e", "cpu", f32).name == "TPU V5E"
+    with pytest.raises(ValueError, match=re.escape("device='h1000' is not")):
+        device_spec("h1000", "cpu", f32)
+    # The devices' own kind is still found inside a longer name.
+    assert device_spec(None, "NVIDIA GH200 480GB", f32).name == "H200"
+
+
+def test_space_microbatches_must_be_counts():
+    fix = (
+        "pass microbatch counts, ints >= 1, e.g. microbatches=(1, 2, 4), or "
+        "None for 1, 2, 4, ... up to each device's share of the batch"
+    )
+    with pytest.raises(ValueError, match=re.escape(f"microbatches=[0]: {fix}")):
+        PlanSpace(microbatches=[0])
+    with pytest.raises(ValueError, match=re.escape(f"microbatches=(): {fix}")):
+        PlanSpace(microbatches=())
+    # microbatches=4 (no sequence) is a TypeError too: the tests' runtime
+    # type checker raises it before __post_init__ can.

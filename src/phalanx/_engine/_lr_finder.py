@@ -13,6 +13,7 @@ takes the same absolute rates on any optimizer whose rate phalanx can read.
 import dataclasses
 import math
 import os
+import pathlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -56,8 +57,9 @@ class LRFinderResult:
 
     def plot(self, path: str | os.PathLike[str]) -> None:
         """Draw the smoothed loss against the learning rate (log scale),
-        the suggestion marked, into the image file `path` (matplotlib's Agg
-        canvas: no display needed; ``pip install 'phalanx[plot]'``)."""
+        the suggestion marked, into the image file `path`, its folders made
+        where missing (matplotlib's Agg canvas: no display needed;
+        ``pip install 'phalanx[plot]'``)."""
         try:
             from matplotlib.backends.backend_agg import FigureCanvasAgg
             from matplotlib.figure import Figure
@@ -76,6 +78,8 @@ class LRFinderResult:
         axes.set_xscale("log")
         axes.set_xlabel("learning rate")
         axes.set_ylabel("loss")
+        path = pathlib.Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(os.fspath(path))
 
 

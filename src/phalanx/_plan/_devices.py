@@ -11,11 +11,13 @@ far off it is measured).
 """
 
 import dataclasses
+import re
 from typing import Any
 
 import numpy as np
 
 from .._telemetry._peak_flops import peak_flops
+from .._typing import validates_own_arguments
 from ._sizes import HOW, parse_size
 
 
@@ -68,24 +70,32 @@ BANDWIDTHS: tuple[tuple[str, float, float, float], ...] = (
 CPU = DeviceSpec("cpu", 1e11, 2e10, 1e10, 1e10, relative=True)
 
 
+@validates_own_arguments
 def device_spec(
     device: str | DeviceSpec | None, kind: str, compute: np.dtype
 ) -> DeviceSpec:
-    """The spec of `device` (a name of the tables, e.g. ``"h100"``; a
+    """The spec of `device` (a name of the tables, e.g. ``"h100"``, found
+    as whole words: ``"NVIDIA H100 80GB HBM3"`` is one, ``"h1000"`` none; a
     `DeviceSpec`; None: the devices' own `kind`, their
     ``jax.Device.device_kind``), its peak in the `compute` dtype (the
     MFU table's, `_telemetry/_peak_flops.py`). A kind of neither table is
     costed as a CPU is: relatively.
 
     Raises:
+        TypeError: `device` is neither a name, a `DeviceSpec` nor None.
         ValueError: `device` names no device of the tables.
     """
     if isinstance(device, DeviceSpec):
         return device
+    if device is not None and not isinstance(device, str):
+        raise TypeError(
+            f"device={device!r}: pass a device name such as 'h100' or "
+            "'tpu v5e', a px.DeviceSpec, or None for the devices' own kind"
+        )
     name = (device if device is not None else kind).casefold()
     for known, memory, link, host in BANDWIDTHS:
         peak = peak_flops(known, compute)
-        if known in name and peak is not None:
+        if _names(known, name, whole=device is not None) and peak is not None:
             return DeviceSpec(known.upper(), peak, memory, link, host)
     if device is not None and device.casefold() != "cpu":
         raise ValueError(
@@ -94,6 +104,15 @@ def device_spec(
             "px.DeviceSpec(name, flops, memory_bandwidth, link_bandwidth)"
         )
     return CPU
+
+
+def _names(known: str, name: str, *, whole: bool) -> bool:
+    """Whether `name` names the table's `known` kind: contains it (a
+    ``device_kind`` such as ``"NVIDIA H100 80GB HBM3"``), as whole words
+    where the user gave it (``"h1000"`` is no H100)."""
+    if not whole:
+        return known in name
+    return re.search(rf"(?<![a-z0-9]){re.escape(known)}(?![a-z0-9])", name) is not None
 
 
 def budget_bytes(budget: int | str | None, devices: list[Any]) -> int:

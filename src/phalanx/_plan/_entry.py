@@ -10,8 +10,10 @@ import jax
 import numpy as np
 
 from .._assembly._parts import TrainerParts
-from .._checks._batch import BatchSpec
+from .._checks._batch import BatchSpec, leaf_names
 from .._checks._hooks import check_split
+from .._typing import validates_own_arguments
+from .._validate import is_real
 from ..strategies import AccumulatingStrategy, MeshStrategy
 from ._devices import DeviceSpec, budget_bytes, device_spec
 from ._measure import Builder
@@ -20,6 +22,7 @@ from ._search import search
 from ._space import PlanSpace, has_stack
 
 
+@validates_own_arguments
 def plan_trainer(
     parts: TrainerParts,
     batch: Any,
@@ -33,6 +36,12 @@ def plan_trainer(
     """The plan of a trainer's step for batches like `batch` (see
     `DataParallelTrainer.plan`)."""
     chosen = _devices(devices)
+    if not is_real(margin):
+        raise TypeError(
+            f"margin={margin!r} must be a number in [0, 1): the share of the "
+            "budget kept free, e.g. 0.1"
+        )
+    margin = float(margin)
     if not 0 <= margin < 1:
         raise ValueError(
             f"margin={margin!r} must be in [0, 1): the share of the budget kept "
@@ -42,6 +51,7 @@ def plan_trainer(
     compiler = parts.preparer.compiler
     step = compiler.parts
     space = _space_of(space, step.strategy)
+    cost = device_spec(device, chosen[0].device_kind, step.precision.compute)
     spec, size = _spec(parts, batch)
     builder = Builder(
         step,
@@ -64,7 +74,7 @@ def plan_trainer(
         remats,
         budget=budget_,
         margin=margin,
-        device=device_spec(device, chosen[0].device_kind, step.precision.compute),
+        device=cost,
     )
 
 
@@ -72,8 +82,11 @@ def _devices(devices: int | Sequence[Any] | None) -> list[Any]:
     every = jax.devices()
     if devices is None:
         return every
-    if isinstance(devices, bool):
-        raise TypeError(f"devices={devices!r}: pass a count or a list of devices")
+    if isinstance(devices, bool | str) or not isinstance(devices, int | Sequence):
+        raise TypeError(
+            f"devices={devices!r}: pass a count from 1 to {len(every)}, or a "
+            "list of devices (e.g. jax.devices()[:4])"
+        )
     if isinstance(devices, int):
         if not 1 <= devices <= len(every):
             raise ValueError(
@@ -81,6 +94,18 @@ def _devices(devices: int | Sequence[Any] | None) -> list[Any]:
                 f"from 1 to {len(every)}, or a list of devices"
             )
         return every[:devices]
+    for each in devices:
+        if not isinstance(each, jax.Device):
+            raise TypeError(
+                f"devices contains {each!r}, which is not a jax.Device; pass a "
+                f"count from 1 to {len(every)}, or a list of devices (e.g. "
+                "jax.devices()[:4])"
+            )
+    if not devices:
+        raise ValueError(
+            f"devices={devices!r} is empty; pass a count from 1 to {len(every)}, "
+            "or a list of devices (e.g. jax.devices()[:4])"
+        )
     return list(devices)
 
 
@@ -119,6 +144,23 @@ def _spec(parts: TrainerParts, batch: Any) -> tuple[BatchSpec, int]:
             f"batch={batch!r}: pass a batch of arrays, or of jax.ShapeDtypeStruct "
             "(its shapes), e.g. (jax.ShapeDtypeStruct((256, 784), jnp.float32), "
             "jax.ShapeDtypeStruct((256,), jnp.int32))"
+        )
+    names = leaf_names(treedef)
+    for name, leaf in zip(names, leaves, strict=True):
+        if not leaf.shape:
+            raise ValueError(
+                f"batch: {name} is a scalar; every leaf needs a leading examples "
+                "axis, e.g. y of shape (batch,)"
+            )
+    if len({leaf.shape[0] for leaf in leaves}) > 1:
+        sizes = ", ".join(
+            f"{name} has {leaf.shape[0]}"
+            for name, leaf in zip(names, leaves, strict=True)
+        )
+        raise ValueError(
+            f"batch: its leaves disagree on the number of examples (the leading "
+            f"axis): {sizes}; give every leaf the same number, e.g. x[:n] with "
+            "y[:n]"
         )
     n = int(leaves[0].shape[0])
     shapes = tuple(tuple(leaf.shape[1:]) for leaf in leaves)

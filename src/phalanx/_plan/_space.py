@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import jax
 
 from .._contracts import AbstractStacked
+from .._validate import is_int
 from ..strategies import AccumulatingStrategy, MeshStrategy, Strategy
 from ..strategies._rules import Rule
 
@@ -51,6 +52,19 @@ class PlanSpace:
     min_size: int = 2**12
     context: int = 1
     sequence_dims: Mapping[str, int] | int | None = None
+
+    def __post_init__(self) -> None:
+        counts = self.microbatches
+        if counts is None:
+            return
+        fix = (
+            "pass microbatch counts, ints >= 1, e.g. microbatches=(1, 2, 4), or "
+            "None for 1, 2, 4, ... up to each device's share of the batch"
+        )
+        if isinstance(counts, str) or not isinstance(counts, Sequence):
+            raise TypeError(f"microbatches={counts!r}: {fix}")
+        if not counts or not all(is_int(k) and k >= 1 for k in counts):
+            raise ValueError(f"microbatches={counts!r}: {fix}")
 
 
 class Candidate(NamedTuple):

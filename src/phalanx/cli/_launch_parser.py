@@ -4,7 +4,7 @@ coordinator's port, restarts and the hang watchdog's deadline (no JAX)."""
 import argparse
 from typing import Any
 
-from ._values import non_negative_int, positive_int, seconds_or_off
+from ._values import non_negative_int, port, positive_int, seconds_or_off
 
 
 def add_launch(commands: "argparse._SubParsersAction[Any]") -> None:
@@ -38,7 +38,7 @@ def add_launch(commands: "argparse._SubParsersAction[Any]") -> None:
     )
     launch.add_argument(
         "--port",
-        type=positive_int,
+        type=port,
         metavar="PORT",
         help="coordinator port (default: a free one)",
     )

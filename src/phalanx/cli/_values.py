@@ -1,4 +1,4 @@
-"""The values of ``phalanx train``'s and ``phalanx find-lr``'s options as
+"""The values of ``phalanx train``'s, ``find-lr``'s and ``launch``'s options as
 argparse reads them: each converter turns one option's text into its value,
 or raises `argparse.ArgumentTypeError` saying how to write it."""
 
@@ -19,6 +19,20 @@ def positive_int(text: str) -> int:
         ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port, 1 to 65535 (no option: launch picks a free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"must be a TCP port from 1 to 65535, got {text!r}; leave --port out "
+            "for a free one"
+        )
     return value
 
 

@@ -18,6 +18,7 @@ from jaxtyping import Array, Bool, Float
 from .._contracts import sequence_split
 from .._log import logger
 from .._typing import validates_own_arguments
+from .._validate import boolean
 from . import _tpu_attention
 from ._split_attention import split_attention
 from ._tpu_attention import on_one_device, splash_attention
@@ -81,6 +82,7 @@ def dot_product_attention(
         The attended values, shaped as `query`.
 
     Raises:
+        TypeError: `causal` is not True or False.
         ValueError: an unknown `implementation`; shapes that do not agree,
             or a split sequence that does not divide into the chunks it
             needs; a mask that is not boolean of shape ``(kv_seq,)``.
@@ -91,6 +93,7 @@ def dot_product_attention(
         out = px.models.dot_product_attention(x, x, x, causal=True)  # (128, 4, 16)
         ```
     """
+    causal = boolean("causal", causal, numpy=True)
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     mask = None if mask is None else jnp.asarray(mask)
     _check(query, key, value, mask, implementation)
