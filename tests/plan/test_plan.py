@@ -152,9 +152,9 @@ def test_bad_inputs_are_refused_before_any_compile():
         jax.ShapeDtypeStruct((32, 8), jnp.int32),
     )
     msg = (
-        "batch: its leaves disagree on the number of examples (the leading "
-        "axis): x has 64, y has 32; give every leaf the same number, e.g. "
-        "x[:n] with y[:n]"
+        "data: batch leaves disagree on the leading (examples) axis: batch[0] "
+        "has 64, batch[1] has 32; give every leaf the same number of examples, "
+        "slicing them together (e.g. x[i:j], y[i:j], one row of each per example)"
     )
     with pytest.raises(ValueError, match=re.escape(msg)):
         px.plan(make, optax.adam(1e-3), uneven, budget="1GiB", loss=loss)

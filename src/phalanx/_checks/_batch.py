@@ -159,8 +159,11 @@ def signature(leaves: Sequence[Leaf], treedef: Any) -> Signature:
     return treedef, tuple([(leaf.shape, leaf.dtype) for leaf in leaves])
 
 
-def num_examples(leaves: Sequence[Leaf], treedef: Any, where: str) -> int:
-    """The shared leading (examples) axis of every leaf.
+def num_examples(
+    leaves: Sequence[Leaf | jax.ShapeDtypeStruct], treedef: Any, where: str
+) -> int:
+    """The shared leading (examples) axis of every leaf (arrays, or their
+    shapes: the planner's batches).
 
     Raises:
         ValueError: a leaf is a scalar, the leaves disagree, or it is zero.

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from .._assembly._parts import TrainerParts
-from .._checks._batch import BatchSpec, leaf_names
+from .._checks._batch import BatchSpec, num_examples
 from .._checks._hooks import check_split
 from .._typing import validates_own_arguments
 from .._validate import is_real
@@ -82,30 +82,23 @@ def _devices(devices: int | Sequence[Any] | None) -> list[Any]:
     every = jax.devices()
     if devices is None:
         return every
+    fix = f"pass a count from 1 to {len(every)}, or a list of devices"
+    example = f"{fix} (e.g. jax.devices()[:4])"
     if isinstance(devices, bool | str) or not isinstance(devices, int | Sequence):
-        raise TypeError(
-            f"devices={devices!r}: pass a count from 1 to {len(every)}, or a "
-            "list of devices (e.g. jax.devices()[:4])"
-        )
+        raise TypeError(f"devices={devices!r}: {example}")
     if isinstance(devices, int):
         if not 1 <= devices <= len(every):
             raise ValueError(
-                f"devices={devices!r}: JAX sees {len(every)} devices; pass a count "
-                f"from 1 to {len(every)}, or a list of devices"
+                f"devices={devices!r}: JAX sees {len(every)} devices; {fix}"
             )
         return every[:devices]
     for each in devices:
         if not isinstance(each, jax.Device):
             raise TypeError(
-                f"devices contains {each!r}, which is not a jax.Device; pass a "
-                f"count from 1 to {len(every)}, or a list of devices (e.g. "
-                "jax.devices()[:4])"
+                f"devices contains {each!r}, which is not a jax.Device; {example}"
             )
     if not devices:
-        raise ValueError(
-            f"devices={devices!r} is empty; pass a count from 1 to {len(every)}, "
-            "or a list of devices (e.g. jax.devices()[:4])"
-        )
+        raise ValueError(f"devices={devices!r} is empty; {example}")
     return list(devices)
 
 
@@ -145,24 +138,7 @@ def _spec(parts: TrainerParts, batch: Any) -> tuple[BatchSpec, int]:
             "(its shapes), e.g. (jax.ShapeDtypeStruct((256, 784), jnp.float32), "
             "jax.ShapeDtypeStruct((256,), jnp.int32))"
         )
-    names = leaf_names(treedef)
-    for name, leaf in zip(names, leaves, strict=True):
-        if not leaf.shape:
-            raise ValueError(
-                f"batch: {name} is a scalar; every leaf needs a leading examples "
-                "axis, e.g. y of shape (batch,)"
-            )
-    if len({leaf.shape[0] for leaf in leaves}) > 1:
-        sizes = ", ".join(
-            f"{name} has {leaf.shape[0]}"
-            for name, leaf in zip(names, leaves, strict=True)
-        )
-        raise ValueError(
-            f"batch: its leaves disagree on the number of examples (the leading "
-            f"axis): {sizes}; give every leaf the same number, e.g. x[:n] with "
-            "y[:n]"
-        )
-    n = int(leaves[0].shape[0])
+    n = int(num_examples(leaves, treedef, "batch"))
     shapes = tuple(tuple(leaf.shape[1:]) for leaf in leaves)
     dtypes = tuple(np.dtype(leaf.dtype) for leaf in leaves)
     return BatchSpec(treedef, shapes, dtypes, n), n
