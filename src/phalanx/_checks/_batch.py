@@ -20,8 +20,8 @@ from jax.sharding import NamedSharding
 from jaxtyping import Array, Float, jaxtyped
 
 
-# A batch leaf: on the host, or already on devices.
-Leaf = np.ndarray | jax.Array
+Leaf = np.ndarray | jax.Array  # a batch leaf: on the host, or already on devices
+Shaped = Leaf | jax.ShapeDtypeStruct  # or its shape (a plan's batch)
 
 
 def _dtype_class(dtype: np.dtype) -> Any:
@@ -159,11 +159,8 @@ def signature(leaves: Sequence[Leaf], treedef: Any) -> Signature:
     return treedef, tuple([(leaf.shape, leaf.dtype) for leaf in leaves])
 
 
-def num_examples(
-    leaves: Sequence[Leaf | jax.ShapeDtypeStruct], treedef: Any, where: str
-) -> int:
-    """The shared leading (examples) axis of every leaf (arrays, or their
-    shapes: the planner's batches).
+def num_examples(leaves: Sequence[Shaped], treedef: Any, where: str) -> int:
+    """The shared leading (examples) axis of every leaf.
 
     Raises:
         ValueError: a leaf is a scalar, the leaves disagree, or it is zero.
