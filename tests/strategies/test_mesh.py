@@ -119,6 +119,43 @@ def test_every_mesh_is_the_update_of_one_device():
         assert max(result.gradient, result.values, result.parameters) <= 1e-5, name
 
 
+def test_a_tensor_only_mesh_accumulates_and_runs_in_bf16():
+    # data × fsdp = 1: the per-device program is manual over axes of one
+    # device, where XLA refused any collective ("Cross-partition allreduce
+    # must be in (partial) manual partitioning mode", issue 54). Each is the
+    # update of one device: to 1e-5, and in bf16 to bf16's rounding.
+    def tensor_only():
+        return mesh(jax.devices()[:2], data=1, tensor=2, rules=RULES)
+
+    results = px.testing.assert_equivalent(
+        trainer,
+        ragged_batches(),
+        strategies=[("accumulating", px.AccumulatingStrategy(tensor_only(), 2))],
+        steps=3,
+    )
+    result = results["accumulating"]
+    assert max(result.gradient, result.values, result.parameters) <= 1e-5
+
+    def low(strategy):
+        return px.DataParallelTrainer(
+            model(), optax.adam(1e-2, eps=1e-4), strategy=strategy,
+            precision="bf16", progress=False,
+        )  # fmt: skip
+
+    results = px.testing.assert_equivalent(
+        low,
+        ragged_batches(),
+        strategies=[
+            ("bf16", tensor_only()),
+            ("bf16 accumulating", px.AccumulatingStrategy(tensor_only(), 2)),
+        ],
+        steps=3,
+        rtol=2e-2,
+        atol=2e-2,
+    )
+    assert set(results) == {"bf16", "bf16 accumulating"}
+
+
 def test_the_mesh_and_the_batch_split():
     strategy = mesh(data=2, fsdp=-1, tensor=2)
     assert dict(strategy.mesh.shape) == {

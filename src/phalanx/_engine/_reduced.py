@@ -48,6 +48,10 @@ def unreduced(
         manual = frozenset(eqn.params["newly_manual_axes"])
         if manual != axes:
             continue
+        # An axis of one device (data × fsdp = 1 on a tensor-only mesh) has
+        # nothing to differ between.
+        sizes = eqn.params["mesh"].shape
+        manual = frozenset(axis for axis in manual if sizes[axis] > 1)
         ins = [_spec_axes(spec) & manual for spec in eqn.params["in_specs"]]
         outs = _run(body, ins)
         for j, (varies, spec) in enumerate(

@@ -138,19 +138,27 @@ def shard_map_reduce(
     slices = _size(mesh, axes)
 
     def per_device(replicated, carry, examples):
-        if gathered is not None:
+        if gathered is not None and slices > 1:
             replicated = jax.tree.map(_gather, replicated, gathered)
         sums, carry = fn(replicated, carry, examples)
         leaves, treedef = jax.tree.flatten(sums)
         specs = [P()] * len(leaves)
         if scattered is not None:
             specs = treedef.flatten_up_to(scattered)
-        split = [any(spec_axes(entry) for entry in spec) for spec in specs]
+        split = [
+            slices > 1 and any(spec_axes(entry) for entry in spec) for spec in specs
+        ]
         whole = [x for x, s in zip(leaves, split, strict=True) if not s]
         # One all-reduce for the rest: the loss sums, whole gradients and
         # model state.
         both = (whole, jax.tree.map(_to_summable, carry))
-        if deterministic:
+        if slices == 1:
+            # One device along `axes` (data × fsdp = 1: a tensor-only mesh)
+            # holds the whole sums. No collective: XLA refuses one over
+            # manual axes of size 1 beside automatic ones ("Cross-partition
+            # allreduce must be in (partial) manual partitioning mode").
+            total = both[1]
+        elif deterministic:
             whole, total = _sum_in_device_order(jax.lax.all_gather(both, name))
         else:
             whole, total = _psum(both, name)
