@@ -2,7 +2,7 @@
 splits read from disk through `px.data.GrainLoader` as the run goes, with
 grain worker processes; a run SIGKILLed mid-epoch and resumed ends where a
 straight run ends (the same history and final checkpoint, to the bit); a
-folder without the splits is refused in one line.
+folder without the splits, or of per-token labels, is refused in one line.
 
 (The ≥ 1 GiB run and its resident memory: examples/digits_on_disk.py and the
 data guide.)"""
@@ -10,6 +10,7 @@ data guide.)"""
 import pathlib
 import signal
 
+import numpy as np
 import pytest
 
 import phalanx as px
@@ -60,3 +61,16 @@ def test_a_folder_without_the_splits_is_refused(tmp_path):
         f"phalanx train: error: --dataset records:{tmp_path}: split 'train'"
     )
     assert "px.data.write_records" in line
+
+
+def test_a_folder_of_per_token_labels_is_refused(tmp_path):
+    tokens = np.arange(24, dtype=np.int32).reshape(4, 6)
+    for split in ("train", "test"):
+        px.data.write_records(tmp_path, split, [(tokens[:, :-1], tokens[:, 1:])])
+    line = refused(tmp_path, "train", "--dataset", f"records:{tmp_path}")
+    assert line == (
+        f"phalanx train: error: --dataset records:{tmp_path}: train's labels have "
+        "shape [5] per example; phalanx train fits a classifier, one int label per "
+        "example: train on these from Python, with px.data.GrainLoader over "
+        "px.data.Records(folder, 'train').dataset()"
+    )

@@ -7,6 +7,7 @@ corrupt description."""
 
 import json
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -17,6 +18,10 @@ import phalanx as px
 AGAIN = (
     "write the split again with px.data.write_records(folder, 'train', chunks, "
     "overwrite=True)"
+)
+INT_LABELS = (
+    "pass int labels, one per example (shape (5,)) or an array of one shape per "
+    "example (e.g. (5, T) per-token targets)"
 )
 
 
@@ -81,18 +86,37 @@ def _broken():
         (
             lambda: _chunks_then((np.zeros((5, 3), np.float32), np.zeros(4, np.int32))),
             ValueError,
-            "labels int32[4] for 5 examples: pass one int label per example",
+            f"labels int32[4] for 5 examples: {INT_LABELS}",
         ),
         (
             lambda: _chunks_then(
                 (np.zeros((5, 3), np.float32), np.zeros(5, np.float32))
             ),
             ValueError,
-            "labels float32[5] for 5 examples: pass one int label per example",
+            f"labels float32[5] for 5 examples: {INT_LABELS}",
+        ),
+        (
+            lambda: _chunks_then((np.zeros((5, 3), np.float32), np.zeros((5, 2), int))),
+            ValueError,
+            "a chunk of labels [2] per example after []: every example's labels "
+            "need one shape; pad or cut them to one length",
+        ),
+        (
+            lambda: _chunks_then((np.zeros((5, 3), np.float32), np.full(5, 2**31))),
+            ValueError,
+            "labels int64[5] hold 2147483648, outside int32 (they are stored as "
+            "int32); pass labels in [-2147483648, 2147483647]",
         ),
         (_broken, OSError, "the source went away"),
     ],
-    ids=["shape", "label-count", "float-labels", "source-error"],
+    ids=[
+        "shape",
+        "label-count",
+        "float-labels",
+        "label-shape",
+        "int32",
+        "source-error",
+    ],
 )
 def test_a_refused_overwrite_leaves_the_split_as_it_was(split, chunks, error, message):
     files, rows = _snapshot(split), _rows(split)
@@ -104,7 +128,7 @@ def test_a_refused_overwrite_leaves_the_split_as_it_was(split, chunks, error, me
 
 
 def test_a_refused_first_write_leaves_nothing(tmp_path):
-    with pytest.raises(ValueError, match="pass one int label per example"):
+    with pytest.raises(ValueError, match=re.escape(INT_LABELS)):
         px.data.write_records(
             tmp_path, "train", _chunks_then((np.zeros((5, 3), np.float32), np.zeros(5)))
         )

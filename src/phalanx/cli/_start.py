@@ -103,6 +103,15 @@ def _open_records(spec: str, folder: Path, flatten: bool) -> tuple[Split, Split]
             "built-in models take rows: write flat features, or pass --model "
             "MODULE:FACTORY"
         )
+    for name, split in (("train", train), ("test", test)):
+        if split.label_shape:  # per-token targets: not a classifier's labels
+            raise UsageError(
+                f"--dataset {spec}: {name}'s labels have shape "
+                f"{list(split.label_shape)} per example; phalanx train fits a "
+                "classifier, one int label per example: train on these from "
+                "Python, with px.data.GrainLoader over px.data.Records(folder, "
+                f"{name!r}).dataset()"
+            )
     return (train, train.labels), (test, test.labels)  # pyright: ignore[reportReturnType]
 
 

@@ -3,10 +3,12 @@ chunks (`write_records`), read back one example at a time by random access
 (`Records`), through `GrainLoader`.
 
 A split ``NAME`` of a folder is three files: ``NAME.array_record`` (one
-record per example: its features' bytes, then its int32 label),
-``NAME.json`` (the features' shape and dtype, the count) and
-``NAME-labels.npy`` (every label, 4 bytes an example: what a trainer reads
-whole to count the classes). ArrayRecord reads with ``pread``, so what a
+record per example: its features' bytes, then its int32 labels' bytes),
+``NAME.json`` (the features' shape and dtype, the labels' shape per
+example, the count) and ``NAME-labels.npy`` (every label as int32: what a
+trainer reads whole to count the classes). An example's labels are one int
+(a class) or an array of ints of one shape for every example (per-token
+targets). ArrayRecord reads with ``pread``, so what a
 run reads lands in the page cache, not in its resident memory.
 
 A split is written whole or not at all: every file goes under a temporary
@@ -16,6 +18,7 @@ the first read.
 """
 
 import json
+import math
 import os
 import uuid
 from collections.abc import Iterable
@@ -53,6 +56,36 @@ def _sync(path: Path) -> None:
         os.close(descriptor)
 
 
+def _int32_labels(
+    y: np.ndarray, examples: int, label_shape: tuple[int, ...] | None
+) -> np.ndarray:
+    """A chunk's labels `y` for its `examples` as int32, checked: ints, the
+    examples' axis first, each example's of `label_shape` (the earlier
+    chunks'; None for the first chunk), within int32."""
+    if y.dtype.kind not in "iu" or y.shape[:1] != (examples,):
+        raise ValueError(
+            f"labels {y.dtype}{list(y.shape)} for {examples} examples: pass int "
+            f"labels, one per example (shape ({examples},)) or an array of one "
+            f"shape per example (e.g. ({examples}, T) per-token targets)"
+        )
+    if label_shape is not None and y.shape[1:] != label_shape:
+        raise ValueError(
+            f"a chunk of labels {list(y.shape[1:])} per example after "
+            f"{list(label_shape)}: every example's labels need one shape; pad or "
+            "cut them to one length"
+        )
+    if y.size and not np.can_cast(y.dtype, np.int32):
+        info = np.iinfo(np.int32)
+        outside = y[(y < info.min) | (y > info.max)]
+        if outside.size:
+            raise ValueError(
+                f"labels {y.dtype}{list(y.shape)} hold {outside[0]}, outside int32 "
+                f"(they are stored as int32); pass labels in [{info.min}, "
+                f"{info.max}]"
+            )
+    return y.astype(np.int32)
+
+
 def write_records(
     folder: str | Path,
     split: str,
@@ -60,9 +93,15 @@ def write_records(
     *,
     overwrite: bool = False,
 ) -> "Records":
-    """Write `chunks` of ``(x, y)`` (features with a leading examples axis,
-    int labels) as the split `split` of `folder`, one chunk in memory at a
-    time; the split, opened.
+    """Write `chunks` of ``(x, y)`` as the split `split` of `folder`, one
+    chunk in memory at a time; the split, opened.
+
+    ``x`` is the chunk's features and ``y`` its int labels, both with the
+    examples' axis first: ``y`` of shape ``(n,)`` holds one label per
+    example (a class), ``(n, T)`` (or any fixed shape after ``n``) an array
+    of labels per example, such as a language model's per-token targets.
+    Every chunk's examples have one features' shape and dtype, and one
+    labels' shape. Labels are stored as int32.
 
     Whole or not at all: the files are written under temporary names in
     `folder` and renamed into place (``NAME.json`` last) only once every
@@ -72,14 +111,15 @@ def write_records(
     Args:
         folder: where the split's files go (made if missing).
         split: the split's name, ``NAME`` of its files.
-        chunks: ``(x, y)`` pairs, read one at a time.
+        chunks: ``(x, y)`` pairs of arrays, read one at a time.
         overwrite: replace a split of this name already in `folder`.
 
     Raises:
         FileExistsError: `folder` holds the split and `overwrite` is False
             (raised before anything is written).
-        ValueError: chunks disagree on the features' shape or dtype, labels
-            are not ints, one per example, or there are no chunks.
+        ValueError: chunks disagree on the features' shape or dtype or on
+            the labels' shape, labels are not ints with the examples' axis
+            first or do not fit in int32, or there are no chunks.
     """
     from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -101,7 +141,7 @@ def write_records(
             temporary.touch(exist_ok=False)
             temporaries.append(temporary)
         records, labels_file, description = temporaries
-        labels, spec = [], None
+        labels, spec, label_shape = [], None, None
         writer = ArrayRecordWriter(str(records), "group_size:1,uncompressed")
         try:
             for x, y in chunks:
@@ -113,15 +153,11 @@ def write_records(
                         f"{spec[1]}{list(spec[0])}: every example needs one shape "
                         "and dtype"
                     )
-                if y.dtype.kind not in "iu" or y.shape != x.shape[:1]:
-                    raise ValueError(
-                        f"labels {y.dtype}{list(y.shape)} for {len(x)} examples: "
-                        "pass one int label per example"
-                    )
-                spec = this
-                for row, label in zip(x, y.astype(np.int32), strict=True):
+                y = _int32_labels(y, len(x), label_shape)
+                spec, label_shape = this, y.shape[1:]
+                for row, label in zip(x, y, strict=True):
                     writer.write(row.tobytes() + label.tobytes())
-                labels.append(y.astype(np.int32))
+                labels.append(y)
         finally:
             writer.close()
         if spec is None:
@@ -131,6 +167,7 @@ def write_records(
         meta = {
             "shape": list(spec[0]),
             "dtype": spec[1].str,
+            "label_shape": list(label_shape or ()),
             "count": sum(map(len, labels)),
         }
         description.write_text(json.dumps(meta) + "\n")
@@ -152,22 +189,29 @@ def write_records(
     return Records(folder, split)
 
 
-def _describe(path: Path, split: str) -> tuple[tuple[int, ...], np.dtype, int]:
-    """The features' shape and dtype and the count that `path` (a split's
-    ``NAME.json``) describes."""
+def _describe(
+    path: Path, split: str
+) -> tuple[tuple[int, ...], np.dtype, tuple[int, ...], int]:
+    """The features' shape and dtype, the labels' shape per example and the
+    count that `path` (a split's ``NAME.json``) describes (a split written
+    before labels had a shape has scalar labels)."""
     try:
         meta = json.loads(path.read_text())
-        shape = tuple(meta["shape"])
+        shape, label_shape = tuple(meta["shape"]), tuple(meta.get("label_shape", ()))
         dtype, count = np.dtype(meta["dtype"]), meta["count"]
-        if not all(type(n) is int and n >= 0 for n in (*shape, count)):
-            raise ValueError(f"shape {meta['shape']}, count {count!r}")
+        sizes = (*shape, *label_shape, count)
+        if not all(type(n) is int and n >= 0 for n in sizes):
+            raise ValueError(
+                f"shape {meta['shape']}, label_shape {list(label_shape)}, "
+                f"count {count!r}"
+            )
     except (ValueError, TypeError, KeyError, UnicodeDecodeError) as error:
         raise ValueError(
             f"{path} is not a split's description ({type(error).__name__}: "
             f"{' '.join(str(error).split())}), expected JSON with shape, dtype "
             f"and count; {_again(split)}"
         ) from None
-    return shape, dtype, count
+    return shape, dtype, label_shape, count
 
 
 def _count(path: Path, split: str, count: int) -> int:
@@ -191,22 +235,12 @@ def _count(path: Path, split: str, count: int) -> int:
 
 
 @final
-class Decode:
-    """A record's bytes as ``(features, label)`` (picklable: grain's
-    workers run it)."""
-
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype):
-        self.shape, self.dtype = shape, dtype
-
-    def __call__(self, record: bytes) -> tuple[np.ndarray, np.int32]:
-        features = np.frombuffer(record[:-4], self.dtype).reshape(self.shape)
-        return features, np.frombuffer(record[-4:], np.int32)[0]
-
-
-@final
 class Records:
     """A split written by `write_records`: its shape, labels, and its
-    examples as a `grain.MapDataset` of ``(features, label)``.
+    examples as a `grain.MapDataset` of ``(features, labels)``.
+
+    ``labels`` holds every example's labels, shape ``(examples,
+    *label_shape)``: one int per example where ``label_shape`` is ``()``.
 
     Only the labels are read whole; features are read when indexed (``[i]``
     or a slice, for a first batch) or by the dataset.
@@ -230,18 +264,24 @@ class Records:
                 f"split {split!r} of {folder} lacks {', '.join(missing)}; write "
                 "it with px.data.write_records"
             )
-        self.example_shape, self.dtype, count = _describe(description, split)
+        self.example_shape, self.dtype, self.label_shape, count = _describe(
+            description, split
+        )
+        said = f"{count} int labels" + (
+            f" of shape {list(self.label_shape)}" if self.label_shape else ""
+        )
         try:
             self.labels = np.load(labels)
         except (ValueError, OSError, EOFError) as error:
             raise ValueError(
                 f"{labels} is unreadable ({' '.join(str(error).split())}), "
-                f"expected {count} int labels; {_again(split)}"
+                f"expected {said}; {_again(split)}"
             ) from None
-        if self.labels.dtype.kind not in "iu" or self.labels.shape != (count,):
+        expected = (count, *self.label_shape)
+        if self.labels.dtype.kind not in "iu" or self.labels.shape != expected:
             raise ValueError(
                 f"{labels} holds labels {self.labels.dtype}{list(self.labels.shape)}"
-                f", {description} says {count} int labels; {_again(split)}"
+                f", {description} says {said}; {_again(split)}"
             )
         found = _count(self.path, split, count)
         if found != count:
@@ -267,12 +307,38 @@ class Records:
         return dataset[index][0]
 
     def dataset(self) -> Any:
-        """The examples as a `grain.MapDataset` of ``(features, label)``."""
+        """The examples as a `grain.MapDataset` of ``(features, labels)``."""
         import grain
 
         source = grain.sources.ArrayRecordDataSource(str(self.path))
         # ArrayRecordDataSource is random access; its annotations do not
         # match grain's protocol for one (record_key: SupportsIndex).
         return grain.MapDataset.source(source).map(  # pyright: ignore[reportArgumentType]
-            Decode(self.example_shape, self.dtype)
+            Decode(self)
         )
+
+
+@final
+class Decode:
+    """A record's bytes as ``(features, labels)``, the labels an int32
+    scalar or an array of the split's label shape (picklable: grain's
+    workers run it)."""
+
+    def __init__(self, records: Records):
+        self.shape, self.dtype = records.example_shape, records.dtype
+        self.label_shape, self.path = records.label_shape, records.path
+        self._cut = math.prod(self.shape) * self.dtype.itemsize
+        self._size = self._cut + 4 * math.prod(self.label_shape)
+
+    def __call__(self, record: bytes) -> tuple[np.ndarray, Any]:
+        if len(record) != self._size:
+            description = self.path.with_suffix(".json")
+            raise ValueError(
+                f"{self.path} holds a record of {len(record)} bytes, {description} "
+                f"describes {self._size} ({self.dtype}{list(self.shape)} features, "
+                f"int32{list(self.label_shape)} labels); "
+                f"{_again(self.path.stem)}"
+            )
+        features = np.frombuffer(record, self.dtype, math.prod(self.shape))
+        labels = np.frombuffer(record, np.int32, offset=self._cut)
+        return features.reshape(self.shape), labels.reshape(self.label_shape)[()]
