@@ -4,8 +4,14 @@ JAX itself reads ``JAX_COORDINATOR_ADDRESS``; it has no variables for the
 number of processes and the process id, so phalanx uses JAX-style names for
 them (set by ``phalanx launch``, or by hand: see the README). Also here:
 what a launcher and its processes tell each other besides (the restart a
-process belongs to, the exit code of a process that hung).
+process belongs to, the exit code of a process that hung, the hang
+watchdog's deadline, read and checked without JAX).
 """
+
+import math
+import os
+from typing import Literal
+
 
 COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 NUM_PROCESSES = "JAX_NUM_PROCESSES"
@@ -22,3 +28,30 @@ HANG_EXIT_CODE = 75
 # The hang watchdog's deadline for a trainer left at hang_timeout="auto":
 # seconds, or "off" (``phalanx launch --hang-timeout``).
 HANG_TIMEOUT = "PHALANX_HANG_TIMEOUT"
+# Its shortest deadline, in seconds: below it a healthy run's first
+# callbacks or checkpoint write outlast the deadline and end it at step 0.
+MIN_HANG_TIMEOUT = 1.0
+
+
+def hang_timeout_from_env() -> float | Literal["off"] | None:
+    """``PHALANX_HANG_TIMEOUT`` read: seconds, ``"off"``, or None (unset).
+
+    Raises:
+        ValueError: it is set to neither seconds (at least
+            `MIN_HANG_TIMEOUT`) nor ``off``.
+    """
+    given = os.environ.get(HANG_TIMEOUT, "").strip()
+    if not given:
+        return None
+    if given.lower() == "off":
+        return "off"
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= MIN_HANG_TIMEOUT):
+        raise ValueError(
+            f"{HANG_TIMEOUT}={given!r}: set it to a number of seconds, at least "
+            f"{MIN_HANG_TIMEOUT:g} (e.g. 600), or off, or unset it"
+        )
+    return seconds

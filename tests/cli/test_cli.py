@@ -609,11 +609,16 @@ def refused_in_process(tmp_path, capsys, argv: list[str], needles: list[str]):
         (["--mesh", "data=2"], ["--mesh data=2,fsdp=1,tensor=1", "--strategy mesh"]),
         (
             ["--strategy", "mesh", "--mesh", "model=2"],
-            ["--mesh", "'model=2'", "data, fsdp, tensor", "e.g. data=2,fsdp=4"],
+            ["--mesh", "'model=2'", "data, fsdp, context, tensor", "data=2,fsdp=4"],
         ),
         (
             ["--strategy", "mesh", "--mesh", "fsdp=3", "--run-dir", "RUN"],
             ["--mesh data=-1,fsdp=3,tensor=1", "do not fit 8 devices"],
+        ),
+        (["--data-workers", "-1"], ["--data-workers", "0 or more, got '-1'"]),
+        (
+            ["--data-workers", "2"],
+            ["--data-workers 2", "records:DIR, not --dataset digits"],
         ),
         (["--precision", "fp8"], ["--precision", "'fp8'", "fp32", "bf16", "fp16"]),
         (["--optimizer", "foo"], ["--optimizer", "'foo'", "adam", "sgd"]),

@@ -222,15 +222,46 @@ def test_hang_timeout_takes_seconds_auto_or_off(capsys):
     assert cli_args().hang_timeout == "auto"  # the trainer's default
     assert cli_args("--hang-timeout", "90").hang_timeout == 90.0
     assert cli_args("--hang-timeout", "off").hang_timeout is None
-    for bad in ("0", "-3", "inf", "soon"):
+    for bad in ("0", "0.001", "-3", "inf", "soon"):
         with pytest.raises(SystemExit) as exit:
             cli_args("--hang-timeout", bad)
         assert exit.value.code == 2
         assert capsys.readouterr().err.splitlines()[-1] == (
             "phalanx train: error: argument --hang-timeout: must be a number of "
-            f"seconds above 0 (e.g. 600), auto or off, got {bad!r} (see phalanx "
-            "train --help)"
+            f"seconds, at least 1 (e.g. 600), auto or off, got {bad!r} (see "
+            "phalanx train --help)"
         )
+
+
+def test_a_bad_hang_timeout_in_the_environment_is_a_usage_error(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PHALANX_HANG_TIMEOUT", "abc")
+    assert main(["train", "--run-dir", "R"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (
+        "phalanx train: error: PHALANX_HANG_TIMEOUT='abc': set it to a number of "
+        "seconds, at least 1 (e.g. 600), or off, or unset it\n"
+    )
+    assert out == "" and not (tmp_path / "R").exists()
+
+
+def test_mesh_takes_a_context_axis_splitting_dimension_one():
+    args = cli_args("--strategy", "mesh", "--mesh", "data=2,context=2")
+    assert args.mesh == "data=2,fsdp=1,context=2,tensor=1"
+    strategy = make_strategy(args, jax.devices()[:4])
+    assert isinstance(strategy, px.MeshStrategy)
+    assert dict(strategy.mesh.shape) == {
+        "data": 2,
+        "fsdp": 1,
+        "context": 2,
+        "tensor": 1,
+    }
+    assert strategy.sequence_dims.every == 1
+    assert cli_args("--strategy", "mesh", "--mesh", "fsdp=2").mesh == (
+        "data=-1,fsdp=2,tensor=1"
+    )
 
 
 def test_slow_steps_reaches_the_trainer_and_not_the_config(

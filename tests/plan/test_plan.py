@@ -186,6 +186,33 @@ def test_bad_inputs_are_refused_before_any_compile():
     )
     with pytest.raises(TypeError, match=re.escape(msg)):
         px.plan(make, optax.adam(1e-3), BATCH, trainer="DataParallelTrainer")  # pyright: ignore[reportArgumentType]
+    # Meshes that cannot use the devices, named (not "the batch splits over
+    # no candidate").
+    for space, msg in [
+        (
+            PlanSpace(context=3, sequence_dims=1),
+            "context=3 does not divide the 8 devices; pass a divisor of 8 (1: no "
+            "sequence split), e.g. context=2",
+        ),
+        (
+            PlanSpace(meshes=[(8, 1, 1), (3, 1, 1)]),
+            "meshes[1]=(3, 1, 1): data × fsdp × tensor is 3, not the 8 devices; "
+            "pass sizes whose product is 8, e.g. (8, 1, 1)",
+        ),
+        (
+            PlanSpace(meshes=[(16, 1, 1)]),
+            "meshes[0]=(16, 1, 1): data × fsdp × tensor is 16, not the 8 devices; "
+            "pass sizes whose product is 8, e.g. (8, 1, 1)",
+        ),
+        (
+            PlanSpace(meshes=[(8, 1, 1)], context=2, sequence_dims=1),
+            "meshes[0]=(8, 1, 1): data × fsdp × tensor is 8, not the 4 devices "
+            "that context=2 leaves; pass sizes whose product is 4, e.g. (4, 1, 1)",
+        ),
+    ]:
+        with pytest.raises(ValueError) as refused:
+            trainer.plan(BATCH, budget="1GiB", space=space)
+        assert str(refused.value) == msg
 
 
 def test_a_device_name_is_matched_as_whole_words():

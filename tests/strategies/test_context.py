@@ -119,6 +119,12 @@ def test_the_compiled_step_takes_the_sequence_split():
     assert [s.spec for s in leaves] == [P(("data", "fsdp"), "context")] * 2
 
 
+def test_a_context_that_does_not_divide_the_devices_is_named_first():
+    # Issue 54: before asking for sequence_dims.
+    with pytest.raises(ValueError, match=r"'context': 3, .* do not fit 8 devices"):
+        px.MeshStrategy(context=3)
+
+
 @pytest.mark.parametrize(
     "sequence_dims, seq, match",
     [
@@ -132,6 +138,13 @@ def test_the_compiled_step_takes_the_sequence_split():
             {"x": 1},
             30,
             r"x's dimension 1 has 30 positions, which context=4 does not divide",
+        ),
+        (  # issue 54: past every leaf's dimensions, nothing split, silently
+            5,
+            SEQ,
+            r"^sequence_dims=5: no leaf of the batch has dimension 5 \(their "
+            r"dimensions, examples first: x 2, y 2\), so nothing would be split "
+            r"over context; name a dimension from 1 to 1$",
         ),
     ],
 )

@@ -19,7 +19,7 @@ from ._devices import DeviceSpec, budget_bytes, device_spec
 from ._measure import Builder
 from ._result import Plan
 from ._search import search
-from ._space import PlanSpace, has_stack
+from ._space import PlanSpace, has_stack, mesh_splits
 
 
 @validates_own_arguments
@@ -51,6 +51,7 @@ def plan_trainer(
     compiler = parts.preparer.compiler
     step = compiler.parts
     space = _space_of(space, step.strategy)
+    mesh_splits(len(chosen), space)  # the meshes checked before any trace
     cost = device_spec(device, chosen[0].device_kind, step.precision.compute)
     spec, size = _spec(parts, batch)
     builder = Builder(

@@ -157,8 +157,10 @@ class Plan:
 
         Raises:
             ValueError: nothing fits, or the choice splits over ``tensor``
-                (rules: the Python API only) or sets a remat policy (the
-                model's own: no flag sets it).
+                (rules: the Python API only), splits sequences over
+                ``context`` other than along dimension 1 of every batch leaf
+                (what ``--mesh context=K`` splits), or sets a remat policy
+                (the model's own: no flag sets it).
         """
         chosen = self._chosen()
         if chosen.tensor > 1:
@@ -167,6 +169,15 @@ class Plan:
                 "phalanx train takes none: train with plan.trainer_kwargs()"
             )
         mesh = f"data={chosen.data},fsdp={chosen.fsdp}"
+        if chosen.context > 1:
+            if self.space.sequence_dims != 1:
+                raise ValueError(
+                    f"the choice splits sequences by sequence_dims="
+                    f"{self.space.sequence_dims!r}; phalanx train --mesh "
+                    "context=K splits dimension 1 of every batch leaf: train "
+                    "with plan.trainer_kwargs()"
+                )
+            mesh += f",context={chosen.context}"
         layout = ["--strategy", "mesh", "--mesh", mesh]
         if chosen.microbatches > 1:
             layout += ["--microbatches", str(chosen.microbatches)]
@@ -179,7 +190,7 @@ class Plan:
             f"budget {format_bytes(self.budget)} a device (margin {self.margin:.0%})",
             caption=self._caption(),
         )
-        columns = ("mesh (data·fsdp·tensor)", "micro", "remat", "state")
+        columns = ("mesh (data·fsdp·context·tensor)", "micro", "remat", "state")
         for column in (*columns, "arguments", "temporaries", "peak", "FLOPs"):
             table.add_column(column, justify="right")
         table.add_column("collectives", justify="right")
@@ -191,7 +202,7 @@ class Plan:
             if row.why and row is not self.choice:
                 mark += f": {row.why}"
             table.add_row(
-                f"{c.data}·{c.fsdp}·{c.tensor}",
+                f"{c.data}·{c.fsdp}·{c.context}·{c.tensor}",
                 str(c.microbatches),
                 "-" if c.remat is None else remat_name(c.remat),
                 "-" if b is None else _on_host(format_bytes(b.state), b.host),

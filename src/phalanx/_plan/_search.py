@@ -66,12 +66,9 @@ def search(
     for (data, fsdp, tensor), remat, offload in itertools.product(
         mesh_splits(len(devices), space), remats, offloads
     ):
-        first = Candidate(data, fsdp, tensor, 1, remat, offload)
-        mesh = data * fsdp * space.context * tensor
-        if mesh != len(devices) or n % (data * fsdp):
+        first = Candidate(data, fsdp, tensor, 1, remat, offload, space.context)
+        if n % (data * fsdp):
             why = f"{n} examples do not split over data x fsdp = {data * fsdp}"
-            if mesh != len(devices):
-                why = f"the mesh is not the {len(devices)} devices"
             rows.append(PlanRow(first, "skipped", why))
             continue
         strategy = first.strategy(space, devices)

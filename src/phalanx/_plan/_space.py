@@ -5,6 +5,7 @@ setting, and a number of microbatches; and the strategy each stands for.
 
 import copy
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -69,8 +70,8 @@ class PlanSpace:
 
 class Candidate(NamedTuple):
     """One layout a plan weighs: a mesh split, a remat setting (None: the
-    model's own, no `Stacked` in it), a microbatch count, and whether the
-    optimizer state is kept in host memory."""
+    model's own, no `Stacked` in it), a microbatch count, whether the
+    optimizer state is kept in host memory, and the space's ``context``."""
 
     data: int
     fsdp: int
@@ -78,6 +79,7 @@ class Candidate(NamedTuple):
     microbatches: int
     remat: Remat | None
     offload: bool = False
+    context: int = 1
 
     def strategy(self, space: PlanSpace, devices: Sequence[Any]) -> Strategy:
         """The strategy this candidate trains with on `devices`."""
@@ -86,7 +88,7 @@ class Candidate(NamedTuple):
             data=self.data,
             fsdp=self.fsdp,
             tensor=self.tensor,
-            context=space.context,
+            context=self.context,
             sequence_dims=space.sequence_dims,
             rules=list(space.rules),
             min_size=space.min_size,
@@ -97,8 +99,10 @@ class Candidate(NamedTuple):
         return AccumulatingStrategy(mesh, microbatches=self.microbatches)
 
     def describe(self) -> str:
-        """E.g. ``"data=2 fsdp=4 tensor=1, 2 microbatches, remat=True"``."""
-        text = f"data={self.data} fsdp={self.fsdp} tensor={self.tensor}"
+        """E.g. ``"data=2 fsdp=4 tensor=1, 2 microbatches, remat=True"``
+        (``context=K`` before ``tensor`` where it splits sequences)."""
+        context = f"context={self.context} " if self.context > 1 else ""
+        text = f"data={self.data} fsdp={self.fsdp} {context}tensor={self.tensor}"
         if self.microbatches > 1:
             text += f", {self.microbatches} microbatches"
         if self.remat is not None:
@@ -119,10 +123,36 @@ def remat_name(remat: Remat) -> str:
 
 def mesh_splits(devices: int, space: PlanSpace) -> list[tuple[int, int, int]]:
     """The space's ``(data, fsdp, tensor)`` splits of `devices` (what its
-    ``context`` axis leaves of them)."""
+    ``context`` axis leaves of them).
+
+    Raises:
+        ValueError: ``context`` does not divide `devices`, or a mesh of the
+            space's does not multiply to what it leaves.
+    """
+    context = space.context
+    if not is_int(context) or context < 1 or devices % context:
+        raise ValueError(
+            f"context={context!r} does not divide the {devices} devices; pass a "
+            f"divisor of {devices} (1: no sequence split), e.g. "
+            f"context={next((d for d in _divisors(devices) if d > 1), 1)}"
+        )
+    devices //= context
     if space.meshes is not None:
+        for i, m in enumerate(space.meshes):
+            if len(m) != 3 or not all(is_int(s) and s >= 1 for s in m):
+                raise ValueError(
+                    f"meshes[{i}]={m!r}: pass (data, fsdp, tensor) sizes, ints "
+                    f">= 1 whose product is {devices}, e.g. ({devices}, 1, 1)"
+                )
+            if math.prod(m) != devices:
+                raise ValueError(
+                    f"meshes[{i}]={tuple(m)!r}: data × fsdp × tensor is "
+                    f"{math.prod(m)}, not the {devices} devices"
+                    + (f" that context={context} leaves" if context > 1 else "")
+                    + f"; pass sizes whose product is {devices}, e.g. "
+                    f"({devices}, 1, 1)"
+                )
         return [tuple(m) for m in space.meshes]  # pyright: ignore[reportReturnType]
-    devices //= space.context
     splits = []
     for tensor in _divisors(devices):
         if tensor > 1 and not space.rules:

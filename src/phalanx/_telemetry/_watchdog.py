@@ -36,7 +36,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal, TypeAlias
 
-from .._env import HANG_EXIT_CODE, HANG_TIMEOUT
+from .._env import (
+    HANG_EXIT_CODE,
+    MIN_HANG_TIMEOUT,
+    hang_timeout_from_env,
+)
 from ._clock import PhaseClock
 
 
@@ -95,20 +99,9 @@ def resolve_auto(timeout: HangTimeout) -> HangTimeout:
     """
     if timeout != "auto":
         return timeout
-    given = os.environ.get(HANG_TIMEOUT, "").strip()
-    if given.lower() == "off":
-        return None
-    if given:
-        try:
-            seconds = float(given)
-        except ValueError:
-            seconds = math.nan
-        if not (math.isfinite(seconds) and seconds > 0):
-            raise ValueError(
-                f"{HANG_TIMEOUT}={given!r}: set it to a number of seconds above 0 "
-                "(e.g. 600) or off, or unset it"
-            )
-        return seconds
+    given = hang_timeout_from_env()
+    if given is not None:
+        return None if given == "off" else given
     return None if interactive() else "auto"
 
 
@@ -303,8 +296,9 @@ def check_hang_timeout(value: object) -> None:
             "which every process dumps its stacks and exits (e.g. "
             "hang_timeout=600), 'auto', or None to turn the watchdog off"
         )
-    if not (math.isfinite(value) and value > 0):
+    if not (math.isfinite(value) and value >= MIN_HANG_TIMEOUT):
         raise ValueError(
-            f"hang_timeout={value!r}: pass a positive number of seconds (e.g. "
-            "hang_timeout=600), 'auto', or None to turn the watchdog off"
+            f"hang_timeout={value!r}: pass a number of seconds, at least "
+            f"{MIN_HANG_TIMEOUT:g} (e.g. hang_timeout=600), 'auto', or None to "
+            "turn the watchdog off"
         )

@@ -16,6 +16,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from .._env import hang_timeout_from_env
 from ..strategies._registry import lookup, registered
 from ._args import FindLRArgs, TrainArgs, UsageError
 from ._config import resolve_find_lr, resolve_plan, resolve_train, restarted
@@ -89,6 +90,18 @@ def check_arguments(args: TrainArgs) -> None:
             f"--model {args.model}"
             + (" (its widths: --hidden)" if args.model == "mlp" else "")
         )
+    if args.data_workers and not args.dataset.startswith("records:"):
+        raise UsageError(
+            f"--data-workers {args.data_workers} sets the processes reading "
+            f"--dataset records:DIR, not --dataset {args.dataset}; write the "
+            "data with px.data.write_records and pass records:DIR, or drop "
+            "--data-workers"
+        )
+    if args.hang_timeout == "auto":
+        try:  # PHALANX_HANG_TIMEOUT, as the trainer would read it at fit
+            hang_timeout_from_env()
+        except ValueError as error:
+            raise UsageError(str(error)) from None
     if args.hidden != (256, 128) and args.model != "mlp":
         raise UsageError(
             f"--hidden sets the widths of --model mlp, not of --model {args.model}"

@@ -8,7 +8,15 @@ import argparse
 from collections.abc import Callable
 
 from ..strategies._registry import registered
-from ._values import mesh, model, model_arg, positive_float, positive_int, widths
+from ._values import (
+    mesh,
+    model,
+    model_arg,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    widths,
+)
 
 
 # A parser's add_argument.
@@ -56,7 +64,7 @@ def add_model_options(add: Add) -> None:
     )
     add(
         "--data-workers",
-        type=int,
+        type=non_negative_int,
         default=0,
         metavar="N",
         help="with --dataset records:DIR, processes decoding examples ahead "
@@ -83,9 +91,11 @@ def add_device_options(add: Add) -> None:
         type=mesh,
         default=None,
         metavar="AXIS=SIZE,...",
-        help="with --strategy mesh: the sizes of its data and fsdp axes, e.g. "
-        "data=2,fsdp=4 (data -1 unless given: what the others leave); tensor "
-        "needs sharding rules, which only the Python API takes",
+        help="with --strategy mesh: the sizes of its data, fsdp and context "
+        "axes, e.g. data=2,fsdp=4 (data -1 unless given: what the others "
+        "leave); context=K splits each example's sequence, dimension 1 of x "
+        "and y, over K devices; tensor needs sharding rules, which only the "
+        "Python API takes",
     )
     add(
         "--shard",

@@ -6,6 +6,7 @@ import argparse
 import math
 from typing import Literal
 
+from .._env import MIN_HANG_TIMEOUT
 from .._plan._sizes import parse_size
 from ._model import is_reference, parse_model_arg
 
@@ -82,7 +83,11 @@ def seconds_or_off(text: str) -> float | Literal["auto"] | None:
     word = text.strip().lower()
     if word in ("off", "auto"):
         return None if word == "off" else "auto"
-    return _above(text, 0, "a number of seconds above 0 (e.g. 600), auto or off")
+    must = f"a number of seconds, at least {MIN_HANG_TIMEOUT:g} (e.g. 600), auto or off"
+    seconds = _above(text, 0, must)
+    if seconds < MIN_HANG_TIMEOUT:
+        raise argparse.ArgumentTypeError(f"must be {must}, got {text!r}")
+    return seconds
 
 
 def _above(text: str, bound: int, must: str) -> float:
@@ -140,7 +145,7 @@ def steps(text: str) -> tuple[int, int]:
     return steps
 
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "context", "tensor")
 
 
 def mesh_sizes(text: str) -> dict[str, int]:
@@ -148,8 +153,8 @@ def mesh_sizes(text: str) -> dict[str, int]:
     ``data`` -1 when not named: what the others leave).
 
     Raises:
-        ValueError: an axis that is not data, fsdp or tensor, one named
-            twice, or a size that is not an int >= 1 (or -1).
+        ValueError: an axis that is not data, fsdp, context or tensor, one
+            named twice, or a size that is not an int >= 1 (or -1).
     """
     sizes: dict[str, int] = {}
     for part in text.split(","):
@@ -169,16 +174,21 @@ def mesh_sizes(text: str) -> dict[str, int]:
                 "leave); e.g. data=2,fsdp=4"
             )
         sizes[name] = size
-    return {"data": -1, "fsdp": 1, "tensor": 1} | sizes
+    return {"data": -1, "fsdp": 1, "context": 1, "tensor": 1} | sizes
 
 
 def mesh(text: str) -> str:
-    """--mesh's text, checked and written as `mesh_sizes` reads it."""
+    """--mesh's text, checked and written as `mesh_sizes` reads it (context
+    only where it splits sequences)."""
     try:
         sizes = mesh_sizes(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    return ",".join(f"{name}={size}" for name, size in sizes.items())
+    return ",".join(
+        f"{name}={size}"
+        for name, size in sizes.items()
+        if name != "context" or size != 1
+    )
 
 
 def size(text: str) -> int:

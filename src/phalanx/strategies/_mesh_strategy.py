@@ -196,6 +196,8 @@ class MeshStrategy(DeviceMeshStrategy):
             )
         self.rules = check_rules(rules, AXES)
         self.sequence_dims = check_sequence_dims(sequence_dims)
+        self.axis_name = ("data", "fsdp")
+        self.mesh = make_mesh(devices, sizes)  # first: sizes that do not fit
         if context != 1 and not self.sequence_dims:
             raise ValueError(
                 f"context={context} splits each example's sequence over devices: "
@@ -203,8 +205,6 @@ class MeshStrategy(DeviceMeshStrategy):
                 'sequence_dims={"x": 1, "y": 1} (tokens and next tokens of '
                 "shape (examples, sequence)), or sequence_dims=1"
             )
-        self.axis_name = ("data", "fsdp")
-        self.mesh = make_mesh(devices, sizes)
         check_within_processes(self.mesh)
         self.min_size = min_size
         first = self.mesh.devices.flat[0]

@@ -17,6 +17,7 @@ lazily imported `phalanx.strategies` when it is called.
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -38,7 +39,8 @@ class Options(NamedTuple):
         shard: `FullyShardedStrategy`'s: ``"all"`` or ``"optimizer"``
             (None: its default).
         mesh: `MeshStrategy`'s axis sizes (None: hybrid sharding: ``data``
-            2 on an even device count, ``fsdp`` the rest).
+            2 on an even device count, ``fsdp`` the rest); a ``context``
+            axis splits dimension 1 of every batch leaf.
         deterministic: add the devices' sums in a fixed order.
     """
 
@@ -115,13 +117,23 @@ def _mesh(devices: Any, options: Options) -> Built:
     else:
         sizes = dict(options.mesh)
     data, fsdp = sizes.get("data", -1), sizes.get("fsdp", 1)
-    tensor = sizes.get("tensor", 1)
-    strategy = st.MeshStrategy(devices, data=data, fsdp=fsdp, tensor=tensor)
+    context, tensor = sizes.get("context", 1), sizes.get("tensor", 1)
+    # A context axis splits dimension 1 of every batch leaf: (examples,
+    # sequence, ...) tokens and targets, as a command line's data come.
+    mesh = functools.partial(
+        st.MeshStrategy,
+        devices,
+        data=data,
+        fsdp=fsdp,
+        context=context,
+        tensor=tensor,
+        sequence_dims=1 if context != 1 else None,
+    )
+    strategy = mesh()
     if options.min_size is None:
         return strategy
     # min_size for the fsdp axis, as the strategy resolved its size.
-    split = options.min_size(strategy.mesh.shape["fsdp"])
-    return st.MeshStrategy(devices, data=data, fsdp=fsdp, tensor=tensor, min_size=split)
+    return mesh(min_size=options.min_size(strategy.mesh.shape["fsdp"]))
 
 
 def _mesh_sizes(strategy: Built) -> str:

@@ -112,13 +112,30 @@ def sequence_specs(
 
     Raises:
         ValueError: a pattern matches no leaf, a dimension is past a leaf's
-            last, or `context` does not divide a sequence's length.
+            last (an int: past every leaf's), or `context` does not divide a
+            sequence's length.
     """
     if not dims:
         return [P(axis_name_of(batch_axes))] * len(names)
     batch, context = axis_name_of(batch_axes), mesh.shape["context"]
     pairs = zip(names, shapes, strict=True)
     found = [_dim(dims, name, len(shape)) for name, shape in pairs]
+    if whole and dims.every is not None and all(dim is None for dim in found):
+        ranks = ", ".join(
+            f"{name} {len(shape) + 1}"
+            for name, shape in zip(names, shapes, strict=True)
+        )
+        longest = max(len(shape) for shape in shapes)
+        raise ValueError(
+            f"sequence_dims={dims.every}: no leaf of the batch has dimension "
+            f"{dims.every} (their dimensions, examples first: {ranks}), so "
+            "nothing would be split over context; "
+            + (
+                f"name a dimension from 1 to {longest}"
+                if longest
+                else "the leaves hold no sequences"
+            )
+        )
     for pattern, _ in dims.pairs if whole else ():
         if not any(re.fullmatch(pattern, name) for name in names):
             raise ValueError(
