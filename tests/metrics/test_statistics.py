@@ -194,13 +194,11 @@ def test_f1_without_num_classes_in_the_metrics_hook_trains():
             "outputs[:, 0] (shape (batch,): a binary task), or a score per "
             "class, of shape (batch, num_classes)",
         ),
-        (
+        (  # per-token outputs, one label per example: see test_token_metrics.py
             np.zeros((16, 4, 3), np.float32),
-            "px.metrics.f1: outputs of shape (16, 4, 3) have no class axis to "
-            "count the classes on (num_classes=None reads the last axis of "
-            "scores of shape (batch, classes)); pass scores of shape (batch, "
-            "classes), or (batch,) for a binary task, and num_classes=N to say "
-            "there are N",
+            "px.metrics.f1: targets of shape (16,) do not fit outputs of shape "
+            "(16, 4, 3); pass class labels of shape (16, 4) (per token, negative "
+            "ones left out) or one-hot targets of shape (16, 4, 3)",
         ),
     ],
 )

@@ -88,7 +88,8 @@ def auc(
     Args:
         outputs: the model's scores per class (logits or probabilities), or
             one score per example for a binary task.
-        targets: class labels, or one-hot targets.
+        targets: class labels, or one-hot targets (not per token: refused
+            for outputs of shape (batch, *tokens, classes)).
         num_classes: the number of classes; None: counted on the outputs
             (their last axis, or 2 for one score per example).
         num_thresholds: the number of score bins.
@@ -100,6 +101,15 @@ def auc(
             return {"auc": px.metrics.auc(outputs, targets)}  # 10 classes
         ```
     """
+    true = true_labels(outputs, targets, "px.metrics.auc")
+    if true.ndim > 1:
+        raise MetricArgumentError(
+            f"px.metrics.auc: targets of shape {tuple(targets.shape)} label each "
+            f"token of outputs {tuple(outputs.shape)}, but the AUC ranks one "
+            "score per example (a token's would need a histogram per class of "
+            "the vocabulary); leave 'auc' out for per-token targets and score "
+            "tokens with accuracy, f1, precision, recall or confusion_matrix"
+        )
     num_classes = check_classes(outputs, num_classes, "auc")
     if not isinstance(num_thresholds, int) or num_thresholds < 2:
         raise MetricArgumentError(
@@ -108,7 +118,7 @@ def auc(
         )
     return Ranking(
         log_odds(outputs, from_logits=from_logits),
-        true_labels(targets),
+        true,
         num_thresholds,
         num_classes == 2,
     )

@@ -21,12 +21,12 @@ _Report: TypeAlias = Literal["matrix", "precision", "recall", "f1"]
 
 
 class Confusion(Statistic):
-    """Each example's cell of the confusion matrix (true class, predicted
-    class); the total is the (weighted) matrix, rows true and columns
-    predicted, as scikit-learn's."""
+    """Each example's (or each of its tokens') cell of the confusion matrix
+    (true class, predicted class); the total is the (weighted) matrix, rows
+    true and columns predicted, as scikit-learn's."""
 
-    true: Int[Array, " batch"]
-    predicted: Int[Array, " batch"]
+    true: Int[Array, " batch *tokens"]
+    predicted: Int[Array, " batch *tokens"]
     num_classes: int = eqx.field(static=True)
     report: _Report = eqx.field(static=True)
     average: Average = eqx.field(static=True)
@@ -35,11 +35,16 @@ class Confusion(Statistic):
     def total(self, weight: Float[Array, " batch"]) -> Float[Array, "true predicted"]:
         n = self.num_classes
         # A sum into cells, exact (a matmul of one-hots may run in reduced
-        # precision on accelerators); labels outside [0, n) count nowhere.
+        # precision on accelerators); labels outside [0, n) count nowhere
+        # (a token's ignore index, e.g. -100, among them).
         cell = jnp.where(
             (self.true >= 0) & (self.true < n), self.true * n + self.predicted, -1
         )
-        return jax.ops.segment_sum(weight, cell, num_segments=n * n).reshape(n, n)
+        # Each token weighs as its example.
+        tokens = weight.reshape(weight.shape + (1,) * (cell.ndim - 1))
+        weights = jnp.broadcast_to(tokens, cell.shape).ravel()
+        counts = jax.ops.segment_sum(weights, cell.ravel(), num_segments=n * n)
+        return counts.reshape(n, n)
 
     def read(self, total: np.ndarray) -> float | np.ndarray:
         if self.report == "matrix":
@@ -94,6 +99,7 @@ def _confusion(
     from_logits: bool = True,
 ) -> Confusion:
     metric = "confusion_matrix" if report == "matrix" else report
+    true = true_labels(outputs, targets, f"px.metrics.{metric}")
     num_classes = check_classes(outputs, num_classes, metric)
     if average not in _AVERAGES:
         raise MetricArgumentError(
@@ -107,7 +113,7 @@ def _confusion(
             "'micro' or 'weighted' for several classes"
         )
     return Confusion(
-        true_labels(targets),
+        true,
         predicted_labels(outputs, from_logits=from_logits),
         num_classes,
         report,
@@ -119,7 +125,7 @@ def _confusion(
 @validates_own_arguments
 def confusion_matrix(
     outputs: Float[Array, " batch *classes"],
-    targets: Int[Array, " batch"] | Float[Array, "batch classes"],
+    targets: Int[Array, " batch *tokens"] | Float[Array, "batch *tokens classes"],
     *,
     num_classes: int | None = None,
     from_logits: bool = True,
@@ -132,7 +138,11 @@ def confusion_matrix(
     Args:
         outputs: the model's scores per class (logits or probabilities), or
             one score per example for a binary task.
-        targets: class labels, or one-hot targets.
+        targets: class labels, or one-hot targets; per token (outputs of
+            shape (batch, *tokens, classes)), labels of shape (batch,
+            *tokens), each token counted as an example (of its example's
+            weight) and negative labels (an ignore index, e.g. -100) left
+            out, or one-hot targets of the outputs' shape.
         num_classes: the number of classes; None: counted on the outputs
             (their last axis, or 2 for one score per example).
         from_logits: whether one score per example is a logit (positive
@@ -146,7 +156,7 @@ def confusion_matrix(
 @validates_own_arguments
 def f1(
     outputs: Float[Array, " batch *classes"],
-    targets: Int[Array, " batch"] | Float[Array, "batch classes"],
+    targets: Int[Array, " batch *tokens"] | Float[Array, "batch *tokens classes"],
     *,
     num_classes: int | None = None,
     average: Average = "macro",
@@ -161,7 +171,11 @@ def f1(
         outputs: the model's scores per class (logits or probabilities), or
             one score per example for a binary task; the most likely class
             is the prediction.
-        targets: class labels, or one-hot targets.
+        targets: class labels, or one-hot targets; per token (outputs of
+            shape (batch, *tokens, classes)), labels of shape (batch,
+            *tokens), each token counted as an example (of its example's
+            weight) and negative labels (an ignore index, e.g. -100) left
+            out, or one-hot targets of the outputs' shape.
         num_classes: the number of classes; None: counted on the outputs
             (their last axis, or 2 for one score per example).
         average: ``"macro"``: the mean over classes, leaving out those that
@@ -204,7 +218,7 @@ class ScoreOptions(TypedDict, total=False):
 @validates_own_arguments
 def precision(
     outputs: Float[Array, " batch *classes"],
-    targets: Int[Array, " batch"] | Float[Array, "batch classes"],
+    targets: Int[Array, " batch *tokens"] | Float[Array, "batch *tokens classes"],
     **options: Unpack[ScoreOptions],
 ) -> Statistic:
     """The precision (of the examples predicted as a class, the share that
@@ -217,7 +231,7 @@ def precision(
 @validates_own_arguments
 def recall(
     outputs: Float[Array, " batch *classes"],
-    targets: Int[Array, " batch"] | Float[Array, "batch classes"],
+    targets: Int[Array, " batch *tokens"] | Float[Array, "batch *tokens classes"],
     **options: Unpack[ScoreOptions],
 ) -> Statistic:
     """The recall (of a class's examples, the share predicted as it) of a

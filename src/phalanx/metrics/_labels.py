@@ -12,29 +12,22 @@ class MetricArgumentError(ValueError):
 
 
 def check_classes(outputs: Array, num_classes: int | None, metric: str) -> int:
-    """At trace time: the number of classes of `outputs`, scores of
-    `num_classes` classes (or, for two, one score per example); where
-    `num_classes` is None, counted on the outputs (their class axis, or 2
-    for one score per example)."""
+    """At trace time, after `true_labels` (the outputs have a batch axis):
+    the number of classes of `outputs`, scores of `num_classes` classes (or,
+    for two, one score per example), per example or (in axes before the
+    last) per token; where `num_classes` is None, counted on the outputs
+    (their class axis, or 2 for one score per example)."""
     shape = tuple(outputs.shape)
     if num_classes is None:
         if outputs.ndim == 1:
             return 2
-        if outputs.ndim == 2 and shape[-1] >= 2:
+        if shape[-1] >= 2:
             return int(shape[-1])
-        if outputs.ndim == 2:
-            raise MetricArgumentError(
-                f"px.metrics.{metric}: outputs of shape {shape} hold one score "
-                "per example, in an axis of 1: no classes to count for "
-                "num_classes=None; pass outputs[:, 0] (shape (batch,): a binary "
-                "task), or a score per class, of shape (batch, num_classes)"
-            )
         raise MetricArgumentError(
-            f"px.metrics.{metric}: outputs of shape {shape} have no class axis "
-            "to count the classes on (num_classes=None reads the last axis of "
-            "scores of shape (batch, classes)); pass scores of shape (batch, "
-            "classes), or (batch,) for a binary task, and num_classes=N to say "
-            "there are N"
+            f"px.metrics.{metric}: outputs of shape {shape} hold one score "
+            "per example, in an axis of 1: no classes to count for "
+            "num_classes=None; pass outputs[:, 0] (shape (batch,): a binary "
+            "task), or a score per class, of shape (batch, num_classes)"
         )
     if not isinstance(num_classes, int) or num_classes < 2:
         raise MetricArgumentError(
@@ -50,7 +43,7 @@ def check_classes(outputs: Array, num_classes: int | None, metric: str) -> int:
                 "score is a binary task: pass num_classes=2, or outputs of shape "
                 f"(batch, {num_classes})"
             )
-    elif outputs.ndim != 2 or shape[-1] != num_classes:
+    elif shape[-1] != num_classes:
         raise MetricArgumentError(
             f"px.metrics.{metric}: outputs of shape {shape}, but "
             f"num_classes={num_classes}; pass scores of shape (batch, "
@@ -60,16 +53,32 @@ def check_classes(outputs: Array, num_classes: int | None, metric: str) -> int:
     return num_classes
 
 
-def true_labels(targets: Array) -> Int[Array, " batch"]:
-    """Integer class labels from labels or one-hot (or soft) targets."""
-    if targets.ndim == 2:
+def true_labels(
+    outputs: Array, targets: Array, metric: str
+) -> Int[Array, " batch *tokens"]:
+    """At trace time: the true class of each example, from its label or its
+    one-hot (or soft) targets (their arg-max); or, for per-token targets
+    (outputs of shape (batch, *tokens, classes), targets (batch, *tokens)
+    or one-hot ones of the outputs' shape), of each token. Targets of
+    another shape are refused, naming `metric` (who scores them)."""
+    o, t = tuple(outputs.shape), tuple(targets.shape)
+    if len(t) >= 2 and t == o:
         return jnp.argmax(targets, axis=-1)
-    return targets.astype(jnp.int32)
+    if (len(t) == 1 and len(o) <= 2 and t == o[:1]) or (len(t) >= 2 and t == o[:-1]):
+        return targets.astype(jnp.int32)
+    labels = o[:-1] if len(o) >= 2 else o
+    each = "per token, negative ones left out" if len(o) >= 3 else "one per example"
+    raise MetricArgumentError(
+        f"{metric}: targets of shape {t} do not fit outputs of shape {o}; pass "
+        f"class labels of shape {labels} ({each}) or one-hot targets of shape {o}"
+    )
 
 
-def predicted_labels(outputs: Array, *, from_logits: bool) -> Int[Array, " batch"]:
-    """The most likely class; for one score per example, class 1 where it
-    is above 0 (a logit) or 0.5 (a probability)."""
+def predicted_labels(
+    outputs: Array, *, from_logits: bool
+) -> Int[Array, " batch *tokens"]:
+    """The most likely class (of each example, or token); for one score per
+    example, class 1 where it is above 0 (a logit) or 0.5 (a probability)."""
     if outputs.ndim == 1:
         return (outputs > (0.0 if from_logits else 0.5)).astype(jnp.int32)
     return jnp.argmax(outputs, axis=-1).astype(jnp.int32)

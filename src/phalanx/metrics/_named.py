@@ -6,24 +6,29 @@ metrics, the CLI's ``--metric`` choices too) into its function.
 `metric_functions` checks the trainer's ``metrics``
 argument when the trainer is built, before any batch, and turns it into
 ``{name: fn(outputs, targets)}``, each function giving per-example values
-or a `Statistic`: the step sums them as it sums the loss. The dataset-level
+or a `Statistic`: the step sums them as it sums the loss; a function that
+fails on a batch's outputs and targets says it is the metric named. The
+dataset-level
 ones are this package's own functions, called without ``num_classes``
 (they count the classes on the outputs' class axis). Nothing here runs a
 step or reads a batch.
 """
 
+import functools as ft
+import re
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
-import jax.numpy as jnp
+import jax
 from jaxtyping import Array, Float
 
 from .._metric_names import METRIC_NAMES, MetricName
 from .._typing import LossName
+from ._accuracy import accuracy
 from ._auc import auc
 from ._confusion import confusion_matrix, f1, precision, recall
-from ._labels import predicted_labels, true_labels
+from ._labels import MetricArgumentError
 from ._statistic import Statistic
 
 
@@ -33,21 +38,15 @@ MetricFn: TypeAlias = Callable[[Any, Any], Float[Array, " batch"] | Statistic]
 # The names of the trainer's own entries among a step's sums and metrics: no
 # metric may take them.
 RESERVED_NAMES = ("loss", "weight", "skipped", "skipped_steps", "loss_scale")
+# The start of CPython's messages for a call whose arguments do not bind.
+_UNBOUND = re.compile(r"^[\w.<>]+\(\) (?:got |missing |takes )")
 
 
-def accuracy(outputs: Array, targets: Array) -> Float[Array, " batch"]:
-    """1 where the predicted class (the arg-max score; for one score per
-    example, above 0) is the true one (the label, or the arg-max of one-hot
-    or soft targets), else 0."""
-    hit = predicted_labels(outputs, from_logits=True) == true_labels(targets)
-    dtype = outputs.dtype if jnp.issubdtype(outputs.dtype, jnp.floating) else None
-    return hit.astype(dtype or jnp.float32)
-
-
-# The built-in metrics: accuracy per example, the others over every example
-# of an epoch or evaluation (F1, precision and recall macro-averaged, the
-# mean over classes; the AUC binary for two classes, else the mean of each
-# class's against the rest).
+# The built-in metrics: accuracy per example (for per-token targets, over
+# every token of an epoch or evaluation), the others over every example (or
+# token) of an epoch or evaluation (F1, precision and recall
+# macro-averaged, the mean over classes; the AUC binary for two classes,
+# else the mean of each class's against the rest; not per token).
 BUILT_IN: dict[MetricName, MetricFn] = {
     "accuracy": accuracy,
     "f1": f1,
@@ -80,7 +79,9 @@ def metric_functions(
             (which scores a classifier) with ``loss="mse"``.
     """
     if metrics is None:
-        return {name: _built_in(name, "metrics", loss) for name in default}
+        return {
+            name: _naming(name, _built_in(name, "metrics", loss)) for name in default
+        }
     if isinstance(metrics, str):
         raise TypeError(
             f"metrics={metrics!r} is one name; pass a tuple of names, e.g. "
@@ -125,7 +126,53 @@ def metric_functions(
                 "returning per-example values or a px.metrics statistic, nor a "
                 f"built-in name ({', '.join(METRIC_NAMES)})"
             )
-    return functions
+    return {name: _naming(name, fn) for name, fn in functions.items()}
+
+
+def _naming(name: str, fn: MetricFn) -> MetricFn:
+    """`fn`, whose failure on a batch's outputs and targets names it: the
+    model and the loss have run on them when a metric is called, so a shape
+    error there (JAX raises a ValueError or a plain TypeError) is the
+    metric's, not the model's or the batch's."""
+
+    @ft.wraps(fn)
+    def metric(outputs: Any, targets: Any) -> Float[Array, " batch"] | Statistic:
+        try:
+            return fn(outputs, targets)
+        except MetricArgumentError:
+            raise  # names the metric already
+        except (ValueError, IndexError, TypeError) as error:
+            if isinstance(error, TypeError) and not _raised_inside(error):
+                # A call whose arguments do not fit `fn`'s signature, or a
+                # runtime type checker's complaint: the engine names those.
+                raise
+            raise MetricArgumentError(
+                f"metrics[{name!r}] fails on outputs {_shapes(outputs)} and targets "
+                f"{_shapes(targets)}, which the model and loss ran on: "
+                f"{str(error).strip().rstrip('.')}; fix "
+                "the metric for them, or leave it out of metrics="
+            ) from error
+
+    return metric
+
+
+def _raised_inside(error: TypeError) -> bool:
+    """Whether a plain TypeError was raised inside the function called (its
+    traceback goes past the calling frame), not by the call itself nor by
+    a call inside it whose arguments do not bind (CPython's wording, which
+    `_checks/_calls.py` reads to name the call and its fix)."""
+    traceback = error.__traceback__
+    return (
+        type(error) is TypeError
+        and bool(traceback and traceback.tb_next)
+        and _UNBOUND.match(str(error)) is None
+    )
+
+
+def _shapes(tree: Any) -> str:
+    """A pytree's arrays as dtype[shape], e.g. int32[8, 4]."""
+    parts = [f"{x.dtype}{list(x.shape)}" for x in jax.tree.leaves(tree)]
+    return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
 
 
 def _built_in(name: str, where: str, loss: LossName | None) -> MetricFn:
