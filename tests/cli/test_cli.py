@@ -23,7 +23,7 @@ from cli_runs import said
 from helpers import read_event_scalars
 from phalanx import __version__ as px_version
 from phalanx.cli import main
-from phalanx.data import load_digits
+from phalanx.data import load_digits, write_records
 
 
 # The tests' compilation cache (tests/conftest.py), left out of a run timed
@@ -574,7 +574,7 @@ BAD_DATASETS = {
     ),
     "npz-negative-label": (
         {"y_train": np.arange(12) % 3 - 1},
-        ["--dataset npz:data.npz", "y_train", "from -1"],
+        ["--dataset npz:data.npz", "y_train has a label of -1 (first at example 0)"],
     ),
 }
 
@@ -644,6 +644,16 @@ def test_bad_npz(tmp_path, capsys, monkeypatch, case):
     write_npz(tmp_path / "data.npz", **arrays)
     monkeypatch.chdir(tmp_path)
     argv = ["train", "--dataset", "npz:data.npz", "--run-dir", "RUN"]
+    refused_in_process(tmp_path, capsys, argv, needles)
+
+
+def test_a_negative_label_in_records_is_refused(tmp_path, capsys, monkeypatch):
+    x = np.ones((8, 4), np.float32)
+    write_records(tmp_path / "rec", "train", [(x, np.array([0, 1, 2, -1] * 2))])
+    write_records(tmp_path / "rec", "test", [(x, np.arange(8) % 3)])
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--dataset", "records:rec", "--run-dir", "RUN"]
+    needles = ["--dataset records:rec: train has a label of -1 (first at example 3)"]
     refused_in_process(tmp_path, capsys, argv, needles)
 
 

@@ -112,6 +112,7 @@ def _open_records(spec: str, folder: Path, flatten: bool) -> tuple[Split, Split]
                 "Python, with px.data.GrainLoader over px.data.Records(folder, "
                 f"{name!r}).dataset()"
             )
+    _check_classes(spec, {"train": train.labels, "test": test.labels})
     return (train, train.labels), (test, test.labels)  # pyright: ignore[reportReturnType]
 
 
@@ -136,6 +137,25 @@ def _load_npz(spec: str, path: Path) -> tuple[Split, Split]:
             "(np.savez with x_train, y_train, x_test, y_test)"
         ) from None
     return (arrays[0], arrays[1]), (arrays[2], arrays[3])
+
+
+def _check_classes(spec: str, labels: dict[str, np.ndarray]) -> None:
+    """The labels of each split (the training split's first) must be class
+    indices 0..C-1, C one more than the training split's largest."""
+    first, *_ = labels
+    classes = int(labels[first].max()) + 1
+    for name, y in labels.items():
+        if y.min() < 0:
+            raise UsageError(
+                f"--dataset {spec}: {name} has a label of {y.min()} (first at "
+                f"example {int(np.argmax(y < 0))}); labels are class indices "
+                "from 0: map them so, e.g. np.unique(y, return_inverse=True)[1]"
+            )
+        if y.max() >= classes:
+            raise UsageError(
+                f"--dataset {spec}: {name} has labels from {y.min()} to {y.max()}, "
+                f"outside the classes 0..{classes - 1} seen in {first}"
+            )
 
 
 def _check_split(
@@ -172,13 +192,7 @@ def _check_split(
             )
         out.append((x.astype(np.float32), y.astype(np.int32)))
     (x_train, y_train), (x_test, y_test) = out
-    classes = int(y_train.max()) + 1
-    for name, y in (("y_train", y_train), ("y_test", y_test)):
-        if y.min() < 0 or y.max() >= classes:
-            raise UsageError(
-                f"--dataset {spec}: {name} has labels from {y.min()} to {y.max()}, "
-                f"outside the classes 0..{classes - 1} seen in y_train"
-            )
+    _check_classes(spec, {"y_train": y_train, "y_test": y_test})
     if x_train.shape[1:] != x_test.shape[1:]:
         raise UsageError(
             f"--dataset {spec}: x_train's examples have shape {x_train.shape[1:]} "
