@@ -108,9 +108,9 @@ def test_iteration_continues_where_it_stopped():
         seen.append(batch[0].copy())
         if len(seen) == 2:
             break
-    assert loader.state_dict() == {"epoch": 0, "position": 2}
+    assert loader.state_dict() == {"epoch": 0, "position": 2, "batch_size": 8}
     seen += [batch[0] for batch in tuples(loader)]
-    assert loader.state_dict() == {"epoch": 1, "position": 0}
+    assert loader.state_dict() == {"epoch": 1, "position": 0, "batch_size": 8}
     assert [s.tolist() for s in seen] == [r[0].tolist() for r in reference]
 
 
@@ -129,7 +129,11 @@ def test_state_dict_resumes_exactly(stop_after):
     first = ids_loader(40, 8, seed=1)
     head = stream(first, stop_after)
     state = first.state_dict()
-    assert state == {"epoch": stop_after // 5, "position": stop_after % 5}
+    assert state == {
+        "epoch": stop_after // 5,
+        "position": stop_after % 5,
+        "batch_size": 8,
+    }
     resumed = ids_loader(40, 8, seed=1)
     resumed.load_state_dict(state)
     assert head + stream(resumed, 15 - stop_after) == full
@@ -390,7 +394,7 @@ def test_bad_arrays(arrays, error, match):
 @pytest.mark.parametrize(
     ("state", "error", "match"),
     [
-        ({"epoch": 0}, ValueError, r"exactly the keys 'epoch' and 'position'"),
+        ({"epoch": 0}, ValueError, r"keys 'epoch', 'position' and 'batch_size'"),
         ([0, 1], ValueError, r"state_dict=\[0, 1\] must be a dict"),
         ({"epoch": -1, "position": 0}, ValueError, r"state_dict\['epoch'\]=-1"),
         ({"epoch": 0, "position": 1.0}, TypeError, r"\['position'\]=1.0 must be an"),
@@ -401,7 +405,7 @@ def test_bad_state_dict(state, error, match):
     loader = ids_loader(10, 4)
     with pytest.raises(error, match=match):
         loader.load_state_dict(state)
-    assert loader.state_dict() == {"epoch": 0, "position": 0}
+    assert loader.state_dict() == {"epoch": 0, "position": 0, "batch_size": 4}
 
 
 # ----------------------------------------------------------------- digits

@@ -69,7 +69,7 @@ def test_an_epoch_is_every_example_once_then_a_new_order():
     # The short last batch is padded with zeros of weight 0.
     np.testing.assert_array_equal(first[-1][2], [1, 1] + [0] * 10)
     assert not first[-1][0][2:].any()
-    assert loader.state_dict() == {"epoch": 1, "position": 0}
+    assert loader.state_dict() == {"epoch": 1, "position": 0, "batch_size": 12}
     second = np.concatenate([b[0][:, 0] for b in loader])
     assert not np.array_equal(ids, second)
     dropped = px.data.GrainLoader(

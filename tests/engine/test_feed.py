@@ -52,13 +52,14 @@ def test_stopping_mid_epoch_rewinds_the_loader_to_the_last_batch_trained():
     ahead = trainer(prefetch=3)
     ahead.fit(data, steps=3)
     # Three batches trained; up to three more were read ahead and given back.
-    assert data.state_dict() == {"epoch": 0, "position": 3}
+    assert data.state_dict() == {"epoch": 0, "position": 3, "batch_size": 16}
     ahead.fit(data, steps=6)  # the rest of epoch 0, then two of epoch 1
 
     inline_data = loader()
     inline = trainer(prefetch=0)
     inline.fit(inline_data, steps=9)
-    assert data.state_dict() == inline_data.state_dict() == {"epoch": 1, "position": 2}
+    assert data.state_dict() == inline_data.state_dict()
+    assert data.state_dict() == {"epoch": 1, "position": 2, "batch_size": 16}
     assert max_abs_diff(ahead.model, inline.model) == 0
 
 
@@ -72,7 +73,9 @@ def test_a_step_hook_sees_the_batches_trained_not_those_read_ahead():
 
     data = loader()
     trainer(callbacks=[Where()]).fit(data, steps=4)
-    assert positions == [{"epoch": 0, "position": p} for p in (1, 2, 3, 4)]
+    assert positions == [
+        {"epoch": 0, "position": p, "batch_size": 16} for p in (1, 2, 3, 4)
+    ]
 
 
 def test_a_bad_batch_read_ahead_raises_at_its_turn():

@@ -46,7 +46,7 @@ from ..callbacks._base import TrainerLike
 from ..callbacks._checkpoint import Checkpoint
 from ..callbacks._dispatch import Callbacks
 from ..callbacks._monitors import check_monitors
-from ..checkpoint._resume import find_snapshot, resume_data
+from ..checkpoint._resume import find_snapshot, restore_run
 from ..data._grain_iterables import resumable as grain_resumable
 from ._parts import TrainerParts, epoch_extras, info_now, metric_names
 
@@ -225,9 +225,8 @@ def _start_run(
     slot.run = Run(parts.copy(run.leaves), progress)
     if resume is not None:
         snapshot = find_snapshot(resume, trainer.snapshot(), callbacks.stores)
-        if snapshot is not None:
-            trainer.restore(snapshot)
-            resume_data(snapshot, data, sets or ())
+        if snapshot is not None:  # the data checks its position first
+            restore_run(snapshot, trainer.restore, data, sets or ())
     current.restored = False  # this fit continues it; the next starts afresh
     # The run's start is the checkpoint's; how far it goes is this call's.
     progress = slot.progress

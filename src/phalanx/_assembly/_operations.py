@@ -56,20 +56,25 @@ def snapshot_of(
 def restore_into(
     parts: TrainerParts, snapshot: Snapshot, history: History, callbacks: Callbacks
 ) -> None:
-    """Continue from `snapshot` (see `DataParallelTrainer.restore`).
+    """Continue from `snapshot` (see `DataParallelTrainer.restore`): every
+    part checked before any is set, so a refused snapshot leaves the run
+    (its state, progress and history) as it was.
 
     Raises:
-        ValueError: the snapshot is of another model, optimizer or run.
+        ValueError: the snapshot is of another model, optimizer or run, or
+            its history is not one `History.state_dict` writes.
     """
     check_same_settings(parts.settings, snapshot.settings, "snapshot")
     leaves = checked_leaves(parts.layout, snapshot.state)
+    History().load_state_dict(snapshot.history)  # (checked: it raises here)
     progress = snapshot.progress
     if progress.sums is not None:  # a fit donates them: keep the snapshot's
         copies = parts.preparer.compiler.copy_replicated(list(progress.sums))
         progress = dataclasses.replace(progress, sums=EpochSums(*copies))
+    # A callback may refuse its state: before the run changes.
+    callbacks.load_state_dicts(snapshot.callbacks)
     parts.slot.run = Run(put_state(leaves, parts.layout.shardings), progress)
     history.load_state_dict(snapshot.history)
-    callbacks.load_state_dicts(snapshot.callbacks)
     parts.current.restored = True
 
 

@@ -4,12 +4,13 @@ Plain host data (floats keyed by metric name, and the step each was
 recorded at) that a checkpoint saves as JSON through `state_dict`. It never
 touches JAX or the devices: it is given metrics already on the host."""
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, overload
 
 import numpy as np
 
 from .._typing import HostMetrics, MetricValue
+from .._validate import int_at_least, optional_int_at_least
 
 
 class History:
@@ -115,18 +116,45 @@ class History:
             "evaluations": [_plain(row) for row in self.evaluations],
         }
 
-    def load_state_dict(self, state: dict[str, list[Any]]) -> None:
-        """Restore from `state_dict` (of this or an earlier version)."""
-        self.epochs = [_metrics(epoch) for epoch in state["epochs"]]
-        self.steps = list(state.get("steps", [None] * len(self.epochs)))
-        self._evaluations = [
-            (
-                int(row["step"]),
-                int(row["epoch"]),
-                _metrics({k: v for k, v in row.items() if k not in ("step", "epoch")}),
+    def load_state_dict(self, state: Any) -> None:
+        """Restore from `state_dict` (of this or an earlier version).
+
+        Raises:
+            ValueError: `state` is not what a `state_dict` writes (a record
+                edited or damaged), named in one line; nothing changes then.
+        """
+        if not isinstance(state, Mapping) or not isinstance(state.get("epochs"), list):
+            raise ValueError(
+                f"history={_short(state)} must be a dict whose 'epochs' is a list of "
+                "each epoch's metrics, as History.state_dict() writes"
             )
-            for row in state.get("evaluations", [])
+        epochs = [
+            _metrics(epoch, f"history['epochs'][{i}]")
+            for i, epoch in enumerate(state["epochs"])
         ]
+        steps = state.get("steps", [None] * len(epochs))
+        if not isinstance(steps, list) or len(steps) != len(epochs):
+            raise ValueError(
+                f"history['steps']={_short(steps)} must be a list of the step each "
+                f"of the {len(epochs)} epochs ended at"
+            )
+        for i, step in enumerate(steps):
+            optional_int_at_least(f"history['steps'][{i}]", step, 0)
+        rows = state.get("evaluations", [])
+        if not isinstance(rows, list):
+            raise ValueError(
+                f"history['evaluations']={_short(rows)} must be a list of evaluations"
+            )
+        evaluations = []
+        for i, row in enumerate(rows):
+            where = f"history['evaluations'][{i}]"
+            if not isinstance(row, Mapping):
+                raise ValueError(f"{where}={_short(row)} must be a dict of metrics")
+            step = int_at_least(f"{where}['step']", row.get("step"), 0)
+            epoch = int_at_least(f"{where}['epoch']", row.get("epoch"), 0)
+            rest = {k: v for k, v in row.items() if k not in ("step", "epoch")}
+            evaluations.append((step, epoch, _metrics(rest, where)))
+        self.epochs, self.steps, self._evaluations = epochs, list(steps), evaluations
 
 
 def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -137,9 +165,25 @@ def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _metrics(plain: dict[str, Any]) -> HostMetrics:
-    """The metrics `_plain` wrote."""
-    return {
-        k: np.asarray(v["array"]) if isinstance(v, dict) else v
-        for k, v in plain.items()
-    }
+def _metrics(plain: Any, where: str) -> HostMetrics:
+    """The metrics `_plain` wrote (`where` names them in an error)."""
+    if not isinstance(plain, Mapping) or not all(isinstance(k, str) for k in plain):
+        raise ValueError(f"{where}={_short(plain)} must be a dict of metrics by name")
+    metrics = {}
+    for name, value in plain.items():
+        if isinstance(value, Mapping):  # an array (`_plain`)
+            try:
+                value = np.asarray(value["array"])
+            except (KeyError, ValueError):  # (ragged lists: ValueError)
+                raise ValueError(
+                    f"{where}[{name!r}]={_short(value)} must be a number or "
+                    "{'array': nested lists of one shape}"
+                ) from None
+        metrics[name] = value
+    return metrics
+
+
+def _short(value: Any) -> str:
+    """`value` as a message shows it: its repr, cut at 60 characters."""
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."

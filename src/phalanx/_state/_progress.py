@@ -1,11 +1,12 @@
 """Where a run is, as a value: its counters, its plan, the epoch's sums."""
 
 import dataclasses
-from collections.abc import Iterable, Sized
+from collections.abc import Iterable, Mapping, Sized
 from typing import Any
 
 import jax
 
+from .._validate import int_at_least, is_int, optional_int_at_least
 from ._sums import EpochSums
 
 
@@ -134,18 +135,60 @@ class RunProgress:
         cls, state: dict[str, Any], sums: EpochSums | None
     ) -> "RunProgress":
         """The progress `state_dict` described, with the epoch's `sums` read
-        back from the same checkpoint."""
-        acc = state["acc"]
+        back from the same checkpoint.
+
+        Raises:
+            ValueError: an entry is missing, or of a type or range no
+                `state_dict` writes (a record edited or damaged), named in
+                one line.
+        """
+        for name in ("step", "epoch", "epoch_steps", "run", "acc"):
+            if name not in state:
+                raise ValueError(f"{name!r} is missing")
+        acc = _checked_acc(state["acc"])
         return cls(
-            step=state["step"],
-            epoch=state["epoch"],
-            epoch_steps=state["epoch_steps"],
-            plan=RunPlan(**state["run"]),
+            step=int_at_least("step", state["step"], 0),
+            epoch=int_at_least("epoch", state["epoch"], 0),
+            epoch_steps=int_at_least("epoch_steps", state["epoch_steps"], 0),
+            plan=_checked_plan(state["run"]),
             sums=sums if acc else None,
             sum_names=tuple(acc["names"]) if acc else (),
             # (Absent from checkpoints written before it was kept.)
-            pass_rows=state.get("pass_rows"),
+            pass_rows=optional_int_at_least("pass_rows", state.get("pass_rows"), 1),
         )
+
+
+def _checked_plan(run: Any) -> RunPlan:
+    """The `RunPlan` a state's ``"run"`` entry describes, checked."""
+    fields = [field.name for field in dataclasses.fields(RunPlan)]
+    if not isinstance(run, Mapping) or not set(run) <= set(fields):
+        raise ValueError(f"run={run!r} must be a dict of {fields}")
+    return RunPlan(
+        start_step=int_at_least("run['start_step']", run.get("start_step", 0), 0),
+        start_epoch=int_at_least("run['start_epoch']", run.get("start_epoch", 0), 0),
+        epochs=optional_int_at_least("run['epochs']", run.get("epochs"), 0),
+        steps=optional_int_at_least("run['steps']", run.get("steps"), 0),
+    )
+
+
+def _checked_acc(acc: Any) -> Mapping[str, Any] | None:
+    """A state's ``"acc"`` entry (what the epoch's sums are), checked."""
+    if acc is None:
+        return None
+    fields = acc if isinstance(acc, Mapping) else {}
+    names, size = fields.get("names"), fields.get("size", 0)
+    if not (
+        isinstance(names, list)
+        and all(isinstance(name, str) for name in names)
+        and isinstance(fields.get("dtype"), str)
+        and is_int(size)
+        and size >= 0
+    ):
+        raise ValueError(
+            f"acc={acc!r} must be None or a dict of the sums' 'names' (strs), "
+            "'size' and 'dtype'"
+        )
+    return fields
 
 
 def fit_totals(

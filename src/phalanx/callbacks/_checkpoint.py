@@ -18,7 +18,7 @@ from .._state._snapshot import Snapshot
 from .._typing import HostMetrics, validates_own_arguments
 from .._validate import one_of, optional_positive_int, positive_int
 from ..checkpoint._folder import CheckpointFolder
-from ..checkpoint._resume import find_snapshot, resume_data
+from ..checkpoint._resume import find_snapshot, restore_run
 from ..checkpoint._store import SnapshotStore
 from ._base import Callback, StepInfo, TrainerLike
 from ._watch import monitored_number
@@ -253,13 +253,14 @@ class Checkpoint(Callback, SnapshotStore):
             ValueError: the checkpoint is from another model or optimizer, or
                 of a run whose updates `trainer` would make otherwise
                 (another ``ema``, ``precision``, ``loss``, ``param_groups``
-                or learning rate), or cannot be read (the message names the
-                path and why).
+                or learning rate), or cannot be read or holds what no save
+                writes (the message names the path and why), or `data`
+                refuses its position (another ``batch_size``). The trainer
+                and `data` are then as they were.
         """
         snapshot = find_snapshot(resume, trainer.snapshot(), (self,))
         if snapshot is not None:
-            trainer.restore(snapshot)
-            resume_data(snapshot, data)
+            restore_run(snapshot, trainer.restore, data)
 
     @override
     def load_snapshot(

@@ -23,6 +23,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from .._state._history import History
 from .._state._progress import RunProgress
 from .._state._snapshot import Snapshot
 from .._state._sums import FLAGS, EpochSums
@@ -176,10 +177,56 @@ def item_handlers() -> dict[str, ocp.CheckpointHandler]:
 
 
 def read_host(manager: ocp.CheckpointManager, step: int) -> dict[str, Any]:
-    """The JSON half of a checkpoint."""
-    return manager.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))[
+    """The JSON half of a checkpoint, checked where its format is one this
+    phalanx reads (`check_host`; another format is refused by
+    `check_compatible`).
+
+    Raises:
+        ValueError: the record is not one a save writes (`check_host`).
+    """
+    host = manager.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))[
         "host"
     ]
+    if not isinstance(host, dict):
+        raise ValueError(f"its host record is a {type(host).__name__}, not a dict")
+    if host.get("format") in READS:
+        check_host(host)
+    return host
+
+
+# The entries every host record of the formats read holds (eval_data and
+# settings are absent from those written before they were kept), and the
+# types of some (the progress's and history's are checked by their classes,
+# the data's position by its loader).
+_HOST_ENTRIES = ("model", "spec", "strategy", "devices", "history", "data", "callbacks")
+_HOST_TYPES = {"spec": list, "callbacks": dict, "eval_data": dict, "settings": dict}
+
+
+def check_host(host: dict[str, Any]) -> None:
+    """Raise ValueError, in one line, where a host record holds what no save
+    writes: a negative step, a step that is not an int, a malformed history
+    or plan. Edited or damaged, the checkpoint is then one a resume cannot
+    honour, refused before its arrays are read or anything is restored (the
+    data's position is the loader's to check: `restore_run`)."""
+    missing = [name for name in _HOST_ENTRIES if name not in host]
+    if missing:
+        raise ValueError(f"its host record has no {missing[0]!r}")
+    for name, kind in _HOST_TYPES.items():
+        value = host.get(name, kind())
+        if not isinstance(value, kind):
+            raise ValueError(
+                f"its host record's {name}={value!r:.60} must be a {kind.__name__}"
+            )
+    try:
+        RunProgress.from_state_dict(host, None)
+        History().load_state_dict(host["history"])
+    except ValueError as error:
+        problem = str(error)
+    else:
+        return
+    # (Raised here, not in the except: the reason a failed read gives is the
+    # innermost error's, `summary`.)
+    raise ValueError(f"its host record's {problem}")
 
 
 def check_compatible(like: Snapshot, host: dict, where: str) -> None:

@@ -13,9 +13,11 @@ damaged. A checkpoint read to resume from is said in one line, ``resumed
 from step N (epoch E) of PATH``. In a multi-process run every process takes
 the same path: process 0's view of the folder decides, and a checkpoint
 unreadable on one process is skipped on all (`_agreement.py`). This module
-reads; it never sets anything on the trainer (the caller restores the
-snapshot it returns, and puts the data back where the run had read it to:
-`resume_data`).
+reads; it never sets anything on the trainer: `restore_run` hands the
+snapshot to the trainer's ``restore`` once the data is back where the run had
+read it to (the loader checks its position first). A checkpoint whose host
+record holds what no save writes (a negative step, a malformed history) is
+damaged as an unreadable one is (`check_host`).
 """
 
 import dataclasses
@@ -50,8 +52,8 @@ def find_snapshot(
         stores: the snapshot stores among the trainer's callbacks.
 
     Returns:
-        The snapshot, for the caller to restore (`trainer.restore`, then
-        `resume_data`); None where ``"latest"`` finds none yet.
+        The snapshot, for the caller to restore (`restore_run`); None where
+        ``"latest"`` finds none yet.
 
     Raises:
         ValueError: ``"latest"`` without a store to say where checkpoints
@@ -70,6 +72,35 @@ def find_snapshot(
         return None
     said_resumed(restored)
     return restored.snapshot
+
+
+def restore_run(
+    snapshot: Snapshot,
+    restore: Callable[[Snapshot], None],
+    data: Any,
+    eval_sets: EvalSets = (),
+) -> None:
+    """Continue the run `snapshot` holds: its data first (`resume_data`),
+    then the trainer (`restore`, the trainer's ``restore``).
+
+    A loader checks the position it is given before it moves (another batch
+    size, a position past its epoch), so a position it refuses leaves the
+    trainer as it was; a snapshot the trainer then refuses puts the data
+    back where it stood.
+
+    Raises:
+        ValueError, TypeError: as the loaders' ``load_state_dict`` and
+            `restore`; nothing has changed then.
+    """
+    loaders = [data, *(batches for _, batches in eval_sets)]
+    before = [(x, x.state_dict()) for x in loaders if isinstance(x, Resumable)]
+    try:
+        resume_data(snapshot, data, eval_sets)
+        restore(snapshot)
+    except BaseException:
+        for loader, state in before:
+            loader.load_state_dict(state)
+        raise
 
 
 def resume_data(snapshot: Snapshot, data: Any, eval_sets: EvalSets = ()) -> None:

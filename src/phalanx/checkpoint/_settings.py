@@ -6,7 +6,8 @@ shapes and dtypes: `_leaf_spec.py`), not how the updates are made: the
 moving average's decay (``ema=``), the precision the step computes in, the
 built-in loss, which parameters each optimizer of a mapping trains
 (``param_groups``), the optimizer's learning rate (at its first update,
-where phalanx can read it). Changed on resume, each would leave the arrays fitting
+where phalanx can read it; compared as float32, what the update computes
+in). Changed on resume, each would leave the arrays fitting
 and make every update from there on another run's, silently. The trainer
 records them (`run_settings`), a `Snapshot` carries them, a checkpoint
 keeps them in its JSON half, and a resume compares (`check_same_settings`)
@@ -19,6 +20,8 @@ compared.
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 
 def run_settings(
@@ -69,7 +72,7 @@ def check_same_settings(
             continue
         old = saved[name]
         unknown = name in _UNKNOWN_AS_NONE and (value is None or old is None)
-        if value == old or unknown:
+        if _same(name, value, old) or unknown:
             continue
         theirs, ours = _shown(name, old, value), _shown(name, value, old)
         raise ValueError(
@@ -85,11 +88,28 @@ def check_same_settings(
 _UNKNOWN_AS_NONE = ("loss", "learning_rate")
 
 
+def _same(name: str, value: Any, old: Any) -> bool:
+    """Whether a setting's `value` is `old`: learning rates as float32 (what
+    the update computes in: a rate a schedule computed in float32, as
+    ``phalanx train --lr 0.01``'s, is 0.009999999776482582 as a float, and
+    moves the float32 parameters as ``optax.adam(0.01)`` does)."""
+    if name == "learning_rate" and _is_rate(value) and _is_rate(old):
+        return bool(np.float32(value) == np.float32(old))
+    return value == old
+
+
+def _is_rate(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _shown(name: str, value: Any, other: Any) -> str:
     """A setting's `value` as the trainer's argument says it; parameter
     groups by what first differs from `other`."""
     if name == "learning_rate":
-        return f"an optimizer whose first update's learning rate is {value:g}"
+        # The shortest digits that tell its float32 from every other: rates
+        # compared unequal are shown unequal.
+        rate = str(np.float32(value))
+        return f"an optimizer whose first update's learning rate is {rate}"
     if name != "param_groups":
         return f"{name}={value!r}"
     if value is None:

@@ -1,6 +1,10 @@
 """`EpochCursor`: where a loader's iteration stands, shared by `ArrayLoader`
 and `GrainLoader`: the epoch, the batches already yielded in it, and the
-``{"epoch", "position"}`` state a checkpoint keeps (NumPy only)."""
+``{"epoch", "position", "batch_size"}`` state a checkpoint keeps (NumPy
+only). The position counts batches of the batch size it was saved with, so
+a loader of another batch size refuses it (as ``phalanx train --resume``
+refuses another ``--batch-size``) instead of skipping or repeating
+examples."""
 
 from collections.abc import Mapping
 from typing import Any, final
@@ -25,6 +29,7 @@ class EpochCursor:
         self.batches = (
             examples // batch_size if drop_last else -(-examples // batch_size)
         )
+        self.batch_size = batch_size
         if self.batches == 0:
             raise ValueError(
                 f"drop_last=True with {batch_size=} > {examples} examples "
@@ -45,27 +50,47 @@ class EpochCursor:
             self.epoch, self.position = self.epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:
-        """``{"epoch": ..., "position": ...}``."""
-        return {"epoch": self.epoch, "position": self.position}
+        """``{"epoch": ..., "position": ..., "batch_size": ...}``."""
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "batch_size": int(self.batch_size),
+        }
 
     def load_state_dict(self, state_dict: Any, loader: str, made_of: str) -> None:
         """Go back to `state_dict`, checked: `loader` names the class whose
         `state_dict` makes it, `made_of` what it reads (for the message).
 
         Raises:
-            TypeError, ValueError: `state_dict` is not one such a loader made.
+            TypeError, ValueError: `state_dict` is not one such a loader made,
+                or one of another batch size; nothing changes then.
         """
-        if not isinstance(state_dict, Mapping) or set(state_dict) != {
-            "epoch",
-            "position",
-        }:
+        keys = set(state_dict) if isinstance(state_dict, Mapping) else set()
+        # (A state saved before the batch size was kept has none.)
+        if keys not in ({"epoch", "position", "batch_size"}, {"epoch", "position"}):
             raise ValueError(
                 f"state_dict={state_dict!r} must be a dict with exactly the keys "
-                f"'epoch' and 'position', as returned by {loader}.state_dict()"
+                f"'epoch', 'position' and 'batch_size', as returned by "
+                f"{loader}.state_dict()"
             )
         epoch, position = state_dict["epoch"], state_dict["position"]
         integer("state_dict['epoch']", epoch, minimum=0, numpy=True, example="0")
         integer("state_dict['position']", position, minimum=0, numpy=True, example="0")
+        saved = state_dict.get("batch_size", self.batch_size)
+        integer("state_dict['batch_size']", saved, minimum=1, numpy=True, example="1")
+        if saved != self.batch_size:
+            what = (
+                "it would skip or repeat examples of the epoch"
+                if position
+                else "its batches would be another run's"
+            )
+            raise ValueError(
+                f"{loader}'s batch_size={self.batch_size} differs from the "
+                f"batch_size={saved} its state was saved with (position "
+                f"{position} of epoch {epoch}, in batches of {saved}): resumed, "
+                f"{what}; build the {loader} with batch_size={saved} to continue "
+                "the run, or start a new run without resume"
+            )
         if position >= self.batches:
             raise ValueError(
                 f"state_dict['position']={position} is past the {self.batches} "

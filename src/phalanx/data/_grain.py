@@ -41,10 +41,11 @@ class GrainLoader:
     example once per epoch, each decoded once.
 
     Resume is exact and reads nothing twice: the state is ``{"epoch",
-    "position"}`` in global batches, saved with the run's checkpoints, and
-    the next batch is read straight from there by random access. A run
-    stopped on P processes resumes on P′ with the same batches in the same
-    rows.
+    "position", "batch_size"}``, the position in global batches, saved with
+    the run's checkpoints, and the next batch is read straight from there by
+    random access. A run stopped on P processes resumes on P′ with the same
+    batches in the same rows; a loader of another `batch_size` refuses the
+    state (its position would skip or repeat examples).
 
     ``worker_count > 0`` decodes in that many worker processes
     (`grain.MapDataset.mp_prefetch`); they start with each pass that begins
@@ -60,7 +61,7 @@ class GrainLoader:
         source = grain.MapDataset.source(examples)  # or an ArrayRecordDataSource
         loader = px.data.GrainLoader(source, batch_size=32, seed=0)
         x, y, weight = next(iter(loader))  # x: (32, 4); weight: 1 for real examples
-        loader.state_dict()  # {"epoch": 0, "position": 1}: checkpoints keep it
+        loader.state_dict()  # {"epoch": 0, "position": 1, "batch_size": 32}
         loader.close()
         ```
     """
@@ -157,8 +158,9 @@ class GrainLoader:
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        """Where iteration stands: ``{"epoch": ..., "position": ...}``, in
-        global batches (the same on every process)."""
+        """Where iteration stands: ``{"epoch": ..., "position": ...,
+        "batch_size": ...}``, in global batches (the same on every
+        process)."""
         return self._at.state_dict()
 
     @validates_own_arguments
@@ -167,7 +169,8 @@ class GrainLoader:
         read from there (nothing before it is read again).
 
         Raises:
-            TypeError, ValueError: `state_dict` is not one this loader made.
+            TypeError, ValueError: `state_dict` is not one this loader made,
+                or was saved by a loader of another `batch_size`.
         """
         self._at.load_state_dict(state_dict, "GrainLoader", made_of="source")
 

@@ -55,7 +55,7 @@ class ArrayLoader:
         loader = px.data.ArrayLoader((x, y), batch_size=256, seed=0)
         len(loader)  # batches per epoch
         trainer.fit(loader, epochs=5)  # each epoch a new shuffle
-        checkpoint = loader.state_dict()  # {"epoch": 5, "position": 0}
+        checkpoint = loader.state_dict()  # {"epoch": 5, "position": 0, ...}
         loader.load_state_dict(checkpoint)  # resume exactly
         ```
     """
@@ -133,7 +133,8 @@ class ArrayLoader:
             yield batch
 
     def state_dict(self) -> dict[str, int]:
-        """Where iteration stands: ``{"epoch": ..., "position": ...}``."""
+        """Where iteration stands: ``{"epoch": ..., "position": ...,
+        "batch_size": ...}``."""
         return self._at.state_dict()
 
     @validates_own_arguments
@@ -141,7 +142,8 @@ class ArrayLoader:
         """Resume from a `state_dict`: the next batch is the one after it.
 
         Raises:
-            TypeError, ValueError: `state_dict` is not one this loader made.
+            TypeError, ValueError: `state_dict` is not one this loader made,
+                or was saved by a loader of another `batch_size`.
         """
         self._at.load_state_dict(state_dict, "ArrayLoader", made_of="data")
 
