@@ -18,6 +18,7 @@ from .._typing import validates_own_arguments
 from .._validate import boolean, integer
 from ._buffers import BufferPool
 from ._epochs import EpochCursor
+from ._grain_examples import unbatched
 from ._grain_iterables import absl_flags_parsed
 from ._processes import process_layout
 
@@ -107,6 +108,7 @@ class GrainLoader:
             TypeError, ValueError: an argument is invalid (the message names it).
         """
         self._source = _check_source(source)
+        unbatched(self._source)
         integer("batch_size", batch_size, minimum=1, numpy=True, example="256")
         boolean("shuffle", shuffle, numpy=True)
         boolean("drop_last", drop_last, numpy=True)

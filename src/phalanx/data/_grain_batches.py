@@ -14,6 +14,7 @@ Random access is what makes that exact, so the source must be a
 `MapDataset` (or a data source), not an `IterDataset`.
 """
 
+import multiprocessing
 import os
 import sys
 import threading
@@ -24,6 +25,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from ._grain_examples import OneShape
 from ._loader import WEIGHT_KEY
 
 
@@ -52,6 +54,7 @@ class LocalBatches(grain.MapDataset):
         self._offset = process_index * self._local
         self._shuffle, self._seed, self._augment = shuffle, seed, augment
         self.per_epoch = per_epoch  # global batches an epoch (the loader's)
+        self._shapes = OneShape()  # each process's (and worker's) own
 
     def __len__(self) -> int:
         # Epochs without end: the loader takes one epoch's batches per pass.
@@ -76,6 +79,7 @@ class LocalBatches(grain.MapDataset):
                 self._augment(example, np.random.default_rng([self._seed, epoch, p]))
                 for example, p in zip(examples, positions, strict=True)
             ]
+        self._shapes.check(examples, rows)
         template = examples[0] if examples else self._parent[0]
         return stack(examples, template, self._local)
 
@@ -128,11 +132,20 @@ def _column(values: list[Any], template: Any, size: int) -> np.ndarray:
 def exit_with_parent(worker_index: int, worker_count: int) -> None:
     """grain's worker init: end this worker when the process that started
     it is gone (killed with SIGKILL it cannot stop its workers, which would
-    live on holding memory and its output pipes). A thread polls the
-    parent's pid: the kernel's parent-death signal follows the thread that
-    forked, and grain may start workers from a reading thread that ends."""
+    live on holding memory, their output pipes and multiprocessing's
+    resource tracker).
+
+    A thread polls the parent's pid: the kernel's parent-death signal
+    follows the thread that forked, and grain starts workers from reading
+    threads that end. The pid to watch is the one multiprocessing recorded
+    when the parent started this worker, not this worker's parent now: a
+    parent killed while the worker was still starting up (an evaluation
+    pass's workers start at an epoch's end, and take a second or more to
+    import) is already gone here, and the worker already an orphan.
+    """
     del worker_index, worker_count
-    parent = os.getppid()
+    started_by = multiprocessing.parent_process()
+    parent = os.getppid() if started_by is None else started_by.pid
 
     def watch() -> None:
         while os.getppid() == parent:
