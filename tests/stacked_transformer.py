@@ -1,6 +1,15 @@
 """A decoder-only transformer whose blocks are a `px.models.Stacked` stack,
 of any width and depth (the planner's tests plan it at ~20 M parameters),
-and the Megatron-style rules that split it over ``tensor`` and ``fsdp``."""
+and the Megatron-style rules that split it over ``tensor`` and ``fsdp``.
+
+Equinox's own layers, written as a TPU needs them (issue 53, measured on a
+v5e at 6 layers of width 512, 512 tokens, batch 32, bf16): the tokens
+looked up for the whole sequence, ``weight[tokens]`` (a lookup per position,
+``jax.vmap(embed)``, has a gradient XLA scatters one position at a time),
+and the stack unrolled (a rolled loop copies each layer's saved activations
+and gradient into stacked arrays). A hand-written step took 75.5 ms with
+neither, 46.8 with the lookup, 54.7 with the unrolled stack, 25.7 with both
+(14.6% and 43% of the chip's bf16 peak)."""
 
 import equinox as eqx
 import jax
@@ -57,10 +66,12 @@ class Transformer(eqx.Module):
     ):
         embed, blocks, head = jax.random.split(key, 3)
         self.embed = eqx.nn.Embedding(vocab, width, key=embed)
-        self.blocks = Stacked(lambda k: Block(width, heads, k), layers, key=blocks)
+        self.blocks = Stacked(
+            lambda k: Block(width, heads, k), layers, key=blocks, unroll=True
+        )
         self.norm = eqx.nn.LayerNorm(width)
         self.head = eqx.nn.Linear(width, vocab, use_bias=False, key=head)
 
     def __call__(self, tokens: Int[Array, " seq"]) -> Float[Array, "seq vocab"]:
-        x = self.blocks(jax.vmap(self.embed)(tokens))
+        x = self.blocks(self.embed.weight[tokens])
         return jax.vmap(lambda v: self.head(self.norm(v)))(x)
