@@ -21,8 +21,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, Float
 
+from ._attention_inputs import AttentionInputs
 from ._blockwise import Stats, attend_block, empty_stats, finish
 from ._ring_schedule import ring_schedule, slot_tables
 
@@ -33,14 +34,7 @@ _Chunk = tuple[Array, Array, Array | None]
 
 
 def ring_attention(
-    query: Float[Array, "seq heads dim"],
-    key: Float[Array, "kv_seq heads dim"],
-    value: Float[Array, "kv_seq heads dim"],
-    mask: Bool[Array, " kv_seq"] | None,
-    *,
-    axis: str,
-    n: int,
-    causal: bool,
+    inputs: AttentionInputs, *, axis: str, n: int, causal: bool
 ) -> Float[Array, "seq heads dim"]:
     """Exact attention of this device's chunk of queries over every device's
     keys, the sequence split in order over the `n` devices of `axis`.
@@ -50,8 +44,9 @@ def ring_attention(
     """
     device = jax.lax.axis_index(axis)
     parts = 2 if causal else 1
+    query = inputs.query
     query = query * jnp.asarray(1 / np.sqrt(query.shape[-1]), query.dtype)
-    chunks = (query, key, value, mask)
+    chunks = (query, inputs.key, inputs.value, inputs.mask)
     if causal:
         chunks = tuple(None if x is None else _to_balanced(x, axis, n) for x in chunks)
     else:

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Bool, Float
 
 from .._contracts import SequenceSplit
+from ._attention_inputs import AttentionInputs
 from ._ring import ring_attention
 
 
@@ -35,7 +36,7 @@ def split_attention(
 ) -> Float[Array, "seq heads dim"]:
     """Attention of one example whose sequence `split` splits, by
     `implementation` (``"all_gather"`` or ``"ring"``)."""
-    local: Callable[..., Array] = functools.partial(
+    local: Callable[[AttentionInputs], Array] = functools.partial(
         ring_attention if implementation == "ring" else all_gather_attention,
         axis=split.axis,
         n=split.size,
@@ -48,41 +49,32 @@ def split_attention(
     abstract = jax.sharding.get_abstract_mesh()
     mesh = abstract if not abstract.empty and abstract.manual_axes else split.mesh
     chunked = P(split.axis)
-    arrays = (query, key, value) if mask is None else (query, key, value, mask)
-    if mask is None:
-        run = lambda q, k, v: local(q, k, v, None)  # noqa: E731
-    else:
-        run = local
     return jax.shard_map(
-        run,
+        local,
         mesh=mesh,
-        in_specs=(chunked,) * len(arrays),
+        # One spec for the whole bundle: each of its arrays (the mask too,
+        # where there is one) split along its sequence axis.
+        in_specs=chunked,
         out_specs=chunked,
         axis_names={split.axis, *split.batch_axes},
         # The ring's and the gather's collectives are written for the chunks
         # as they are; no replication to check.
         check_vma=False,
-    )(*arrays)
+    )(AttentionInputs(query, key, value, mask))
 
 
 def all_gather_attention(
-    query: Float[Array, "seq heads dim"],
-    key: Float[Array, "kv_seq heads dim"],
-    value: Float[Array, "kv_seq heads dim"],
-    mask: Bool[Array, " kv_seq"] | None,
-    *,
-    axis: str,
-    n: int,
-    causal: bool,
+    inputs: AttentionInputs, *, axis: str, n: int, causal: bool
 ) -> Float[Array, "seq heads dim"]:
     """This device's chunk of queries over every device's keys and values,
     gathered: simple and one collective each way, but each device holds the
     whole sequence's keys and a chunk × sequence score matrix."""
     del n
-    keys, values = _gather(key, axis), _gather(value, axis)
+    query = inputs.query
+    keys, values = _gather(inputs.key, axis), _gather(inputs.value, axis)
     visible = None
-    if mask is not None:
-        visible = jax.lax.all_gather(mask, axis, tiled=True)[None]
+    if inputs.mask is not None:
+        visible = jax.lax.all_gather(inputs.mask, axis, tiled=True)[None]
     if causal:
         seq, everywhere = query.shape[0], keys.shape[0]
         first = jax.lax.axis_index(axis) * seq
