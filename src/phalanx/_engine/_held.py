@@ -39,11 +39,10 @@ from jaxtyping import Array, Float
 
 from .._state._run import Run
 from .._state._sums import FLAGS, EpochSums
-from .._typing import PerExample
 from ..strategies._placement import HOST_MEMORY
 from ._layout import StateLayout
 from ._signature import leaf_names
-from ._step_parts import StepParts, StepPlan
+from ._step_parts import StepParts, StepPlan, TrainInputs
 
 
 # Whether the trainer holds the state instead of gating the update: "auto"
@@ -95,22 +94,19 @@ def _gradient_bytes(layout: StateLayout) -> int:
 
 
 def held_train_step(
-    train_step: Callable[..., tuple[list[jax.Array], EpochSums, jax.Array]],
+    train_step: Callable[[TrainInputs], tuple[list[jax.Array], EpochSums, jax.Array]],
     plan: StepPlan,
-    leaves: list[jax.Array],
+    inputs: TrainInputs,
     spare: list[jax.Array],
-    epoch_sums: EpochSums,
-    batch_leaves: list[jax.Array],
-    weight: PerExample,
-    total: Float[Array, ""],
 ) -> tuple[list[jax.Array], EpochSums, Float[Array, " reported"]]:
-    """One update of `leaves` (the train step's outputs), unless an earlier
-    step's gradient was not finite: then the state from before that step —
-    `spare` where `leaves` is that step's own update, else `leaves` (already
-    held) — the epoch's sums unchanged and NaN for the step's sums (the step
-    is counted as skipped)."""
-    run = lambda: train_step(leaves, epoch_sums, batch_leaves, weight, total)  # noqa: E731
+    """One update of the state's leaves in `inputs` (the train step's
+    outputs), unless an earlier step's gradient was not finite: then the
+    state from before that step — `spare` where the leaves are that step's
+    own update, else the leaves (already held) — the epoch's sums unchanged
+    and NaN for the step's sums (the step is counted as skipped)."""
+    run = lambda: train_step(inputs)  # noqa: E731
     reported = jax.eval_shape(run)[2]
+    leaves, epoch_sums = inputs.leaves, inputs.epoch_sums
 
     def frozen() -> tuple[list[jax.Array], EpochSums, jax.Array]:
         step = plan.layout.unflatten(leaves).step  # the update's: bad + 1

@@ -35,7 +35,7 @@ from ._proofs import (
 from ._reduced import unreduced
 from ._signature import leaf_names
 from ._step import StepParts, build_steps, several_steps
-from ._step_parts import plan_steps
+from ._step_parts import TrainInputs, plan_steps
 
 
 class ProgramParts(NamedTuple):
@@ -362,14 +362,16 @@ def mismatched(error: BaseException) -> bool:
 
 
 def _sums_apart(train: Any, spare: bool = False) -> Any:
-    """`train` taking the epoch's sums and flags as two arguments (so that a
-    jit can donate the sums alone); with `spare`, `train` takes the run's
-    spare after the state."""
+    """`train` (of one `TrainInputs`) taking its inputs as flat arguments,
+    the epoch's sums and flags as two (so that a jit can donate the sums
+    alone); with `spare`, the run's spare after the state, which `train`
+    takes after its inputs."""
 
     def call(leaves: list[jax.Array], *rest: Any) -> Any:
-        state = (leaves, rest[0]) if spare else (leaves,)
-        sums, flags, batch_leaves, weight, total = rest[1:] if spare else rest
+        spares = rest[:1] if spare else ()
+        sums, flags, batch_leaves, weight, total = rest[len(spares) :]
         epoch_sums = EpochSums(sums, flags)
-        return train(*state, epoch_sums, batch_leaves, weight, total)
+        inputs = TrainInputs(leaves, epoch_sums, batch_leaves, weight, total)
+        return train(inputs, *spares)
 
     return call

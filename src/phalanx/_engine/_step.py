@@ -6,7 +6,8 @@ the state's leaves, an on-device accumulator of the epoch's sums, and the
 batch's leaves with per-example weights (0 for padding). The train step also
 takes the batch's total weight, known before the step runs: the gradient is
 of Σ weight · loss / total, so the division happens once, on the loss's
-cotangent, instead of on every gradient leaf after the reduction.
+cotangent, instead of on every gradient leaf after the reduction. The train
+steps here take those five as one `TrainInputs`, bundled when traced.
 
 A train step reads top to bottom: `gradient` (each slice's work, one
 reduction; ``_gradient.py``), then `guard` (the non-finite policy and the
@@ -33,7 +34,14 @@ from ._guard import Update, guard
 from ._held import held_train_step
 from ._layout import StateLayout
 from ._slice import examples_of, inference_call, packed, run_slice, split_model
-from ._step_parts import BatchCheck, Examples, StepParts, StepPlan, plan_steps
+from ._step_parts import (
+    BatchCheck,
+    Examples,
+    StepParts,
+    StepPlan,
+    TrainInputs,
+    plan_steps,
+)
 
 
 # `StepParts` is built by the trainer from this module's name.
@@ -54,8 +62,8 @@ class StepFunctions(NamedTuple):
     """The step functions for one batch structure (not yet jitted).
 
     Attributes:
-        train: ``train(leaves, epoch_sums, batch_leaves, weight, total) -> (leaves,
-            epoch_sums, sums)``: one update.
+        train: ``train(inputs) -> (leaves, epoch_sums, sums)``: one update
+            (`inputs` a `TrainInputs`).
         evaluate: ``evaluate(leaves, epoch_sums, batch_leaves, weight) -> epoch_sums``.
         probe: ``probe(leaves, batch_leaves, weight, inference=False) ->
             (outputs, sums)``: the model and loss mapped over a batch through
@@ -63,13 +71,13 @@ class StepFunctions(NamedTuple):
             per-example outputs and per-device sums; `jax.eval_shape` of it
             validates a batch against the model before anything is compiled,
             and names the sums.
-        inspect: ``inspect(leaves, epoch_sums, batch_leaves, weight, total) ->
-            (leaves, grads, sums)``: `train` with the gradient it applied
+        inspect: ``inspect(inputs) -> (leaves, grads, sums)``: `train`
+            with the gradient it applied
             (reduced, after the `gradients` hook) as an output, for
             `DataParallelTrainer.compute_step`.
-        held: ``held(leaves, spare, epoch_sums, batch_leaves, weight, total)
-            -> (leaves, epoch_sums, sums)``: `train` under the held guard
-            (``_held.py``), `spare` the state the previous call read.
+        held: ``held(inputs, spare) -> (leaves, epoch_sums, sums)``:
+            `train` under the held guard (``_held.py``), `spare` the state
+            the previous call read.
     """
 
     train: Callable[..., TrainOutputs]
@@ -96,51 +104,31 @@ def build_steps(
     )
 
 
-def train_step(
-    plan: StepPlan,
-    leaves: list[jax.Array],
-    epoch_sums: EpochSums,
-    batch_leaves: list[jax.Array],
-    weight: PerExample,
-    total: Float[Array, ""],
-    held: bool = False,
-) -> TrainOutputs:
+def train_step(plan: StepPlan, inputs: TrainInputs, held: bool = False) -> TrainOutputs:
     """One update: the state's new leaves, the epoch's sums, the step's sums
     (`held`: the update lands whatever its gradient, see ``_held.py``)."""
-    return _update(plan, leaves, epoch_sums, batch_leaves, weight, total, held)[:3]
+    return _update(plan, inputs, held)[:3]
 
 
 def inspect_step(
-    plan: StepPlan,
-    leaves: list[jax.Array],
-    epoch_sums: EpochSums,
-    batch_leaves: list[jax.Array],
-    weight: PerExample,
-    total: Float[Array, ""],
+    plan: StepPlan, inputs: TrainInputs
 ) -> tuple[list[jax.Array], PyTree, Float[Array, " reported"]]:
     """`train_step`, with the gradient it applied in place of the epoch's sums."""
-    leaves, _, sums, grads = _update(
-        plan, leaves, epoch_sums, batch_leaves, weight, total
-    )
+    leaves, _, sums, grads = _update(plan, inputs)
     return leaves, grads, sums
 
 
 def _update(
-    plan: StepPlan,
-    leaves: list[jax.Array],
-    epoch_sums: EpochSums,
-    batch_leaves: list[jax.Array],
-    weight: PerExample,
-    total: Float[Array, ""],
-    held: bool = False,
+    plan: StepPlan, inputs: TrainInputs, held: bool = False
 ) -> tuple[list[jax.Array], EpochSums, Float[Array, " reported"], PyTree]:
     """One update: the train step's outputs, and the gradient it applied.
     State kept in host memory (`MeshStrategy(offload=True)`) is brought to
     the devices for the update and returned to the host after it."""
     stored = plan.layout.shardings
-    leaves = in_device_memory(leaves, stored)
+    leaves = in_device_memory(inputs.leaves, stored)
     state = plan.layout.unflatten(leaves)
-    step = gradient(plan, state, batch_leaves, weight, total)
+    total = inputs.total
+    step = gradient(plan, state, inputs.batch_leaves, inputs.weight, total)
     update = Update(
         state.step,
         leaves,
@@ -150,7 +138,7 @@ def _update(
         ft.partial(_kept, plan, state),
     )
     leaves, epoch_sums, sums = guard(
-        plan.parts.nan_policy, update, step.sums, epoch_sums, total, held
+        plan.parts.nan_policy, update, step.sums, inputs.epoch_sums, total, held
     )
     return in_stored_memory(leaves, stored), epoch_sums, sums, step.grads
 
@@ -277,24 +265,19 @@ def several_steps(train_step: Callable[..., TrainOutputs]) -> Callable[..., Any]
 
 
 def _scanned_steps(
-    train_step: Callable[..., TrainOutputs],
-    leaves: list[jax.Array],
-    epoch_sums: EpochSums,
-    batch_leaves: list[jax.Array],
-    weight: Float[Array, "steps batch"],
-    total: Float[Array, " steps"],
+    train_step: Callable[[TrainInputs], TrainOutputs], inputs: TrainInputs
 ) -> tuple[list[jax.Array], EpochSums, Float[Array, "steps reported"]]:
-    """`train_step` once per row of the stacked batches, in a `lax.scan`."""
+    """`train_step` once per row of the stacked batches (`inputs`' batch
+    leaves, weights and totals, a leading steps axis each), in a
+    `lax.scan`."""
 
     def step(
         carry: tuple[list[jax.Array], EpochSums], batch: tuple[Any, ...]
     ) -> tuple[tuple[list[jax.Array], EpochSums], jax.Array]:
-        leaves, epoch_sums, sums = train_step(*carry, *batch)
+        leaves, epoch_sums, sums = train_step(TrainInputs(*carry, *batch))
         return (leaves, epoch_sums), sums
 
-    (leaves, epoch_sums), sums = jax.lax.scan(
-        step, (leaves, epoch_sums), (batch_leaves, weight, total)
-    )
+    (leaves, epoch_sums), sums = jax.lax.scan(step, inputs[:2], inputs[2:])
     return leaves, epoch_sums, sums
 
 

@@ -1,15 +1,17 @@
 """What the compiled steps are built from: the trainer's hooks and settings
 (`StepParts`), and what the strategy decides for one state layout and batch
-structure (`StepPlan`). Values only: nothing here traces or compiles."""
+structure (`StepPlan`); what a train step takes (`TrainInputs`). Values
+only: nothing here traces or compiles."""
 
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import optax
-from jaxtyping import PyTree
+from jaxtyping import Array, Float, PyTree
 
 from .._precision import Precision
+from .._state._sums import EpochSums
 from .._state._train_state import TrainState
 from .._typing import NanPolicy, PerExample
 from ..metrics._statistic import LossResult, Metrics
@@ -136,3 +138,25 @@ class Examples(NamedTuple):
     batch: Any
     weight: PerExample
     positions: jax.Array
+
+
+class TrainInputs(NamedTuple):
+    """What a train step takes, bundled when it is traced (the compiled
+    call takes them as flat arguments).
+
+    Attributes:
+        leaves: the state's leaves.
+        epoch_sums: the epoch's sums so far.
+        batch_leaves: the batch's leaves.
+        weight: each example's weight (0 for padding).
+        total: the global batch's total weight, known before the step runs.
+
+    Several steps in one call take their batches' leaves, weights and totals
+    stacked along a leading ``steps`` axis.
+    """
+
+    leaves: list[jax.Array]
+    epoch_sums: EpochSums
+    batch_leaves: list[jax.Array]
+    weight: Float[Array, "*steps batch"]
+    total: Float[Array, "*steps"]
