@@ -46,18 +46,32 @@ def forward(
     The batch axis is named ``"batch"``, so ``BatchNorm(axis_name="batch")``
     normalises over it.
     """
+    return _per_example(model, inputs, state, keys, 0, pass_key)
+
+
+def _per_example(
+    call: Callable[..., Any],
+    inputs: PyTree[Array],
+    state: eqx.nn.State | None,
+    keys: Key[Array, " batch"] | PRNGKeyArray | None,
+    keys_axis: int | None,
+    pass_key: bool,
+) -> tuple[PyTree[Array], eqx.nn.State | None]:
+    """`call` on each example of a batch (the axis named ``"batch"``),
+    threading model state: with ``key=`` its row of `keys` (`keys_axis` 0)
+    or `keys` itself (None) where `pass_key`."""
 
     def one(
-        x: PyTree[Array], key: PRNGKeyArray, state: eqx.nn.State | None
+        x: PyTree[Array], key: PRNGKeyArray | None, state: eqx.nn.State | None
     ) -> tuple[Any, eqx.nn.State | None]:
         kwargs = {"key": key} if pass_key else {}
         if state is None:
-            return model(x, **kwargs), None
-        return model(x, state, **kwargs)
+            return call(x, **kwargs), None
+        return call(x, state, **kwargs)
 
     return jax.vmap(
         one,
-        in_axes=(0, 0, None),
+        in_axes=(0, keys_axis, None),
         out_axes=(0, None),
         axis_name="batch",
         spmd_axis_name=_examples_split(),
@@ -94,21 +108,7 @@ def infer(
     pass_key = takes_key(call)
 
     def over_batch(key: PRNGKeyArray | None) -> Any:
-        def one(
-            x: PyTree[Array], state: eqx.nn.State | None
-        ) -> tuple[Any, eqx.nn.State | None]:
-            kwargs = {"key": key} if pass_key else {}
-            if state is None:
-                return call(x, **kwargs), None
-            return call(x, state, **kwargs)
-
-        return jax.vmap(
-            one,
-            in_axes=(0, None),
-            out_axes=(0, None),
-            axis_name="batch",
-            spmd_axis_name=_examples_split(),
-        )(inputs, state)
+        return _per_example(call, inputs, state, key, None, pass_key)
 
     try:
         return over_batch(None)
