@@ -14,7 +14,7 @@ or a callback itself, and reaches through no object it is handed.
 
 import dataclasses
 from collections.abc import Callable, Sized
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -55,6 +55,19 @@ class _Window:
     program: Program | None = None
 
 
+class _Loop(NamedTuple):
+    """What the loop's levels (an epoch, its pass over the data) work with
+    for one fit, passed whole from one to the next: `fit_loop`'s arguments
+    and the loop's own running record."""
+
+    slot: RunSlot
+    fit: FitData
+    events: FitEvents
+    parts: LoopParts
+    settings: LoopSettings
+    window: _Window
+
+
 def fit_loop(
     slot: RunSlot,
     fit: FitData,
@@ -66,30 +79,25 @@ def fit_loop(
     stops training, or a signal came; the run it ends with (also left in
     the slot), its progress noting the signal (``preempted``)."""
     window = _Window(check_metrics=fit.check_metrics)
+    loop = _Loop(slot, fit, events, parts, settings, window)
     with events:
         while not events.stopping():
             progress = slot.progress
             if progress.done():
                 break
-            _epoch(slot, fit, events, parts, settings, window)
+            _epoch(loop)
     slot.run = settled(slot.run)
     # (A restored snapshot may carry the signal that stopped its own run.)
     progress = dataclasses.replace(slot.progress, preempted=events.signal)
     return slot.advance(progress)
 
 
-def _epoch(
-    slot: RunSlot,
-    fit: FitData,
-    events: FitEvents,
-    parts: LoopParts,
-    settings: LoopSettings,
-    window: _Window,
-) -> None:
+def _epoch(loop: _Loop) -> None:
     """Train on one pass over the data (or its rest, after a resume), then
     evaluate (at epoch ends), log the epoch and tell `epoch_ended`; return
     early when the plan is done, a callback stops training, or a signal
     came."""
+    slot, fit, events, parts, settings, window = loop
     data, progress, programs = fit.data, slot.progress, parts.programs
     epoch = progress.epoch
     events.epoch_started(progress)
@@ -120,7 +128,7 @@ def _epoch(
     events.pass_started(progress.step)
     try:
         with feed:
-            _train_pass(slot, fit, events, parts, settings, window, feed)
+            _train_pass(loop, feed)
     finally:
         events.pass_feed(None)
         events.phase("host")
@@ -158,20 +166,13 @@ def _evaluation(
     return metrics
 
 
-def _train_pass(
-    slot: RunSlot,
-    fit: FitData,
-    events: FitEvents,
-    parts: LoopParts,
-    settings: LoopSettings,
-    window: _Window,
-    feed: Feed,
-) -> None:
+def _train_pass(loop: _Loop, feed: Feed) -> None:
     """Compiled calls of `steps_per_call` steps (single steps where the
     pass or the plan has fewer left, or the step size changes) until the
     pass ends, the plan is done, a callback stops training, or a signal
     came; each of those is acted on where a call ends, and a call ends at
     each step ``eval_every`` evaluates after."""
+    slot, fit, events, parts, settings, window = loop  # locals: read every step
     k, every, sync_every = settings.steps_per_call, fit.eval_every, settings.sync_every
     processes = jax.process_count()  # every process's slice of a batch
     call_started, phase = events.call_started, events.phase
