@@ -17,11 +17,11 @@ import jax
 import numpy as np
 from typing_extensions import override
 
-from .._log import logger
-from .._state._learning_rate import multiplier, next_rate, used_rate
+from .._state._learning_rate import multiplier
 from .._typing import validates_own_arguments
 from .._validate import is_int, positive_int
 from ._base import Callback, StepInfo, TrainerLike
+from ._read_rate import rate_or_multiplier, warn_if_unreadable
 
 
 # Steps whose rates one compiled call of the schedule computes.
@@ -135,11 +135,9 @@ class LearningRateMonitor(Callback):
     def used(self, trainer: TrainerLike, step: int) -> float:
         """The rate the update after `step` updates uses (where the
         optimizer's cannot be read, the multiplier)."""
-        state = trainer.state
         if self.schedule is None:
-            used = used_rate(trainer.optimizer, state)
-            return multiplier(state.lr_scale) if used is None else used
-        return self.rate(step) * multiplier(state.lr_scale)
+            return rate_or_multiplier(trainer)
+        return self.rate(step) * multiplier(trainer.state.lr_scale)
 
     def _evaluate(self, step: int) -> Any:
         """``schedule(step)``: read from the rates of its block of steps,
@@ -165,15 +163,13 @@ class LearningRateMonitor(Callback):
     @override
     def on_fit_start(self, info: StepInfo) -> None:
         if self.schedule is None:
-            state = info.trainer.state
-            base = next_rate(info.trainer.optimizer, state.opt_state)
-            if base.value is None and not self._said:
-                self._said = True
-                logger.warning(
-                    f"LearningRateMonitor: phalanx cannot read the optimizer's "
-                    f"learning rate: {base.why}; {self.name!r} logs the "
-                    "multiplier of its final update instead (pass the schedule "
-                    "given to the optimizer to log the rate)"
+            if not self._said:
+                self._said = warn_if_unreadable(
+                    info.trainer,
+                    "LearningRateMonitor",
+                    f"{self.name!r} logs the multiplier of its final update "
+                    "instead (pass the schedule given to the optimizer to log "
+                    "the rate)",
                 )
             return
         # Fail before the first update rather than at the first log point.

@@ -17,11 +17,11 @@ import equinox as eqx
 import jax.numpy as jnp
 from typing_extensions import override
 
-from .._log import logger
-from .._state._learning_rate import multiplier, next_rate, used_rate
+from .._state._learning_rate import multiplier, next_rate
 from .._typing import validates_own_arguments
 from .._validate import finite_at_least, int_at_least, positive_int
 from ._base import StepInfo, TrainerLike
+from ._read_rate import rate_or_multiplier, warn_if_unreadable
 from ._watch import AbstractWatch
 
 
@@ -130,23 +130,19 @@ class ReduceLROnPlateau(AbstractWatch):
     @override
     def on_fit_start(self, info: StepInfo) -> None:
         # Before the first step: say once where the rate cannot be read.
-        base = next_rate(info.trainer.optimizer, info.trainer.state.opt_state)
-        if base.value is None and not self._said:
-            self._said = True
+        if not self._said:
             bound = f", and min_lr={self.min_lr:g} bounds it" if self.min_lr else ""
-            logger.warning(
-                f"ReduceLROnPlateau: phalanx cannot read the optimizer's "
-                f"learning rate: {base.why}; it multiplies the optimizer's "
-                f"final update, and {self.name!r} logs that multiplier instead "
-                f"of the rate{bound}"
+            self._said = warn_if_unreadable(
+                info.trainer,
+                "ReduceLROnPlateau",
+                f"it multiplies the optimizer's final update, and {self.name!r} "
+                f"logs that multiplier instead of the rate{bound}",
             )
 
     def rate(self, trainer: TrainerLike) -> float:
         """The rate the next update uses: the optimizer's times phalanx's
         multiplier; where the optimizer's cannot be read, the multiplier."""
-        state = trainer.state
-        used = used_rate(trainer.optimizer, state)
-        return multiplier(state.lr_scale) if used is None else used
+        return rate_or_multiplier(trainer)
 
     @override
     def on_epoch_end(self, info: StepInfo) -> None:
