@@ -19,9 +19,10 @@ from .._telemetry._files import replace_atomically
 from .._typing import validates_own_arguments
 from .._validate import finite_at_least
 from ._background import Background
-from ._base import Callback, StepInfo
+from ._base import StepInfo
 from ._budget import TimeBudget
 from ._files import check_file_path
+from ._output import Output
 from ._plot_curves import curves, eval_names, evaluated_between_epochs, is_eval_of
 
 
@@ -30,7 +31,7 @@ from ._plot_curves import curves, eval_names, evaluated_between_epochs, is_eval_
 _FIRST_DRAWING_S = 0.5
 
 
-class PlotHistory(Callback):
+class PlotHistory(Output):
     """Draws the trainer's `History` to an image: a panel per metric, train
     and eval curves over epochs (or steps).
 
@@ -66,8 +67,6 @@ class PlotHistory(Callback):
         plot.wait()  # history.png shows the whole fit
         ```
     """
-
-    main_process_only = True  # written once, by process 0
 
     @validates_own_arguments
     def __init__(
@@ -124,11 +123,6 @@ class PlotHistory(Callback):
         self._drawer = Background(f"PlotHistory drawing {self.path}")
 
     @override
-    def added_metrics(self) -> tuple[str, ...]:
-        """Nothing: it only reads the history."""
-        return ()
-
-    @override
     def on_fit_start(self, info: StepInfo) -> None:
         del info
         self._budget.restart()
@@ -146,6 +140,13 @@ class PlotHistory(Callback):
         # which fit waits for, from ~35 ms to ~190 ms (2 cores).
         clock = info.clock
         self._draw(info.history, after=None if clock is None else clock.ended)
+
+    @override
+    def _close(self, error: BaseException | None = None) -> None:
+        """Nothing to close: the drawing thread ends its last drawing after
+        `fit` returns (`wait` waits for it), and nothing is drawn where `fit`
+        raised."""
+        del error
 
     def wait(self) -> None:
         """Return once the drawings handed to the drawing thread are in the
