@@ -4,10 +4,12 @@ and `GrainLoader`: the epoch, the batches already yielded in it, and the
 only). The position counts batches of the batch size it was saved with, so
 a loader of another batch size refuses it (as ``phalanx train --resume``
 refuses another ``--batch-size``) instead of skipping or repeating
-examples."""
+examples. `EpochLoader`: what both loaders build on it (their length, epoch,
+position and iteration), each reading its batches its own way."""
 
-from collections.abc import Mapping
-from typing import Any, final
+import abc
+from collections.abc import Iterator, Mapping
+from typing import Any, Generic, TypeVar, final
 
 from .._validate import integer
 
@@ -99,3 +101,42 @@ class EpochCursor:
             )
         # Python ints (NumPy ints pass the checks): the state goes to JSON.
         self.epoch, self.position = int(epoch), int(position)
+
+
+_Batch = TypeVar("_Batch")
+
+
+class EpochLoader(abc.ABC, Generic[_Batch]):
+    """A loader that yields its batches an epoch at a time from where its
+    `EpochCursor` stands: `ArrayLoader` and `GrainLoader` (each final), which
+    set `_at` when built and read the batch at it (`_read`)."""
+
+    _at: EpochCursor
+
+    @abc.abstractmethod
+    def _read(self) -> _Batch:
+        """The batch at the cursor (`position` of `epoch`), this process's
+        slice of it."""
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return self._at.batches
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from (0 first)."""
+        return self._at.epoch
+
+    @property
+    def position(self) -> int:
+        """Batches already yielded in the current epoch."""
+        return self._at.position
+
+    def __iter__(self) -> Iterator[_Batch]:
+        """Yield the rest of the current epoch, then move to the next epoch."""
+        at = self._at
+        epoch = at.epoch
+        while at.epoch == epoch:
+            batch = self._read()
+            at.advance()  # before yielding (see EpochCursor)
+            yield batch

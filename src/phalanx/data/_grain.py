@@ -9,22 +9,22 @@ examples each process reads (`_grain_batches.py`) and keeps its place as
 process as on many; grain itself is imported on first read.
 """
 
-from collections.abc import Iterator
 from typing import Any, final
 
 import numpy as np
+from typing_extensions import override
 
 from .._typing import validates_own_arguments
 from .._validate import boolean, integer
 from ._buffers import BufferPool
-from ._epochs import EpochCursor
+from ._epochs import EpochCursor, EpochLoader
 from ._grain_examples import unbatched
 from ._grain_iterables import absl_flags_parsed
 from ._processes import process_layout
 
 
 @final
-class GrainLoader:
+class GrainLoader(EpochLoader[Any]):
     """Batches of a Grain source's examples, shuffled, padded and sliced
     per process as `px.data.ArrayLoader` batches arrays, for data on disk.
 
@@ -136,29 +136,6 @@ class GrainLoader:
         self._reader: tuple[Any, int] | None = None
         self._buffers = BufferPool()
 
-    def __len__(self) -> int:
-        """Batches per epoch."""
-        return self._at.batches
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next batch comes from (0 first)."""
-        return self._at.epoch
-
-    @property
-    def position(self) -> int:
-        """Batches already yielded in the current epoch."""
-        return self._at.position
-
-    def __iter__(self) -> Iterator[Any]:
-        """Yield the rest of the current epoch, then move to the next epoch."""
-        at = self._at
-        epoch = at.epoch
-        while at.epoch == epoch:
-            batch = self._read()
-            at.advance()  # before yielding (see EpochCursor)
-            yield batch
-
     def state_dict(self) -> dict[str, int]:
         """Where iteration stands: ``{"epoch": ..., "position": ...,
         "batch_size": ...}``, in global batches (the same on every
@@ -190,6 +167,7 @@ class GrainLoader:
 
     # ------------------------------------------------------------- reading
 
+    @override
     def _read(self) -> Any:
         """The next batch, from the open reader if it stands there, else
         from a new one opened at it."""

@@ -4,15 +4,16 @@ NumPy only: the batches stay on the host (JAX is asked only for the process
 index and count), and putting them on devices is the trainer's job.
 """
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 import numpy as np
+from typing_extensions import override
 
 from .._typing import validates_own_arguments
 from .._validate import boolean, integer
 from ._buffers import BufferPool
-from ._epochs import EpochCursor
+from ._epochs import EpochCursor, EpochLoader
 from ._processes import process_layout
 
 
@@ -22,7 +23,7 @@ WEIGHT_KEY = "sample_weight"
 
 
 @final
-class ArrayLoader:
+class ArrayLoader(EpochLoader[Batch]):
     """Batches of NumPy arrays that share a leading (examples) axis.
 
     Every batch has the same structure and shape, with per-example weights
@@ -109,29 +110,6 @@ class ArrayLoader:
         self._order: tuple[int, np.ndarray | None] | None = None
         self._buffers = BufferPool()
 
-    def __len__(self) -> int:
-        """Batches per epoch."""
-        return self._at.batches
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next batch comes from (0 first)."""
-        return self._at.epoch
-
-    @property
-    def position(self) -> int:
-        """Batches already yielded in the current epoch."""
-        return self._at.position
-
-    def __iter__(self) -> Iterator[Batch]:
-        """Yield the rest of the current epoch, then move to the next epoch."""
-        at = self._at
-        epoch = at.epoch
-        while at.epoch == epoch:
-            batch = self._batch(at.position)
-            at.advance()  # before yielding (see EpochCursor)
-            yield batch
-
     def state_dict(self) -> dict[str, int]:
         """Where iteration stands: ``{"epoch": ..., "position": ...,
         "batch_size": ...}``."""
@@ -162,10 +140,12 @@ class ArrayLoader:
             self._order = (self._at.epoch, order)
         return self._order[1]
 
-    def _batch(self, index: int) -> Batch:
-        """This process's slice of global batch `index`, padded, with weights."""
+    @override
+    def _read(self) -> Batch:
+        """This process's slice of the epoch's batch at `position`, padded,
+        with weights."""
         local = self.batch_size // self.process_count
-        start = index * self.batch_size + self.process_index * local
+        start = self._at.position * self.batch_size + self.process_index * local
         stop = min(start + local, self.num_examples)
         real = max(stop - start, 0)
         order = self._permutation()
