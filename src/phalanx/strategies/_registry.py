@@ -145,25 +145,23 @@ def _mesh_sizes(strategy: Built) -> str:
     return ", ".join(shown or ["data=1"])
 
 
+def _replicating(name: str, strategy: str, summary: str) -> Registered:
+    """The entry of a strategy that keeps the whole state on every device:
+    its class takes the devices and `deterministic`, its one option."""
+
+    def build(devices: Any, options: Options) -> Built:
+        return getattr(st, strategy)(devices, deterministic=options.deterministic)
+
+    return Registered(
+        name, strategy, summary, build, options=frozenset({"deterministic"})
+    )
+
+
 REGISTRY: tuple[Registered, ...] = (
-    Registered(
-        "sharding",
-        "ShardingStrategy",
-        "ShardingStrategy (jit over sharded arrays)",
-        lambda devices, options: st.ShardingStrategy(
-            devices, deterministic=options.deterministic
-        ),
-        options=frozenset({"deterministic"}),
+    _replicating(
+        "sharding", "ShardingStrategy", "ShardingStrategy (jit over sharded arrays)"
     ),
-    Registered(
-        "pmap",
-        "PmapStrategy",
-        "PmapStrategy (per-device program)",
-        lambda devices, options: st.PmapStrategy(
-            devices, deterministic=options.deterministic
-        ),
-        options=frozenset({"deterministic"}),
-    ),
+    _replicating("pmap", "PmapStrategy", "PmapStrategy (per-device program)"),
     Registered(
         "fsdp",
         "FullyShardedStrategy",
