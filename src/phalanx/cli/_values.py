@@ -8,6 +8,7 @@ from typing import Literal
 
 from .._env import MIN_HANG_TIMEOUT
 from .._plan._sizes import parse_size
+from ..strategies._axes import MESH_AXES
 from ._model import is_reference, parse_model_arg
 
 
@@ -25,27 +26,24 @@ def positive_int(text: str) -> int:
 
 def port(text: str) -> int:
     """A TCP port, 1 to 65535 (no option: launch picks a free one)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(
-            f"must be a TCP port from 1 to 65535, got {text!r}; leave --port out "
-            "for a free one"
-        )
-    return value
+    must = "a TCP port from 1 to 65535"
+    return _within(text, 1, 65535, must, fix="leave --port out for a free one")
 
 
 def non_negative_int(text: str) -> int:
+    return _within(text, 0, math.inf, "a whole number, 0 or more")
+
+
+def _within(text: str, low: int, high: float, must: str, fix: str = "") -> int:
+    """`text` as an integer from `low` to `high`, or refused: it must be
+    `must` (and `fix` says what else to do)."""
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(
-            f"must be a whole number, 0 or more, got {text!r}"
-        )
+        value = low - 1
+    if not low <= value <= high:
+        also = f"; {fix}" if fix else ""
+        raise argparse.ArgumentTypeError(f"must be {must}, got {text!r}{also}")
     return value
 
 
@@ -143,9 +141,6 @@ def steps(text: str) -> tuple[int, int]:
             f"{text!r} is not START:END with 1 <= START < END, e.g. 10:20"
         )
     return steps
-
-
-MESH_AXES = ("data", "fsdp", "context", "tensor")
 
 
 def mesh_sizes(text: str) -> dict[str, int]:

@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from .._typing import validates_own_arguments
 from .._validate import is_int
-from ._strategy import AxisName, LocalFn, MapFn, Reduce, Strategy
+from ._strategy import AxisName, ExampleShapes, LocalFn, MapFn, Reduce, Strategy
 
 
 @final
@@ -104,11 +104,7 @@ class AccumulatingStrategy(Strategy):
 
     @override
     def batch_leaf_shardings(
-        self,
-        names: Sequence[str],
-        shapes: Sequence[tuple[int, ...]],
-        *,
-        whole: bool = True,
+        self, names: Sequence[str], shapes: ExampleShapes, *, whole: bool = True
     ) -> list[Sharding]:
         return self.inner.batch_leaf_shardings(names, shapes, whole=whole)
 

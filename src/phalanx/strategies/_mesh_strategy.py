@@ -24,6 +24,7 @@ from typing_extensions import override
 from .._contracts import SequenceSplit
 from .._typing import Devices, validates_own_arguments
 from .._validate import is_int
+from ._axes import MESH_AXES
 from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh
 from ._example_sums import examples_summed_by_dots
 from ._follow import follow_parameters
@@ -39,10 +40,7 @@ from ._sequences import (
     sequence_specs,
     traced_with_split,
 )
-from ._strategy import AxisName, LocalFn, MapFn
-
-
-AXES = ("data", "fsdp", "context", "tensor")
+from ._strategy import AxisName, ExampleShapes, LocalFn, MapFn
 
 
 @final
@@ -194,7 +192,7 @@ class MeshStrategy(DeviceMeshStrategy):
                 f"min_size={min_size!r} must be an int >= 1 (leaves with fewer "
                 "elements stay replicated), e.g. min_size=4096"
             )
-        self.rules = check_rules(rules, AXES)
+        self.rules = check_rules(rules, MESH_AXES)
         self.sequence_dims = check_sequence_dims(sequence_dims)
         self.axis_name = ("data", "fsdp")
         self.mesh = make_mesh(devices, sizes)  # first: sizes that do not fit
@@ -222,11 +220,7 @@ class MeshStrategy(DeviceMeshStrategy):
 
     @override
     def batch_leaf_shardings(
-        self,
-        names: Sequence[str],
-        shapes: Sequence[tuple[int, ...]],
-        *,
-        whole: bool = True,
+        self, names: Sequence[str], shapes: ExampleShapes, *, whole: bool = True
     ) -> list[Sharding]:
         """`batch_sharding` for each leaf, with the sequence dimension that
         `sequence_dims` names for it split over ``context`` too.

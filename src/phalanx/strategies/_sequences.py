@@ -25,6 +25,7 @@ from .._contracts import SequenceSplit, splitting_sequences
 from .._validate import is_int
 from ._mesh_leaves import warn_once
 from ._per_device import axis_name_of
+from ._strategy import ExampleShapes
 
 
 _EXAMPLE = 'sequence_dims={"x": 1, "y": 1}'
@@ -94,7 +95,7 @@ def _check_dim(dim: object, name: str) -> None:
 def sequence_specs(
     dims: SequenceDims,
     names: Sequence[str],
-    shapes: Sequence[tuple[int, ...]],
+    shapes: ExampleShapes,
     batch_axes: tuple[str, ...],
     mesh: Mesh,
     whole: bool = True,

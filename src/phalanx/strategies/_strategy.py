@@ -31,6 +31,10 @@ MapFn: TypeAlias = Callable[[Any, Any], Any]
 # The mesh axes a batch is split over, as collectives take them: one name,
 # or a tuple of names for several axes.
 AxisName: TypeAlias = str | tuple[str, ...]
+# Each batch leaf's shape per example (without the leading examples axis),
+# in the order of the leaves' names: what `Strategy.batch_leaf_shardings`
+# lays out.
+ExampleShapes: TypeAlias = Sequence[tuple[int, ...]]
 
 
 class Strategy(eqx.Module):
@@ -79,11 +83,7 @@ class Strategy(eqx.Module):
         """Where a batch's leaves go: split along their leading examples axis."""
 
     def batch_leaf_shardings(
-        self,
-        names: Sequence[str],
-        shapes: Sequence[tuple[int, ...]],
-        *,
-        whole: bool = True,
+        self, names: Sequence[str], shapes: ExampleShapes, *, whole: bool = True
     ) -> list[Sharding]:
         """Where each leaf of a batch goes, given its name in ``(x, y)``
         (``"x"``, ``"y"``, ``"x.tokens"``, ``"y.1"``: the path from the
