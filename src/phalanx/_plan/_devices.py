@@ -46,24 +46,27 @@ class DeviceSpec:
     relative: bool = False
 
 
-# (device_kind contains this, case folded; memory bytes/s; link bytes/s one
-# direction; host bytes/s one direction), the more specific names first.
+# (the names device_kind may contain, case folded; memory bytes/s; link
+# bytes/s one direction; host bytes/s one direction), the more specific names
+# first. A TPU from v5 on goes by two names: JAX's device_kind ("TPU v5 lite",
+# "TPU v5") and Google's ("TPU v5e", "TPU v5p").
 # Sources: the vendors' data sheets (HBM bandwidth; NVLink per GPU, half the
 # bidirectional figure; PCIe 5 x16 for the PCIe H100; a TPU chip's ICI;
 # host: the PCIe generation's x16 link, 4 for A100 and TPU v4, 5 after).
-BANDWIDTHS: tuple[tuple[str, float, float, float], ...] = (
-    ("a100", 2.04e12, 300e9, 32e9),
-    ("h100 pcie", 2.0e12, 64e9, 64e9),
-    ("h100", 3.35e12, 450e9, 64e9),
-    ("h200", 4.8e12, 450e9, 64e9),
-    ("b200", 8.0e12, 900e9, 64e9),
-    ("tpu v4", 1.23e12, 300e9, 32e9),
-    ("tpu v5 lite", 0.82e12, 200e9, 32e9),
-    ("tpu v5e", 0.82e12, 200e9, 32e9),
-    ("tpu v5p", 2.76e12, 600e9, 64e9),
-    ("tpu v5", 2.76e12, 600e9, 64e9),
-    ("tpu v6 lite", 1.64e12, 448e9, 64e9),
-    ("tpu v6e", 1.64e12, 448e9, 64e9),
+_KINDS: tuple[tuple[tuple[str, ...], float, float, float], ...] = (
+    (("a100",), 2.04e12, 300e9, 32e9),
+    (("h100 pcie",), 2.0e12, 64e9, 64e9),
+    (("h100",), 3.35e12, 450e9, 64e9),
+    (("h200",), 4.8e12, 450e9, 64e9),
+    (("b200",), 8.0e12, 900e9, 64e9),
+    (("tpu v4",), 1.23e12, 300e9, 32e9),
+    (("tpu v5 lite", "tpu v5e"), 0.82e12, 200e9, 32e9),
+    (("tpu v5p", "tpu v5"), 2.76e12, 600e9, 64e9),
+    (("tpu v6 lite", "tpu v6e"), 1.64e12, 448e9, 64e9),
+)
+# One row a name, in that order: (name; memory; link; host).
+BANDWIDTHS: tuple[tuple[str, float, float, float], ...] = tuple(
+    (name, memory, link, host) for names, memory, link, host in _KINDS for name in names
 )
 # Nominal: a ranking on a CPU host says which layout does less, not how long
 # it takes.

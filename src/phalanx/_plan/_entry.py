@@ -15,27 +15,21 @@ from .._checks._hooks import check_split
 from .._typing import validates_own_arguments
 from .._validate import is_real
 from ..strategies import AccumulatingStrategy, MeshStrategy
-from ._devices import DeviceSpec, budget_bytes, device_spec
+from ._devices import budget_bytes, device_spec
 from ._measure import Builder
+from ._options import PlanOptions, Settings
 from ._result import Plan
 from ._search import search
 from ._space import PlanSpace, has_stack, mesh_splits
 
 
 @validates_own_arguments
-def plan_trainer(
-    parts: TrainerParts,
-    batch: Any,
-    *,
-    budget: int | str | None = None,
-    space: PlanSpace | None = None,
-    margin: float = 0.1,
-    device: str | DeviceSpec | None = None,
-    devices: int | Sequence[Any] | None = None,
-) -> Plan:
+def plan_trainer(parts: TrainerParts, batch: Any, **options: Any) -> Plan:
     """The plan of a trainer's step for batches like `batch` (see
-    `DataParallelTrainer.plan`)."""
-    chosen = _devices(devices)
+    `DataParallelTrainer.plan`; `options` are `PlanOptions`)."""
+    asked = PlanOptions(**options)
+    chosen = _devices(asked.devices)
+    margin = asked.margin
     if not is_real(margin):
         raise TypeError(
             f"margin={margin!r} must be a number in [0, 1): the share of the "
@@ -47,12 +41,12 @@ def plan_trainer(
             f"margin={margin!r} must be in [0, 1): the share of the budget kept "
             "free, e.g. 0.1"
         )
-    budget_ = budget_bytes(budget, chosen)
+    budget = budget_bytes(asked.budget, chosen)
     compiler = parts.preparer.compiler
     step = compiler.parts
-    space = _space_of(space, step.strategy)
+    space = _space_of(asked.space, step.strategy)
     mesh_splits(len(chosen), space)  # the meshes checked before any trace
-    cost = device_spec(device, chosen[0].device_kind, step.precision.compute)
+    cost = device_spec(asked.device, chosen[0].device_kind, step.precision.compute)
     spec, size = _spec(parts, batch)
     builder = Builder(
         step,
@@ -68,15 +62,7 @@ def plan_trainer(
         if space.remat is not None
         else ([False, True] if has_stack(model) else [None])
     )
-    return search(
-        builder,
-        chosen,
-        space,
-        remats,
-        budget=budget_,
-        margin=margin,
-        device=cost,
-    )
+    return search(builder, remats, Settings(chosen, space, budget, margin, cost))
 
 
 def _devices(devices: int | Sequence[Any] | None) -> list[Any]:

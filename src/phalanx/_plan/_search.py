@@ -16,10 +16,10 @@ import jax
 
 from .._log import logger
 from ..strategies._placement import has_host_memory
-from ._devices import DeviceSpec
 from ._measure import Bounds, Builder, Measured, bounds, lint, measure
+from ._options import Settings
 from ._result import Plan, PlanRow
-from ._space import Candidate, PlanSpace, mesh_splits, microbatch_counts
+from ._space import Candidate, mesh_splits, microbatch_counts
 
 
 class _Drop(logging.Filter):
@@ -42,20 +42,11 @@ def _quiet() -> Iterator[None]:
 
 
 @_quiet()
-def search(
-    builder: Builder,
-    devices: Sequence[Any],
-    space: PlanSpace,
-    remats: Sequence[Any],
-    *,
-    budget: int,
-    margin: float,
-    device: DeviceSpec,
-) -> Plan:
-    """The plan of `builder`'s step over `space` on `devices` (see module);
-    phalanx's log lines dropped meanwhile (`_quiet`)."""
+def search(builder: Builder, remats: Sequence[Any], settings: Settings) -> Plan:
+    """The plan of `builder`'s step over the settings' space on their
+    devices (see module); phalanx's log lines dropped meanwhile (`_quiet`)."""
     began = time.perf_counter()
-    usable = budget * (1 - margin)
+    devices, space = settings.devices, settings.space
     rows: list[PlanRow] = []
     pairs: list[tuple[Bounds, Candidate, Any]] = []
     n = builder.size
@@ -74,8 +65,8 @@ def search(
         strategy = first.strategy(space, devices)
         layout = builder.layout(strategy, remat)
         program, flops = builder.program(strategy, layout)
-        bound = bounds(layout, flops, device)
-        if bound.state > usable:
+        bound = bounds(layout, flops, settings.device)
+        if bound.state > settings.usable:
             rows.append(
                 PlanRow(first, "pruned", "the state alone exceeds the budget", bound)
             )
@@ -93,16 +84,7 @@ def search(
             continue
         counts = microbatch_counts(n // (first.data * first.fsdp), space)
         found = _fewest_that_fit(
-            builder,
-            first,
-            counts,
-            layout,
-            (program, flops),
-            devices,
-            space,
-            device,
-            usable,
-            bound,
+            builder, first, counts, layout, (program, flops), settings, bound
         )
         compiled += len(found)
         rows.extend(found)
@@ -112,9 +94,9 @@ def search(
                 best = fits[0].measured
     return Plan.of(
         rows,
-        budget=budget,
-        margin=margin,
-        device=device,
+        budget=settings.budget,
+        margin=settings.margin,
+        device=settings.device,
         devices=len(devices),
         size=n,
         compiled=compiled,
@@ -129,16 +111,14 @@ def _fewest_that_fit(
     counts: list[int],
     layout: Any,
     traced: tuple[Any, float],
-    devices: Sequence[Any],
-    space: PlanSpace,
-    device: DeviceSpec,
-    usable: float,
+    settings: Settings,
     bound: Bounds,
 ) -> list[PlanRow]:
     """The rows of the microbatch counts compiled for `first`'s mesh and
     remat: one microbatch first, then a bisection of the others for the
     fewest that fit (a step's peak falls as its microbatches grow)."""
     rows: dict[int, PlanRow] = {}
+    devices, space, device = settings.devices, settings.space, settings.device
 
     def fits(k: int) -> bool:
         candidate = first._replace(microbatches=k)
@@ -155,7 +135,7 @@ def _fewest_that_fit(
             said = said if len(said) <= 100 else said[:99] + "…"
             rows[k] = PlanRow(candidate, "failed", f"XLA refused it: {said}", own)
             return False
-        ok = measured.peak <= usable
+        ok = measured.peak <= settings.usable
         rows[k] = PlanRow(
             candidate,
             "fits" if ok else "too big",
