@@ -245,7 +245,8 @@ def build_parser(
 
 
 def _add_find_lr(commands: "argparse._SubParsersAction[_Parser]") -> _Parser:
-    find_lr = commands.add_parser(
+    find_lr = _add_like_train(
+        commands,
         "find-lr",
         description=(
             "The learning-rate range test (Lightning's lr_find) on the model, "
@@ -258,12 +259,8 @@ def _add_find_lr(commands: "argparse._SubParsersAction[_Parser]") -> _Parser:
             "computed, not kept."
         ),
         help="find a learning rate for phalanx train: the range test",
-        formatter_class=_HelpFormatter,
     )
     add = find_lr.add_argument
-    add_model_options(add)
-    add_device_options(add)
-    add_optimizer_options(add)
     add(
         "--start",
         type=positive_float,
@@ -292,7 +289,8 @@ def _add_find_lr(commands: "argparse._SubParsersAction[_Parser]") -> _Parser:
 
 
 def _add_plan(commands: "argparse._SubParsersAction[_Parser]") -> _Parser:
-    plan = commands.add_parser(
+    plan = _add_like_train(
+        commands,
         "plan",
         description=(
             "The fit planner on the model, data, optimizer and precision phalanx "
@@ -305,12 +303,8 @@ def _add_plan(commands: "argparse._SubParsersAction[_Parser]") -> _Parser:
             "chooses --strategy, --mesh, --shard and --microbatches itself."
         ),
         help="choose the layout that fits and is fastest, before training",
-        formatter_class=_HelpFormatter,
     )
     add = plan.add_argument
-    add_model_options(add)
-    add_device_options(add)
-    add_optimizer_options(add)
     add(
         "--budget",
         type=size,
@@ -335,3 +329,22 @@ def _add_plan(commands: "argparse._SubParsersAction[_Parser]") -> _Parser:
     )
     add_compile_cache_options(add)
     return plan
+
+
+def _add_like_train(
+    commands: "argparse._SubParsersAction[_Parser]",
+    name: str,
+    *,
+    description: str,
+    help: str,
+) -> _Parser:
+    """A command that builds what phalanx train would from the same model,
+    device and optimizer options (find-lr, plan), with those options."""
+    command = commands.add_parser(
+        name, description=description, help=help, formatter_class=_HelpFormatter
+    )
+    add = command.add_argument
+    add_model_options(add)
+    add_device_options(add)
+    add_optimizer_options(add)
+    return command
