@@ -44,7 +44,8 @@ def unbatched(source: Any) -> None:
                 "from a dataset of single examples; pass the dataset before "
                 ".batch(), and the batch size as GrainLoader(..., batch_size=)"
             )
-        datasets.extend(getattr(dataset, "parents", ()))
+        if isinstance(dataset, grain.MapDataset | grain.IterDataset):
+            datasets.extend(dataset.parents)
 
 
 def leaves(example: Any) -> Leaves:
