@@ -1,9 +1,11 @@
-"""Batch and gradient checks, and the messages they raise.
+"""Batch checks, and the messages they raise.
 
 Host checks of structure and shapes run once per new shape/dtype signature
 (cached), before any device work; value checks (finite inputs, labels in
 range) run on every batch while ``checks="on"``. Checks inside the compiled
-step run at trace time only, so they cost nothing in steady state.
+step run at trace time only, so they cost nothing in steady state. Class
+labels' checks live in `_labels`; the errors of a run past these checks (no
+batches, no weight, a non-finite gradient) in `_run_errors`.
 """
 
 import dataclasses
@@ -11,7 +13,6 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import equinox as eqx
 import jax
 import jaxtyping
 import numpy as np
@@ -297,104 +298,3 @@ def check_sample_weight(weight: Any, n: int, where: str) -> np.ndarray:
             f"{np.nanmin(array)}); weights must be finite and non-negative"
         )
     return array
-
-
-def check_class_labels(labels: Any) -> None:
-    """Raise TypeError for labels ``loss="cross_entropy"`` cannot take:
-    one-hot or soft labels (a value per class) named as such, and any other
-    labels that are not integers."""
-    if isinstance(labels, Leaf) and labels.ndim >= 2 and labels.dtype.kind in "bf":
-        raise TypeError(one_hot_message(labels))
-    if not isinstance(labels, Leaf) or labels.dtype.kind not in "iu":
-        raise TypeError(
-            "data: labels y have dtype "
-            f"{getattr(labels, 'dtype', type(labels))}; loss='cross_entropy' "
-            "needs integer class labels, e.g. y.astype(np.int32) (or use "
-            "loss='mse' for regression)"
-        )
-
-
-def one_hot_message(labels: Leaf) -> str:
-    """The error for one-hot or soft labels under ``loss="cross_entropy"``."""
-    shape = tuple(labels.shape)
-    return (
-        f"data: labels y are {labels.dtype}{list(shape)}, one-hot or soft labels "
-        "(a value per class), but loss='cross_entropy' takes integer class "
-        f"indices, of shape {shape[:-1]}; pass y.argmax(-1) (e.g. "
-        "px.data.ArrayLoader((x, y.argmax(-1)), batch_size=64)), or "
-        "loss='categorical_cross_entropy' to train on these labels as they are"
-    )
-
-
-def label_shape_hint(labels: Any) -> str | None:
-    """Why integer labels of more than one axis, on which the first batch
-    failed under ``loss="cross_entropy"``, are the likely cause: one-hot
-    labels, or one label per example in a trailing axis of 1 (None where
-    neither is what they look like)."""
-    if not isinstance(labels, Leaf) or labels.ndim < 2:
-        return None
-    shape = tuple(labels.shape)
-    if shape[-1] == 1:
-        return (
-            f"data: labels y have shape {shape}, one class index per example in "
-            "a trailing axis of 1, but loss='cross_entropy' takes them without "
-            f"it, of shape {shape[:-1]}; pass y.reshape(-1) (or y[..., 0])"
-        )
-    values = np.asarray(labels)
-    if ((values == 0) | (values == 1)).all() and (values.sum(-1) == 1).all():
-        return one_hot_message(labels)
-    return None
-
-
-def check_labels(labels: np.ndarray, num_classes: int, where: str) -> None:
-    """Raise if integer class labels fall outside ``[0, num_classes)``."""
-    low, high = int(labels.min()), int(labels.max())
-    if low < 0 or high >= num_classes:
-        raise ValueError(
-            f"data: {where} has labels from {low} to {high}, outside [0, "
-            f"{num_classes}) for a model with {num_classes} outputs; labels must be "
-            f"class indices 0..{num_classes - 1} (or give the model more outputs)"
-        )
-
-
-def empty_data_message(name: str, epoch: int | None = None) -> str:
-    """The error for an iterable that yielded no batches."""
-    where = "" if epoch is None else f" in epoch {epoch}"
-    return (
-        f"{name}: yielded no batches{where}; pass a non-empty re-iterable such as a "
-        "list of (x, y) batches (a generator is used up after one pass: wrap it in "
-        "a class whose __iter__ makes a new one)"
-    )
-
-
-def zero_weight_message(where: str) -> str:
-    """The error for a batch to train on whose examples all weigh 0."""
-    return (
-        f"data: {where} has total sample weight 0 (every example's sample_weight "
-        "is 0, or the batch is all padding), so it has no gradient: a step "
-        "divides by the batch's total weight. Drop such batches, or give some "
-        "examples a weight > 0"
-    )
-
-
-# The leaf a non-finite step records when its batch weighed nothing at all.
-ZERO_WEIGHT = -2
-
-
-def nonfinite_error(
-    step: int, leaf: int, model: Any
-) -> FloatingPointError | ValueError:
-    """The error for the first non-finite gradient under nan_policy="raise"
-    (a ValueError where the batch's total weight was 0: the data's fault)."""
-    if leaf == ZERO_WEIGHT:
-        return ValueError(zero_weight_message(f"the batch of step {step}"))
-    paths = jax.tree_util.tree_flatten_with_path(
-        eqx.filter(model, eqx.is_inexact_array)
-    )[0]
-    name = "model" + jax.tree_util.keystr(paths[leaf][0])
-    return FloatingPointError(
-        f"non-finite gradient (NaN or inf) in {name} at step {step} "
-        "(nan_policy='raise'); the state is kept as it was before that step. "
-        "Lower the learning rate, clip gradients (optax.clip_by_global_norm), "
-        "check the data, or pass nan_policy='skip' to skip such updates"
-    )

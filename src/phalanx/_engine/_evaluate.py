@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from .._checks._batch import empty_data_message
+from .._checks._run_errors import empty_data_message
 from .._telemetry._watchdog import beat
 from .._typing import EvalSets, HostMetrics
 from ._feed import Feed

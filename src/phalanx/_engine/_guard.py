@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from .._checks._batch import ZERO_WEIGHT
+from .._checks._run_errors import ZERO_WEIGHT
 from .._state._sums import EpochSums
 from .._state._train_state import DynamicScale
 from .._typing import NanPolicy

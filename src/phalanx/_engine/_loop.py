@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from .._checks._batch import empty_data_message, nonfinite_error
+from .._checks._run_errors import empty_data_message, nonfinite_error
 from .._state._progress import RunProgress, resumed_sums_message
 from .._state._run import Run, RunSlot
 from .._state._sums import FLAGS, StepSums

@@ -19,16 +19,15 @@ from .._checks._batch import (
     Leaf,
     Signature,
     check_batch_layout,
-    check_class_labels,
     check_finite,
-    check_labels,
     check_sample_weight,
     flatten_batch,
     layout_check,
     num_examples,
     signature,
-    zero_weight_message,
 )
+from .._checks._labels import check_class_labels, check_labels
+from .._checks._run_errors import zero_weight_message
 from ..strategies import Strategy
 from ..strategies._placement import (
     local_rows,

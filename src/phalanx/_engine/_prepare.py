@@ -15,8 +15,9 @@ from typing import Any, NamedTuple
 
 import jax
 
-from .._checks._batch import batch_leaf_names, label_shape_hint
+from .._checks._batch import batch_leaf_names
 from .._checks._hooks import HookError, check_split
+from .._checks._labels import label_shape_hint
 from ._compiled import StepCompiler
 from ._pipeline import BatchPipeline, DeviceBatch
 from ._program import Program
