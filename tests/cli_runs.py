@@ -28,8 +28,8 @@ import forkserver
 import phalanx as px
 from helpers import host_arrays
 from phalanx.cli._args import TrainArgs
+from phalanx.cli._datasets import load_dataset
 from phalanx.cli._main import build_parser
-from phalanx.cli._start import load_dataset
 from phalanx.cli._train import make_optimizer, make_schedule, make_strategy
 
 

@@ -16,8 +16,9 @@ from cli_runs import cli_args, state_arrays
 from phalanx._telemetry._alarms import SlowSteps
 from phalanx.cli._args import PER_COMMAND, RESUMABLE, TrainArgs, UsageError
 from phalanx.cli._config import _WHAT, resolve_train
+from phalanx.cli._datasets import load_dataset
 from phalanx.cli._main import build_parser, main
-from phalanx.cli._start import check_batch_size, load_dataset
+from phalanx.cli._start import check_batch_size
 from phalanx.cli._train import make_model, make_optimizer, make_schedule, make_strategy
 
 

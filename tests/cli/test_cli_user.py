@@ -20,8 +20,8 @@ import pytest
 import phalanx as px
 from cli_runs import Phalanx, finish, same_arrays, state_arrays
 from helpers import wandb_parts
+from phalanx.cli._datasets import load_dataset
 from phalanx.cli._main import build_parser, resolve_train
-from phalanx.cli._start import load_dataset
 from phalanx.cli._train import make_model, make_optimizer, make_schedule, make_strategy
 from test_cli import refused_in_process, snapshot
 

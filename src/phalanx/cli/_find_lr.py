@@ -18,8 +18,8 @@ from .._checks._device_note import devices_said
 from .._engine._lr_finder import DIVERGED, SKIP_BEGIN, SKIP_END, LRFinderResult
 from .._trainer import DataParallelTrainer
 from ._args import FindLRArgs
+from ._datasets import Split
 from ._folder import FIND_LR_FILES, RunFolder
-from ._start import Split
 from ._train import (
     banner,
     make_loader,

@@ -14,7 +14,7 @@ from .._plan._devices import budget_bytes, device_spec
 from .._trainer import DataParallelTrainer
 from ..strategies import ShardingStrategy
 from ._args import PlanArgs, UsageError
-from ._start import Split
+from ._datasets import Split
 from ._train import make_model, make_optimizer, start_notes
 
 

@@ -31,8 +31,8 @@ from ._values import mesh_sizes
 
 
 if TYPE_CHECKING:
+    from ._datasets import Split
     from ._outputs import Outputs
-    from ._start import Split
 
 
 def make_schedule(args: "TrainArgs", total_steps: int) -> optax.Schedule:
