@@ -13,8 +13,9 @@ import pytest
 
 from cli_runs import said
 from helpers import is_gloo_note
-from phalanx.cli._launch import GlooNotes, free_port
+from phalanx.cli._gloo_notes import GlooNotes
 from phalanx.cli._main import main
+from phalanx.cli._ranks import free_port
 
 
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}

@@ -36,7 +36,8 @@ EXIT_IO = 74  # a file could not be written (sysexits' EX_IOERR)
 
 
 def _launch(parser: argparse.ArgumentParser, namespace: argparse.Namespace) -> int:
-    from ._launch import LaunchArgs, LaunchError, run_launch
+    from ._launch import run_launch
+    from ._ranks import LaunchArgs, LaunchError
 
     program = list(namespace.program)
     if program[:1] == ["--"]:
