@@ -4,14 +4,18 @@ and `GrainLoader`: the epoch, the batches already yielded in it, and the
 only). The position counts batches of the batch size it was saved with, so
 a loader of another batch size refuses it (as ``phalanx train --resume``
 refuses another ``--batch-size``) instead of skipping or repeating
-examples. `EpochLoader`: what both loaders build on it (their length, epoch,
-position and iteration), each reading its batches its own way."""
+examples. `EpochLoader`: what both loaders build on it (their length, epoch
+and position; their iteration is `EpochCursor.rest_of_epoch` over their own
+reads)."""
 
 import abc
-from collections.abc import Iterator, Mapping
-from typing import Any, Generic, TypeVar, final
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar, final
 
 from .._validate import integer
+
+
+_Batch = TypeVar("_Batch")
 
 
 @final
@@ -50,6 +54,16 @@ class EpochCursor:
         self.position += 1
         if self.position == self.batches:
             self.epoch, self.position = self.epoch + 1, 0
+
+    def rest_of_epoch(self, read: Callable[[], _Batch]) -> Iterator[_Batch]:
+        """`read()` at each position left in the current epoch, the cursor
+        advanced past each batch before it is yielded; then at the next
+        epoch."""
+        epoch = self.epoch
+        while self.epoch == epoch:
+            batch = read()
+            self.advance()
+            yield batch
 
     def state_dict(self) -> dict[str, int]:
         """``{"epoch": ..., "position": ..., "batch_size": ...}``."""
@@ -103,20 +117,16 @@ class EpochCursor:
         self.epoch, self.position = int(epoch), int(position)
 
 
-_Batch = TypeVar("_Batch")
-
-
-class EpochLoader(abc.ABC, Generic[_Batch]):
+class EpochLoader(abc.ABC):
     """A loader that yields its batches an epoch at a time from where its
     `EpochCursor` stands: `ArrayLoader` and `GrainLoader` (each final), which
-    set `_at` when built and read the batch at it (`_read`)."""
+    set `_at` when built and iterate with `EpochCursor.rest_of_epoch`."""
 
     _at: EpochCursor
 
     @abc.abstractmethod
-    def _read(self) -> _Batch:
-        """The batch at the cursor (`position` of `epoch`), this process's
-        slice of it."""
+    def __iter__(self) -> Iterator[Any]:
+        """Yield the rest of the current epoch, then move to the next epoch."""
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -131,12 +141,3 @@ class EpochLoader(abc.ABC, Generic[_Batch]):
     def position(self) -> int:
         """Batches already yielded in the current epoch."""
         return self._at.position
-
-    def __iter__(self) -> Iterator[_Batch]:
-        """Yield the rest of the current epoch, then move to the next epoch."""
-        at = self._at
-        epoch = at.epoch
-        while at.epoch == epoch:
-            batch = self._read()
-            at.advance()  # before yielding (see EpochCursor)
-            yield batch

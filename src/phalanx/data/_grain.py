@@ -9,6 +9,7 @@ examples each process reads (`_grain_batches.py`) and keeps its place as
 process as on many; grain itself is imported on first read.
 """
 
+from collections.abc import Iterator
 from typing import Any, final
 
 import numpy as np
@@ -24,7 +25,7 @@ from ._processes import process_layout
 
 
 @final
-class GrainLoader(EpochLoader[Any]):
+class GrainLoader(EpochLoader):
     """Batches of a Grain source's examples, shuffled, padded and sliced
     per process as `px.data.ArrayLoader` batches arrays, for data on disk.
 
@@ -136,6 +137,11 @@ class GrainLoader(EpochLoader[Any]):
         self._reader: tuple[Any, int] | None = None
         self._buffers = BufferPool()
 
+    @override
+    def __iter__(self) -> Iterator[Any]:
+        """Yield the rest of the current epoch, then move to the next epoch."""
+        return self._at.rest_of_epoch(self._read)
+
     def state_dict(self) -> dict[str, int]:
         """Where iteration stands: ``{"epoch": ..., "position": ...,
         "batch_size": ...}``, in global batches (the same on every
@@ -167,7 +173,6 @@ class GrainLoader(EpochLoader[Any]):
 
     # ------------------------------------------------------------- reading
 
-    @override
     def _read(self) -> Any:
         """The next batch, from the open reader if it stands there, else
         from a new one opened at it."""

@@ -4,7 +4,7 @@ NumPy only: the batches stay on the host (JAX is asked only for the process
 index and count), and putting them on devices is the trainer's job.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, final
 
 import numpy as np
@@ -23,7 +23,7 @@ WEIGHT_KEY = "sample_weight"
 
 
 @final
-class ArrayLoader(EpochLoader[Batch]):
+class ArrayLoader(EpochLoader):
     """Batches of NumPy arrays that share a leading (examples) axis.
 
     Every batch has the same structure and shape, with per-example weights
@@ -110,6 +110,11 @@ class ArrayLoader(EpochLoader[Batch]):
         self._order: tuple[int, np.ndarray | None] | None = None
         self._buffers = BufferPool()
 
+    @override
+    def __iter__(self) -> Iterator[Batch]:
+        """Yield the rest of the current epoch, then move to the next epoch."""
+        return self._at.rest_of_epoch(self._read)
+
     def state_dict(self) -> dict[str, int]:
         """Where iteration stands: ``{"epoch": ..., "position": ...,
         "batch_size": ...}``."""
@@ -140,7 +145,6 @@ class ArrayLoader(EpochLoader[Batch]):
             self._order = (self._at.epoch, order)
         return self._order[1]
 
-    @override
     def _read(self) -> Batch:
         """This process's slice of the epoch's batch at `position`, padded,
         with weights."""
