@@ -16,7 +16,7 @@ from ..strategies._placement import single_process
 
 if TYPE_CHECKING:
     from ..strategies import Strategy
-    from ._pipeline import DeviceBatch
+    from ._device_batch import DeviceBatch
     from ._prepare import Preparer
 
 

@@ -8,9 +8,9 @@ from typing import Any
 import jax
 
 from ..data import Resumable
+from ._device_batch import DeviceBatch
 from ._events import FitEvents
 from ._loop_inputs import LoopParts
-from ._pipeline import DeviceBatch
 from ._program import Program
 from ._signature import named_arguments
 

@@ -6,9 +6,8 @@ trainer's hooks, and the first batch's spec once the steps for it are built
 (`expect`). Everything it remembers (signatures checked, weights and totals
 placed, batches prepared before) is in bounded `Memo`s."""
 
-import functools
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,51 +34,11 @@ from ..strategies._placement import (
     replicated,
     replicated_float32,
     single_process,
-    stacked,
 )
+from ._device_batch import DeviceBatch, FirstBatch
 from ._memo import Memo
 from ._processes import check_same_slices
-
-
-class FirstBatch(NamedTuple):
-    """The first batch a trainer sees, as the steps are built from it.
-
-    Attributes:
-        spec: the structure, shapes and dtypes every later batch must have.
-        size: the examples of its global step (every process's slice, padded).
-        labels: its targets (for a hint when they do not fit the model).
-        signature: its `signature` (checked: no need to check it again).
-        n: its examples.
-    """
-
-    spec: BatchSpec
-    size: int
-    labels: Any
-    signature: Signature
-    n: int
-
-
-class DeviceBatch(NamedTuple):
-    """A batch ready for a step.
-
-    Attributes:
-        leaves: the leaves of ``(inputs, targets)``: split across devices, or
-            NumPy arrays the step itself places (single process).
-        weight: per-example weights (sample weights; 0 for padding), split
-            across devices.
-        total: Σ weight over the global batch, replicated.
-        size: examples in the padded step; pass it back as `first` for the
-            rest of the pass.
-        n: this process's real examples.
-        total_value: `total` on the host, where known (one process).
-    """
-
-    leaves: list[jax.Array | np.ndarray]
-    weight: jax.Array
-    total: jax.Array
-    size: int
-    n: int
-    total_value: float | None = None
+from ._stacking import BatchStacker
 
 
 class BatchPipeline:
@@ -121,71 +80,11 @@ class BatchPipeline:
         self._mesh = strategy.mesh
         self._replicated = replicated(self._mesh)
         self._device_total = jax.jit(jnp.sum, out_shardings=self._replicated)
-        # Stacked weights (by batch count, size and steps) and totals (by
-        # value), for several steps' batches.
-        self._stacked_weights: Memo[tuple[int, int, int], jax.Array] = Memo()
-        self._stacked_totals: Memo[tuple[float, ...], jax.Array] = Memo()
+        # Several steps' batches, stacked for one call (it knows the cached
+        # weights by `_weights`).
+        self.stacker = BatchStacker(self._mesh, self._split, self._weights)
         # Batches prepared before, less their leaves, by `_quick_key`.
         self._quick: Memo[Any, tuple[Any, ...]] = Memo()
-        self._stackers: Memo[tuple[Any, ...], Any] = Memo()
-
-    def _stack_on_devices(self, columns: list[list[Any]], splits: list[Any]) -> Any:
-        """Each list of arrays stacked along a new leading (steps) axis, on
-        the devices, split as a stacked batch (`splits`: each one's layout)."""
-        stack = self._stackers.get_or_make(
-            tuple(splits),
-            lambda: jax.jit(
-                lambda xs: [jnp.stack(x) for x in xs],
-                out_shardings=[stacked(split) for split in splits],
-            ),
-        )
-        return stack(columns)
-
-    @functools.cached_property
-    def _stack_totals(self) -> Any:
-        return jax.jit(jnp.stack, out_shardings=self._replicated)
-
-    def _stack_leaves(self, columns: list[list[Any]], splits: list[Any]) -> list[Any]:
-        """Each column of arrays stacked along a new leading (steps) axis: on
-        the host where all are host arrays of one process, else on the
-        devices (laid out as `splits` says, a stacked axis first)."""
-        if single_process() and all(
-            isinstance(x, np.ndarray) for column in columns for x in column
-        ):
-            return [np.stack(column) for column in columns]
-        return self._stack_on_devices(columns, splits)
-
-    def stack(self, group: list[DeviceBatch]) -> tuple[list[Any], Any, jax.Array]:
-        """The leaves, weights and totals of several steps' batches (of one
-        step size), each stacked along a new leading (steps) axis: the
-        arguments of one compiled call of several steps. Host leaves are
-        stacked on the host (one transfer each), device leaves on the
-        devices; the weights and totals of batches without sample weights
-        are cached."""
-        first = group[0]
-        leaves = self._stack_leaves(
-            [[batch.leaves[i] for batch in group] for i in range(len(first.leaves))],
-            self.splits,
-        )
-        weights = [batch.weight for batch in group]
-        cached = self._weights.get((first.n, first.size))
-        if all(w is cached for w in weights):  # the cached ones
-            weight = self._stacked_weights.get_or_make(
-                (first.n, first.size, len(group)),
-                lambda: self._stack_leaves([weights], [self._split])[0],
-            )
-        else:
-            weight = self._stack_leaves([weights], [self._split])[0]
-        values = [batch.total_value for batch in group]
-        known = [value for value in values if value is not None]
-        if len(known) < len(values):
-            total = self._stack_totals([batch.total for batch in group])
-        else:
-            total = self._stacked_totals.get_or_make(
-                tuple(known),
-                lambda: replicated_float32(known, self._mesh),
-            )
-        return leaves, weight, total
 
     def step_size(self, n: int, first: int | None) -> int:
         """Examples in the padded step: the pass's first size, or n if larger."""

@@ -19,7 +19,8 @@ from .._checks._batch import batch_leaf_names
 from .._checks._hooks import HookError, check_split
 from .._checks._labels import label_shape_hint
 from ._compiled import StepCompiler
-from ._pipeline import BatchPipeline, DeviceBatch
+from ._device_batch import DeviceBatch
+from ._pipeline import BatchPipeline
 from ._program import Program
 
 
@@ -53,6 +54,7 @@ class Preparer:
         self.hooks = hooks
         self.pipeline = pipeline
         self.compiler = compiler
+        self._stacker = pipeline.stacker
         self.size: int | None = None
         # The first batch's leaves by their paths in the user's batch, for
         # messages about the step's arguments (None before any batch).
@@ -118,7 +120,7 @@ class Preparer:
 
     def stack(self, group: list[DeviceBatch]) -> tuple[list[Any], Any, jax.Array]:
         """The batches of `group` stacked for one call of several steps."""
-        return self.pipeline.stack(group)
+        return self._stacker.stack(group, self.pipeline.splits)
 
     def resized(self, program: Program, size: int) -> Program:
         """The program of `program`'s spec at a global step of `size`."""
