@@ -34,7 +34,7 @@ def non_negative_int(text: str) -> int:
     return _within(text, 0, math.inf, "a whole number, 0 or more")
 
 
-def _within(text: str, low: int, high: float, must: str, fix: str = "") -> int:
+def _within(text: str, low: int, high: int | float, must: str, fix: str = "") -> int:
     """`text` as an integer from `low` to `high`, or refused: it must be
     `must` (and `fix` says what else to do)."""
     try:
