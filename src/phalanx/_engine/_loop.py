@@ -25,13 +25,14 @@ from .._state._sums import FLAGS, StepSums
 from .._typing import HostMetrics
 from ..data import Resumable
 from ..strategies._placement import to_host
+from ._ahead_of_time import mismatched
 from ._device_batch import DeviceBatch
 from ._events import FitEvents
 from ._feed import Feed
 from ._held import settled, spare_for
 from ._loop_inputs import FitData, LoopParts, LoopSettings
 from ._loop_programs import build_first, build_from_peek, program_for, tell_compiled
-from ._program import Program, mismatched
+from ._program import Program
 
 
 @dataclasses.dataclass

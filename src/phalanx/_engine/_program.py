@@ -3,11 +3,12 @@ from a batch's spec and step size (`build_program`) before any batch of that
 signature is placed or run.
 
 The train step a fit calls first is compiled here, ahead of time, on
-abstract arguments (`jax.jit(...).lower(...).compile()`): the loop then
-calls the compiled executable, whose C++ dispatch costs what a `jax.jit`
-call's fast path does, and a batch of another step size gets a `Program` of
-its own (built, and counted by the recompile alarm, as a new one). Nothing
-here sees the trainer, a host batch or a clock.
+abstract arguments (`jax.jit(...).lower(...).compile()`, its layouts proven
+on the way: `_ahead_of_time.py`): the loop then calls the compiled
+executable, whose C++ dispatch costs what a `jax.jit` call's fast path does,
+and a batch of another step size gets a `Program` of its own (built, and
+counted by the recompile alarm, as a new one). Nothing here sees the
+trainer, a host batch or a clock.
 """
 
 from collections.abc import Callable
@@ -19,23 +20,15 @@ import jax.numpy as jnp
 
 from .._checks._batch import BatchSpec
 from .._checks._hooks import HookError
-from .._state._sums import NO_FLAGS, EpochSums, SumLayout
+from .._state._sums import EpochSums, SumLayout
 from ..strategies._placement import replicated, stacked
+from ._ahead_of_time import call_arguments, compile_proven
 from ._held import holds
 from ._hints import first_batch_hint
 from ._layout import StateLayout
 from ._program_sums import eval_layout, step_layout, sum_layout
-from ._proofs import (
-    by_leaf,
-    constraint_mismatches,
-    gradient_mismatches,
-    output_mismatches,
-    raise_if,
-)
-from ._reduced import unreduced
-from ._signature import leaf_names
 from ._step import StepParts, build_steps, several_steps
-from ._step_parts import TrainInputs, plan_steps
+from ._step_parts import TrainInputs
 
 
 class ProgramParts(NamedTuple):
@@ -202,7 +195,7 @@ def build_program(
     )
     layout_of_sums = sum_layout(sums)
     packed = layout_of_sums.size
-    arguments = _arguments(parts, shapes, size, packed, (leaves, split, rep), 1)
+    arguments = call_arguments(layout, shapes, size, packed, (leaves, split, rep), 1)
     k = parts.steps_per_call
     call = jitted  # what the fit calls first: one step, or k of them
     compiling = arguments
@@ -224,10 +217,16 @@ def build_program(
             in_shardings=(state, rep, rep, stacks, stack, rep),
             out_shardings=(state, rep, rep),
         )
-        arguments = compiling = _arguments(
-            parts, shapes, size, packed, (stacks, stack, rep), k
+        arguments = compiling = call_arguments(
+            layout, shapes, size, packed, (stacks, stack, rep), k
         )
-    compiled = _compiled(call, compiling, parts, spec) if compile else None
+    compiled = (
+        compile_proven(
+            call, compiling, step, layout, spec.treedef, proofs=parts.traced_checks
+        )
+        if compile
+        else None
+    )
     if k > 1:
         first, train_many = jitted, compiled or call
     else:
@@ -257,107 +256,6 @@ def build_program(
         memory=None if compiled is None else compiled.memory_analysis(),
         compiled=compiled is not None,
         held=hold,
-    )
-
-
-def _compiled(
-    call: jax.stages.Wrapped,
-    arguments: tuple[Any, ...],
-    parts: ProgramParts,
-    spec: BatchSpec,
-) -> jax.stages.Compiled:
-    """`call` compiled for `arguments`, its layouts proven on the way where
-    the trainer checks batches in the step too (`_proofs.py`): from its
-    trace (which the compile reuses), then from its output.
-
-    Raises:
-        LayoutError: a parameter, gradient or state leaf would be resharded.
-    """
-    traced = call.trace(*arguments)
-    if not parts.traced_checks:
-        return traced.lower().compile()
-    layout = parts.layout
-    names = leaf_names(layout.treedef)
-    plan = plan_steps(parts.step, layout, spec.treedef, None)
-    raise_if(
-        gradient_mismatches(
-            names, layout.shardings, by_leaf(layout.treedef, plan.grad_shardings)
-        )
-        + constraint_mismatches(
-            traced.jaxpr.jaxpr,
-            names,
-            layout.shardings,
-            by_leaf(layout.treedef, plan.use_shardings),
-        )
-        + unreduced(
-            traced.jaxpr.jaxpr,
-            _gradient_names(layout, names),
-            parts.step.strategy.axis_name,
-        )
-    )
-    compiled = traced.lower().compile()
-    # The state leaves as they came in (the step's own resharding, e.g.
-    # ZeRO-2's gather of updated parameters, happens inside it).
-    produced = compiled.output_shardings[0]
-    raise_if(
-        output_mismatches(
-            names, layout.structs, compiled.input_shardings[0][0], produced
-        )
-    )
-    return compiled
-
-
-def _gradient_names(layout: StateLayout, names: list[str]) -> list[str]:
-    """The names of the reduced gradient's leaves, in order (each floating
-    array of the model), as a per-device program returns them first."""
-    return [
-        f"{name}'s gradient"
-        for name, struct in zip(names, layout.structs, strict=True)
-        if name.startswith("state.model") and jnp.issubdtype(struct.dtype, jnp.inexact)
-    ]
-
-
-def _arguments(
-    parts: ProgramParts,
-    shapes: list[jax.ShapeDtypeStruct],
-    size: int,
-    sums: int,
-    shardings: tuple[Any, Any, Any],
-    k: int,
-) -> tuple[Any, ...]:
-    """The abstract arguments of a train call of `k` steps (1: one step,
-    unstacked). State leaves are strongly typed: a weakly typed initial
-    leaf is accepted by the compiled step, and every later state is strong.
-    """
-    lead = () if k == 1 else (k,)
-    leaves, split, rep = shardings  # each batch leaf's, the weights', replicated
-    layout = parts.layout
-    state = [
-        jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
-        for s, sharding in zip(layout.structs, layout.shardings, strict=True)
-    ]
-    batch = [
-        jax.ShapeDtypeStruct((*lead, *s.shape), s.dtype, sharding=leaf)
-        for s, leaf in zip(shapes, leaves, strict=True)
-    ]
-    return (
-        state,
-        jax.ShapeDtypeStruct((sums,), jnp.float32, sharding=rep),
-        jax.ShapeDtypeStruct(NO_FLAGS.shape, NO_FLAGS.dtype, sharding=rep),
-        batch,
-        jax.ShapeDtypeStruct((*lead, size), jnp.float32, sharding=split),
-        jax.ShapeDtypeStruct(lead, jnp.float32, sharding=rep),
-    )
-
-
-def mismatched(error: BaseException) -> bool:
-    """Whether `error`, raised by calling a compiled step, says its arguments
-    are not those it was compiled for (raised before it runs: nothing was
-    donated)."""
-    text = str(error)
-    return isinstance(error, TypeError | ValueError) and (
-        text.startswith("Argument types differ")
-        or text.startswith("Computation was compiled for input shardings")
     )
 
 
