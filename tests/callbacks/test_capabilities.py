@@ -47,6 +47,8 @@ UNRELATED = {
     ("node", "'remat'"): "a stack of phalanx's own Stacked (its remat field)",
     ("strategy", "'offload'"): "a MeshStrategy's offload in its name",
     ("sys", "'ps1'"): "whether Python runs interactively (the hang watchdog's auto)",
+    ("st", "strategy"): "a registered strategy's class, by name, from the lazily "
+    "imported strategies (the registry imports no JAX)",
 }
 
 
