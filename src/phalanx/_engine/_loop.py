@@ -3,13 +3,14 @@ with a bounded in-flight window, from the run in a `RunSlot` to the run it
 returns.
 
 The loop puts the next run (the state's arrays and its progress, one `Run`)
-into the slot after every compiled call, so that the trainer, its callbacks
-and a snapshot always see the state and progress of the same step. It builds
-each program it runs explicitly (`Preparer.build` for the first batch of
-all, `Preparer.resized` for a new step size) before a batch of it is
-placed, and tells everything else what happened through one interface,
-`FitEvents` (the callbacks and telemetry); it never calls a clock, an alarm
-or a callback itself, and reaches through no object it is handed.
+into the slot after every compiled call (`_loop_calls.py` makes them), so
+that the trainer, its callbacks and a snapshot always see the state and
+progress of the same step. It builds each program it runs explicitly
+(`Preparer.build` for the first batch of all, `Preparer.resized` for a new
+step size) before a batch of it is placed, and tells everything else what
+happened through one interface, `FitEvents` (the callbacks and telemetry);
+it never calls a clock, an alarm or a callback itself, and reaches through
+no object it is handed.
 """
 
 import dataclasses
@@ -19,19 +20,17 @@ from typing import Any, NamedTuple
 import jax
 
 from .._checks._run_errors import empty_data_message, nonfinite_error
-from .._state._progress import RunProgress, resumed_sums_message
 from .._state._run import Run, RunSlot
 from .._state._sums import FLAGS, StepSums
 from .._typing import HostMetrics
 from ..data import Resumable
 from ..strategies._placement import to_host
-from ._ahead_of_time import mismatched
-from ._device_batch import DeviceBatch
 from ._events import FitEvents
 from ._feed import Feed
-from ._held import settled, spare_for
+from ._held import settled
+from ._loop_calls import call_group, pass_progress
 from ._loop_inputs import FitData, LoopParts, LoopSettings
-from ._loop_programs import build_first, build_from_peek, program_for, tell_compiled
+from ._loop_programs import build_first, build_from_peek, program_for
 from ._program import Program
 
 
@@ -203,10 +202,10 @@ def _train_pass(loop: _Loop, feed: Feed) -> None:
                     program.sums.metric_names, program.eval_sums.metric_names
                 )
                 window.check_metrics = None
-            progress = _pass_progress(slot.progress, program, first)
+            progress = pass_progress(slot.progress, program, first)
         before = progress.step
         window.examples += sum([placed.n for placed in group]) * processes
-        rows = _call(slot, events, parts, program, group, progress, k)
+        rows = call_group(slot, events, parts, program, group, progress, k)
         progress = slot.progress
         if progress.step // sync_every > before // sync_every:
             _sync(slot, events, settings, window, parts)
@@ -228,91 +227,6 @@ def _train_pass(loop: _Loop, feed: Feed) -> None:
             progress = slot.progress
         if events.stopping() or progress.plan.done(progress.step, None):
             return
-
-
-def _pass_progress(
-    progress: RunProgress, program: Program, first: DeviceBatch
-) -> RunProgress:
-    """`progress` ready for a call of `program`: the epoch's sums known (a
-    resumed epoch's checked against the program's), the pass's rows fixed
-    by its first batch."""
-    sums = program.sums
-    names = sums.names
-    if progress.sums is None:
-        progress = dataclasses.replace(progress, sum_names=names)
-    elif progress.sum_names != names:
-        raise ValueError(resumed_sums_message(progress, names))
-    if progress.pass_rows is None:  # the pass's first batch
-        progress = progress.with_pass_rows(first.size)
-    return progress
-
-
-def _call(
-    slot: RunSlot,
-    events: FitEvents,
-    parts: LoopParts,
-    program: Program,
-    group: list[DeviceBatch],
-    progress: RunProgress,
-    k: int,
-) -> list[tuple[Any, int | None]]:
-    """Run `group`'s steps: one call of `k` stacked steps, or one call a
-    step; the slot moves after each call. Each step's sums, as
-    ``(sums, index in the call's sums or None)``."""
-    run, compiler, preparer = slot.run, parts.compiler, parts.preparer
-    leaves, epoch_sums = run.leaves, progress.sums
-    if epoch_sums is None:
-        epoch_sums = compiler.epoch_sums(program)
-    if len(group) > 1 and len(group) == k:
-        assert program.train_many is not None
-        batch, weight, total = preparer.stack(group)
-        args = (leaves, *epoch_sums, batch, weight, total)
-        kind = f"train step x{k}"
-        leaves, epoch_sums, sums = _run(events, parts, program, kind, args)
-        slot.run = Run(leaves, progress.stepped(epoch_sums, k))
-        return [(sums, i) for i in range(k)]
-    rows: list[tuple[Any, int | None]] = []
-    spare = run.spare
-    for placed in group:
-        args = (leaves, *epoch_sums, placed.leaves, placed.weight, placed.total)
-        if program.held:  # the state the last call read, donated here
-            args = (leaves, spare_for(leaves) if spare is None else spare, *args[1:])
-        before = leaves
-        leaves, epoch_sums, sums = _run(events, parts, program, "train step", args)
-        # (A call through the step's jit donated the state: no spare.)
-        spare = before if program.held and not before[0].is_deleted() else None
-        progress = progress.stepped(epoch_sums)
-        slot.run = Run(leaves, progress, spare)
-        rows.append((sums, None))
-    return rows
-
-
-def _run(
-    events: FitEvents,
-    parts: LoopParts,
-    program: Program,
-    kind: str,
-    args: tuple[Any, ...],
-) -> Any:
-    """One train call of `program` (`kind`: stacked or single); a call whose
-    arguments the compiled step was not built for (a state leaf of another
-    type or sharding: nothing was donated) runs through the step's
-    `jax.jit`, its compile told to the alarms like any other."""
-    step = program.train_many if kind != "train step" else program.train
-    assert step is not None
-    compiles = events.compile_count
-    events.phase("step")
-    try:
-        out = step(*args)
-    except (TypeError, ValueError) as error:
-        if not mismatched(error) or step is not program.train:
-            raise
-        # The gated step (not held): the state, then what follows the spare.
-        out = program.traced(args[0], *args[2 if program.held else 1 :])
-    events.phase("host")
-    if events.compile_count != compiles:
-        tell_compiled(events, parts, kind, compiles, args)
-    return out
 
 
 def _sync(
