@@ -15,7 +15,6 @@ of each gradient into its optimizer state's layout).
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, final
 
-import equinox as eqx
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding
 from jaxtyping import PyTree
@@ -27,12 +26,10 @@ from .._validate import is_int
 from ._axes import MESH_AXES
 from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh
 from ._example_sums import examples_summed_by_dots
-from ._follow import follow_parameters
-from ._fully_sharded import split_by_size
-from ._mesh_leaves import floating, is_spec, stacked_leaves, trainable, warn_whole
+from ._mesh_layout import MeshLayout
 from ._per_device import shard_map_reduce, spec_axes
-from ._placement import HOST_MEMORY, has_host_memory, named
-from ._rules import CheckedRule, Rule, RuleBook, check_rules, path_name
+from ._placement import has_host_memory, named
+from ._rules import CheckedRule, Rule, check_rules
 from ._sequences import (
     SequenceDims,
     check_sequence_dims,
@@ -238,7 +235,7 @@ class MeshStrategy(DeviceMeshStrategy):
     def state_spec(self, role: StateRole, leaf: jax.ShapeDtypeStruct) -> P:
         """The fsdp rule by size, for an array whose path is not known."""
         del role
-        return self._by_size(tuple(leaf.shape))
+        return self._layout().by_size(tuple(leaf.shape))
 
     @override
     def state_shardings(self, state: PyTree[Any]) -> PyTree[NamedSharding]:
@@ -251,34 +248,7 @@ class MeshStrategy(DeviceMeshStrategy):
                 entries, or an axis size that does not divide), or matches
                 no leaf.
         """
-        book = RuleBook(self.rules, dict(self.mesh.shape))
-        stacked = stacked_leaves(state.model)
-        model_specs = jax.tree_util.tree_map_with_path(
-            lambda path, leaf: self._model_spec(
-                book, path_name(path), leaf, id(leaf) in stacked
-            ),
-            state.model,
-        )
-        book.check_all_used()
-        warn_whole(self.mesh, self.min_size, state.model, model_specs)
-        opt_specs = follow_parameters(
-            state.model, model_specs, state.opt_state, trainable, self._leaf_spec
-        )
-        whole = named(self.mesh, P())
-
-        def place(specs: PyTree[P], memory: str | None = None) -> PyTree[NamedSharding]:
-            return jax.tree.map(
-                lambda s: named(self.mesh, s, memory), specs, is_leaf=is_spec
-            )
-
-        return eqx.tree_at(
-            lambda s: (s.model, s.opt_state),
-            jax.tree.map(lambda _: whole, state),
-            (
-                place(model_specs),
-                place(opt_specs, HOST_MEMORY if self.offload else None),
-            ),
-        )
+        return self._layout().state_shardings(state)
 
     @override
     def gradient_shardings(self, params: PyTree[Any]) -> PyTree[NamedSharding]:
@@ -373,20 +343,5 @@ class MeshStrategy(DeviceMeshStrategy):
             return fn
         return traced_with_split(fn, SequenceSplit(self.mesh, "context", batch_axes))
 
-    def _model_spec(
-        self, book: RuleBook, path: str, leaf: Any, stacked: bool = False
-    ) -> P:
-        if not floating(leaf):
-            return P()
-        spec = book.spec(path, tuple(leaf.shape), stacked)
-        if spec is not None:
-            return spec
-        return self._by_size(tuple(leaf.shape), keep_first=stacked)
-
-    def _leaf_spec(self, leaf: Any) -> P:
-        return self._by_size(tuple(leaf.shape)) if floating(leaf) else P()
-
-    def _by_size(self, shape: tuple[int, ...], keep_first: bool = False) -> P:
-        """The fsdp rule (never the layer axis of a stacked array)."""
-        n = self.mesh.shape["fsdp"]
-        return split_by_size(shape, "fsdp", n, self.min_size, keep_first=keep_first)
+    def _layout(self) -> MeshLayout:
+        return MeshLayout(self.mesh, tuple(self.rules), self.min_size, self.offload)
