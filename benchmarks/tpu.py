@@ -9,7 +9,7 @@ same models (issue 53), one part a call, each writing ``<part>.json``:
   ``phalanx/_engine/_held.py``), ``steps_per_call=8``, the default with the
   gated guard (each step deciding whether its own update lands, as on a
   CPU), and on the wide MLP ``nan_policy="off"`` and ``"skip"``. Rounds alternate the
-  sides (each a fit of the cell's steps: 1,000, or 500 on the wide MLP);
+  sides (each a fit of the cell's steps: 1,000);
   each side's ratio is the median over the rounds of the hand loop's time ÷
   its time for the same steps.
 - ``steps``: ``steps_per_call`` 1, 8 and 32 on the tiny MLP: steps a second,
@@ -57,7 +57,7 @@ from phalanx._telemetry._peak_flops import peak_flops
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "tests")]
 CELLS = {  # name: (size, batch, steps a window)
-    "wide": ("wide", 4096, 500),
+    "wide": ("wide", 4096, 1000),
     "tiny": ("tiny", 64, 1000),
     "mlp": ("mlp", 256, 1000),
 }

@@ -53,9 +53,9 @@ bench() {
     part "the machine"
     python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
     part "MLP cells: hand loop, default, steps_per_call=8, the guard on and off"
-    bench 175 cells
+    bench 200 cells
     part "GPT-2 small (batch 8, 1,024 tokens) and the tests' transformer, bf16"
-    bench 220 lm --lm-steps "${LM_STEPS:-20}"
+    bench 240 lm --lm-steps "${LM_STEPS:-20}"
     part "steps_per_call 1, 8, 32 on the tiny MLP"
     bench 50 steps
     part "a NaN gradient planted at step 3"

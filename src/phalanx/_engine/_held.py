@@ -17,8 +17,11 @@ bad step. That state is the spare: the state the previous call read, which
 the next call takes as well and donates as the buffers of its output (so
 the step updates out of place: a bare JAX step so guarded took 6.47–6.54
 ms there, and the trainer's default ran at 0.996 of a hand-written loop,
-with no guard at 0.997, gated at 0.942). Its cost is one more copy of the
-train state while a fit runs, and the host's passing it to every call.
+with no guard at 0.997, gated at 0.942; on the tests' transformer, 6
+layers of width 512, bf16, 25.44 ms a step held, 25.57 gated, 25.53 by
+hand, as slopes over fits of 8 and 40 steps). Its cost is one more copy
+of the train state while a fit runs, made once a fit, and the host's
+passing it to every call.
 
 `holds` says where the trainer uses it: ``nan_policy="raise"`` on a TPU,
 with one step a call, no dynamic loss scale, the state on the devices and
@@ -135,7 +138,15 @@ def settled(run: Run) -> Run:
     return Run(run.spare if last_was_bad else run.leaves, progress)
 
 
-def spare_for(leaves: list[jax.Array]) -> list[jax.Array]:
-    """A first spare for `leaves`: copies, laid out alike (the next call
-    donates it)."""
-    return [jnp.copy(x) for x in leaves]
+def spare_for(
+    shardings: list[jax.sharding.Sharding],
+) -> Callable[[list[jax.Array]], list[jax.Array]]:
+    """What makes a first spare for a state laid out as `shardings`: copies
+    of its leaves, laid out alike (the next call donates them), in one call
+    (a copy a leaf cost the host a dispatch each: 1.1 ms a fit for the
+    tiny MLP's 16 leaves on a CPU).
+
+    Copies: a jit returning its arguments as they are would hand back the
+    same arrays, and the call donating them would delete the state."""
+    copies = lambda leaves: [jnp.copy(x) for x in leaves]  # noqa: E731
+    return jax.jit(copies, out_shardings=shardings)

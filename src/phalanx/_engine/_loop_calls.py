@@ -18,7 +18,6 @@ from .._state._run import Run, RunSlot
 from ._ahead_of_time import mismatched
 from ._device_batch import DeviceBatch
 from ._events import FitEvents
-from ._held import spare_for
 from ._loop_inputs import LoopParts
 from ._loop_programs import tell_compiled
 from ._program import Program
@@ -69,8 +68,9 @@ def call_group(
     spare = run.spare
     for placed in group:
         args = (leaves, *epoch_sums, placed.leaves, placed.weight, placed.total)
-        if program.held:  # the state the last call read, donated here
-            args = (leaves, spare_for(leaves) if spare is None else spare, *args[1:])
+        if program.spare is not None:  # the state the last call read, donated here
+            spare = program.spare(leaves) if spare is None else spare
+            args = (leaves, spare, *args[1:])
         before = leaves
         leaves, epoch_sums, sums = _run(events, parts, program, "train step", args)
         # (A call through the step's jit donated the state: no spare.)

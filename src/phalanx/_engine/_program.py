@@ -23,7 +23,7 @@ from .._checks._hooks import HookError
 from .._state._sums import EpochSums, SumLayout
 from ..strategies._placement import replicated, stacked
 from ._ahead_of_time import call_arguments, compile_proven
-from ._held import holds
+from ._held import holds, spare_for
 from ._hints import first_batch_hint
 from ._layout import StateLayout
 from ._program_sums import eval_layout, step_layout, sum_layout
@@ -92,7 +92,9 @@ class Program(NamedTuple):
         compiled: whether the first call's train step is compiled (ahead
             of time); a program built to trace or inspect with is not, and
             `fit` builds its own before its first step.
-        held: whether `train` is the held guard's step (``_held.py``).
+        spare: under the held guard (``_held.py``: `train` is its step),
+            the run's first spare: copies of the state's leaves in its
+            layout, in one call (None: not held).
     """
 
     spec: BatchSpec
@@ -109,7 +111,12 @@ class Program(NamedTuple):
     arguments: tuple[Any, ...]
     memory: Any
     compiled: bool = True
-    held: bool = False
+    spare: Callable[[list[jax.Array]], list[jax.Array]] | None = None
+
+    @property
+    def held(self) -> bool:
+        """Whether `train` is the held guard's step."""
+        return self.spare is not None
 
     @property
     def kind(self) -> str:
@@ -255,7 +262,7 @@ def build_program(
         arguments=arguments,
         memory=None if compiled is None else compiled.memory_analysis(),
         compiled=compiled is not None,
-        held=hold,
+        spare=spare_for(state) if hold else None,
     )
 
 
