@@ -10,12 +10,12 @@ from . import (
     strategies as strategies,
     testing as testing,
 )
-from ._engine._compiled import StepValues as StepValues
 from ._engine._lr_finder import LRFinderResult as LRFinderResult
+from ._engine._programs import StepValues as StepValues
 from ._plan._devices import DeviceSpec as DeviceSpec
+from ._plan._from_shapes import plan as plan
 from ._plan._result import Plan as Plan, PlanRow as PlanRow
 from ._plan._space import PlanSpace as PlanSpace
-from ._planning import plan as plan
 from ._precision import Precision as Precision
 from ._state._history import History as History
 from ._state._progress import RunPlan as RunPlan, RunProgress as RunProgress

@@ -3,7 +3,7 @@ face of a run: its settings, its hooks and its methods, each a table-of-
 contents entry that hands the work to the module of its concept.
 
 It is put together once (`_assembly/_parts.assemble`: the state, its layout, the
-run's one home, the batch preparer and the programs); `fit` is
+run's one home, the batch pipeline and the programs); `fit` is
 `_assembly/_fit.run_fit` given those parts; `evaluate`, `predict`, `summary`,
 `lower`, `compute_step` and `find_lr` use the same parts. Nothing below it
 reads or writes its private fields.
@@ -39,9 +39,9 @@ from ._assembly._parts import TrainerHooks, assemble, dispatch, info_now
 from ._checks._arguments import check_callbacks, check_config, check_iterable
 from ._checks._batch import Leaf
 from ._checks._keras_habits import binds_or_advises
-from ._engine._compiled import StepValues
 from ._engine._feed import default_depth
 from ._engine._lr_finder import LRFinderResult, range_test
+from ._engine._programs import StepValues
 from ._engine._summary import ModelSummary
 from ._metric_names import MetricName
 from ._plan._entry import plan_trainer

@@ -206,7 +206,7 @@ def test_held_guard_where_the_gradient_is_big_on_a_tpu(monkeypatch):
         monkeypatch.setattr(_held.jax, "default_backend", lambda: backend)
         model = px.models.MLP(16, 4, hidden=hidden, key=jax.random.key(0))
         run = px.DataParallelTrainer(model, optax.adam(1e-3), progress=False)
-        parts = run._parts.preparer.compiler.program_parts
+        parts = run._parts.programs.parts
         return _held.holds(parts.step, parts.layout, 1)
 
     assert holds((2048, 2048), "tpu")

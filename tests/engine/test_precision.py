@@ -363,7 +363,7 @@ def test_predict_runs_in_the_compute_dtype():
     np.testing.assert_allclose(predicted, by_hand, rtol=2**-7, atol=2**-9)
     # The predict program's dot products run in bfloat16.
     rows = np.zeros((8, x.shape[1]), np.float32)  # a row per device
-    compiler = trainer._parts.preparer.compiler
-    step, _ = compiler.predict(jax.tree.structure(rows), [rows])
-    lowered = step.lower(compiler.layout.structs, [rows]).as_text()
+    parts = trainer._parts
+    step, _ = parts.programs.predict(jax.tree.structure(rows), [rows])
+    lowered = step.lower(parts.layout.structs, [rows]).as_text()
     assert dot_types(lowered) == {"bf16"}

@@ -26,9 +26,8 @@ def test_the_choice_is_the_best_of_an_exhaustive_grid():
     )
     space = PlanSpace(meshes=[(8, 1, 1), (1, 8, 1)], offload=(False, True), min_size=64)
     plan = trainer.plan(BATCH, budget=budget, space=space, margin=0.0)
-    compiler = trainer._parts.preparer.compiler
     builder = Builder(
-        compiler.parts,
+        trainer._parts.programs.parts.step,
         trainer._parts.layout,
         model_state=None,
         traced_checks=True,

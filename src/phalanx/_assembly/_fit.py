@@ -122,7 +122,7 @@ def run_fit(
 
     def evaluate(sets: EvalSets) -> HostMetrics:
         return evaluate_sets(
-            parts.preparer,
+            parts.pipeline,
             parts.programs,
             slot.run.leaves,
             sets,
@@ -131,16 +131,9 @@ def run_fit(
         )
 
     loop_parts = LoopParts(
-        parts.preparer,
-        parts.preparer.compiler,
-        parts.layout,
-        trainer.history,
-        evaluate,
-        parts.programs,
+        parts.pipeline, parts.programs, parts.layout, trainer.history, evaluate
     )
-    settings = LoopSettings(
-        options.prefetch, trainer.sync_every, trainer.nan_policy, trainer.steps_per_call
-    )
+    settings = LoopSettings(options.prefetch, trainer.sync_every, trainer.nan_policy)
     # Metric names unknown until the first batch: checked before its step.
     check = None
     if step_metrics is None or eval_metrics is None:

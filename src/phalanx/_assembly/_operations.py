@@ -9,12 +9,13 @@ from typing import Any
 
 import jax
 
-from .._engine._compiled import StepValues
 from .._engine._evaluate import evaluate
 from .._engine._held import settled
 from .._engine._lint import layout_warnings, stacked_leaves
 from .._engine._predict import predict_inputs
+from .._engine._prepare import first_program
 from .._engine._program import Program
+from .._engine._programs import StepValues
 from .._engine._signature import leaf_names
 from .._engine._summary import ModelSummary, StepMemory, summarize
 from .._state._history import History
@@ -27,7 +28,7 @@ from .._typing import HostMetrics, validates_own_arguments
 from ..callbacks._dispatch import Callbacks
 from ..checkpoint._resume import eval_positions
 from ..checkpoint._settings import check_same_settings
-from ..strategies._placement import put_state
+from ..strategies._placement import put_state, replicated_copies
 from ._parts import TrainerParts, checked_leaves
 
 
@@ -37,7 +38,7 @@ def snapshot_of(
     """The run as it is now (see `DataParallelTrainer.snapshot`); under the
     held guard, the state from before a last step whose gradient was not
     finite (``_engine/_held.py``: this waits for that step)."""
-    events, strategy = parts.current.events, parts.preparer.compiler.parts.strategy
+    events, strategy = parts.current.events, parts.strategy
     slot = parts.slot
     slot.run = settled(slot.run)
     return Snapshot(
@@ -69,7 +70,7 @@ def restore_into(
     History().load_state_dict(snapshot.history)  # (checked: it raises here)
     progress = snapshot.progress
     if progress.sums is not None:  # a fit donates them: keep the snapshot's
-        copies = parts.preparer.compiler.copy_replicated(list(progress.sums))
+        copies = replicated_copies(list(progress.sums), parts.strategy.mesh)
         progress = dataclasses.replace(progress, sums=EpochSums(*copies))
     # A callback may refuse its state: before the run changes.
     callbacks.load_state_dicts(snapshot.callbacks)
@@ -109,29 +110,29 @@ def program_for(parts: TrainerParts, batch: Any) -> Program:
     programs = parts.programs
     program = programs.first
     if program is None:
-        program = programs.add(parts.preparer.build(batch, "batch", compile=False))
+        program = first_program(parts.pipeline, programs, batch, "batch", compile=False)
     return program
 
 
 def flops_for(parts: TrainerParts, batch: Any) -> StepFlops | None:
     """The train step's FLOPs for batches like `batch` (None: those last
     trained on; None before any)."""
-    preparer = parts.preparer
-    size = preparer.size
+    pipeline, programs = parts.pipeline, parts.programs
+    size = pipeline.size
     if batch is not None:
         program_for(parts, batch)
-        size = preparer.size_of(batch, "batch")
-    program = parts.programs.first
+        size = pipeline.size_of(batch, "batch")
+    program = programs.first
     if program is None or size is None:
         return None
-    return preparer.compiler.flops(program, size)
+    return programs.flops(program, size)
 
 
 def lower_for(parts: TrainerParts, batch: Any) -> jax.stages.Lowered:
     """The train step lowered for `batch`, from the run's state."""
-    program, preparer = program_for(parts, batch), parts.preparer
-    placed = preparer.prepare(batch, "batch", None)
-    sums = preparer.compiler.epoch_sums(program)
+    program = program_for(parts, batch)
+    placed = parts.pipeline.prepare(batch, "batch", None)
+    sums = parts.programs.epoch_sums(program)
     return program.traced.lower(
         parts.slot.run.leaves, *sums, placed.leaves, placed.weight, placed.total
     )
@@ -139,9 +140,9 @@ def lower_for(parts: TrainerParts, batch: Any) -> jax.stages.Lowered:
 
 def step_values(parts: TrainerParts, batch: Any) -> StepValues:
     """What a training step on `batch` computes from the run's state."""
-    program, preparer = program_for(parts, batch), parts.preparer
-    placed = preparer.prepare(batch, "batch", None, train=True)
-    return preparer.compiler.values(
+    program = program_for(parts, batch)
+    placed = parts.pipeline.prepare(batch, "batch", None, train=True)
+    return parts.programs.values(
         program, parts.slot.run.leaves, placed.leaves, placed.weight, placed.total
     )
 
@@ -151,7 +152,7 @@ def evaluate_data(
 ) -> HostMetrics:
     """Loss and metrics over every example of `data`, from the run's state."""
     return evaluate(
-        parts.preparer,
+        parts.pipeline,
         parts.programs,
         parts.slot.run.leaves,
         data,
@@ -164,12 +165,11 @@ def evaluate_data(
 @validates_own_arguments
 def predict_with(parts: TrainerParts, x: Any, batch_size: int | None) -> Any:
     """The model's outputs for every row of `x`, from the run's state."""
-    preparer = parts.preparer
     return predict_inputs(
         x,
         batch_size,
-        compiler=preparer.compiler,
-        pipeline=preparer.pipeline,
+        programs=parts.programs,
+        pipeline=parts.pipeline,
         state=parts.slot.run.leaves,
     )
 
@@ -179,7 +179,7 @@ def step_memory(parts: TrainerParts, batch: Any) -> StepMemory | None:
     from the fit's compiled program of that step size where there is one,
     else compiled from the step lowered for `batch` (nothing runs)."""
     program_for(parts, batch)
-    program = parts.programs.get(parts.preparer.size_of(batch, "batch"))
+    program = parts.programs.get(parts.pipeline.size_of(batch, "batch"))
     if program is not None and program.compiled and program.train_many is None:
         return StepMemory.of_stats(program.memory)
     return StepMemory.of(lower_for(parts, batch).compile())
@@ -194,7 +194,7 @@ def summary_of(
     """The summary of the run's `state` (see `DataParallelTrainer.summary`),
     with the layout lint's lines."""
     layout = parts.layout
-    strategy = parts.preparer.compiler.parts.strategy
+    strategy = parts.strategy
     lint = layout_warnings(
         leaf_names(layout.treedef),
         layout.structs,

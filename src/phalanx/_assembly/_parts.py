@@ -16,14 +16,13 @@ import jax.numpy as jnp
 import jax.random as jr
 import optax
 
-from .._engine._compiled import StepCompiler
 from .._engine._events import FitEvents
 from .._engine._forward import takes_key
 from .._engine._groups import group_labels, grouped
 from .._engine._layout import StateLayout, state_layout
-from .._engine._pipeline import BatchPipeline
-from .._engine._prepare import HostHooks, Preparer
-from .._engine._program import Programs
+from .._engine._pipeline import BatchPipeline, HostHooks
+from .._engine._program import ProgramParts
+from .._engine._programs import Programs
 from .._engine._step import StepParts
 from .._precision import Precision
 from .._state._builder import StateBuilder
@@ -114,8 +113,9 @@ class TrainerParts(NamedTuple):
         builder: builds `TrainState`s from the run's arrays.
         copy: copies the state's arrays before a loop donates them, so
             states handed out stay valid.
-        preparer: host batches to device batches; builds programs.
-        programs: the programs built so far.
+        strategy: how the state and batches are laid out.
+        pipeline: host batches to device batches.
+        programs: the programs built so far (and what builds the next).
         current: the fit running now (see `CurrentFit`).
         step_names: a step's metric names where known up front (None: an
             overriding `metrics` hook's, known once a batch is traced).
@@ -128,7 +128,8 @@ class TrainerParts(NamedTuple):
     slot: RunSlot
     builder: StateBuilder
     copy: Callable[[list[jax.Array]], list[jax.Array]]
-    preparer: Preparer
+    strategy: Strategy
+    pipeline: BatchPipeline
     programs: Programs
     current: CurrentFit
     step_names: tuple[str, ...] | None
@@ -216,17 +217,22 @@ def assemble(
         ema=ema,
         groups=groups,
     )
-    preparer = Preparer(
-        HostHooks(hooks.split_batch, hooks.sample_weight),
-        BatchPipeline(strategy, value_checks=checks == "on", class_labels=class_labels),
-        StepCompiler(
+    programs = Programs(
+        ProgramParts(
             parts,
             layout,
-            model=model,
-            model_state=model_state,
+            model,
+            model_state,
             traced_checks=checks == "on",
             steps_per_call=trainer.steps_per_call,
-        ),
+        )
+    )
+    pipeline = BatchPipeline(
+        strategy,
+        HostHooks(hooks.split_batch, hooks.sample_weight),
+        programs,
+        value_checks=checks == "on",
+        class_labels=class_labels,
     )
     return TrainerParts(
         optimizer=optimizer,
@@ -237,8 +243,9 @@ def assemble(
         # (device_put to a replicated sharding may share the user's own
         # buffer, and donating the result would delete it.)
         copy=jax.jit(lambda xs: [jnp.copy(x) for x in xs], out_shardings=shardings),
-        preparer=preparer,
-        programs=Programs(),
+        strategy=strategy,
+        pipeline=pipeline,
+        programs=programs,
         current=CurrentFit(),
         step_names=step_names,
         eval_names=step_names if hooks.eval_metrics is None else None,

@@ -2,16 +2,17 @@
 
 `FirstBatch` is the first batch a trainer sees, as the programs are built
 from it; `DeviceBatch` is a batch checked, padded and placed, ready for a
-step. Plain named tuples: nothing here checks, pads, places or compiles
-(the `BatchPipeline` makes them).
+step (`pad` fills a short one; `quick_key` names a batch seen before).
+Nothing here checks, places or compiles (the `BatchPipeline` does).
 """
 
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from .._checks._batch import BatchSpec, Signature
+from .._checks._batch import BatchSpec, Leaf, Signature
 
 
 class FirstBatch(NamedTuple):
@@ -53,3 +54,33 @@ class DeviceBatch(NamedTuple):
     size: int
     n: int
     total_value: float | None = None
+
+
+def quick_key(
+    leaves: list[Any], treedef: Any, first: int | None, train: bool
+) -> tuple[Any, ...] | None:
+    """The key of a batch's quick path where every leaf is an array (else
+    None): its structure, each leaf's shape and dtype (a device leaf's
+    abstract value, read once) and layout (None on the host)."""
+    described: list[tuple[Any, ...]] = []
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array):
+            described.append((leaf.aval, leaf.sharding))
+        elif isinstance(leaf, np.ndarray):
+            described.append((leaf.shape, leaf.dtype, None))
+        else:
+            return None
+    return treedef, tuple(described), first, train
+
+
+def pad(leaves: list[Leaf], size: int) -> list[Leaf]:
+    """Pad every leaf with zeros along the leading axis to `size` examples
+    (on the host, or on device for a `jax.Array`)."""
+    return [
+        leaf
+        if leaf.shape[0] == size
+        else (jnp if isinstance(leaf, jax.Array) else np).concatenate(
+            [leaf, np.zeros((size - leaf.shape[0], *leaf.shape[1:]), leaf.dtype)]
+        )
+        for leaf in leaves
+    ]

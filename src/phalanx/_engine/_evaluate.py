@@ -14,12 +14,13 @@ from .._checks._run_errors import empty_data_message
 from .._telemetry._watchdog import beat
 from .._typing import EvalSets, HostMetrics
 from ._feed import Feed
-from ._prepare import Preparer
-from ._program import Programs
+from ._pipeline import BatchPipeline
+from ._prepare import first_program
+from ._programs import Programs
 
 
 def evaluate_sets(
-    preparer: Preparer,
+    pipeline: BatchPipeline,
     programs: Programs,
     leaves: list[jax.Array],
     sets: EvalSets,
@@ -33,14 +34,14 @@ def evaluate_sets(
     for prefix, data in sets:
         where = "eval_data" if prefix == "eval_" else f"eval_data[{prefix[5:-1]!r}]"
         metrics = evaluate(
-            preparer, programs, leaves, data, where, depth=depth, sync_every=sync_every
+            pipeline, programs, leaves, data, where, depth=depth, sync_every=sync_every
         )
         results.update({prefix + name: value for name, value in metrics.items()})
     return results
 
 
 def evaluate(
-    preparer: Preparer,
+    pipeline: BatchPipeline,
     programs: Programs,
     leaves: list[jax.Array],
     data: Iterable[Any],
@@ -58,16 +59,15 @@ def evaluate(
     def where(i: int) -> str:
         return f"batch {i}" if name == "data" else f"{name} batch {i}"
 
-    feed = Feed(preparer, data, depth=depth, where=where)
+    feed = Feed(pipeline, data, depth=depth, where=where)
     program = programs.first
     if program is None and feed.head is not None:
-        program = programs.add(preparer.build(feed.head, where(0), compile=False))
-    compiler = preparer.compiler
+        program = first_program(pipeline, programs, feed.head, where(0), compile=False)
     with feed as batches:
         for i, placed in enumerate(batches):
             assert program is not None
             if sums is None:
-                sums = compiler.eval_sums(program)
+                sums = programs.eval_sums(program)
             sums = program.evaluate(leaves, sums, placed.leaves, placed.weight)
             beat()  # progress, for the hang watchdog
             if (i + 1) % sync_every == 0:

@@ -17,7 +17,7 @@ from ..strategies._placement import single_process
 if TYPE_CHECKING:
     from ..strategies import Strategy
     from ._device_batch import DeviceBatch
-    from ._prepare import Preparer
+    from ._pipeline import BatchPipeline
 
 
 _T = TypeVar("_T")
@@ -154,7 +154,7 @@ class Feed:
 
     def __init__(
         self,
-        preparer: "Preparer",
+        pipeline: "BatchPipeline",
         data: Iterable[Any],
         *,
         depth: int,
@@ -164,7 +164,7 @@ class Feed:
         group: int = 1,
         rows: int | None = None,
     ):
-        self._preparer = preparer
+        self._pipeline = pipeline
         self._train = train
         self._where = where
         self._first = rows
@@ -260,7 +260,7 @@ class Feed:
 
     def _prepare(self, item: tuple[int, Any, Any]) -> tuple["DeviceBatch", Any]:
         i, batch, state = item
-        placed = self._preparer.prepare(
+        placed = self._pipeline.prepare(
             batch, self._where(i), self._first, train=self._train
         )
         self._first = placed.size if self._first is None else self._first

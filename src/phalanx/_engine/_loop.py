@@ -6,7 +6,7 @@ The loop puts the next run (the state's arrays and its progress, one `Run`)
 into the slot after every compiled call (`_loop_calls.py` makes them), so
 that the trainer, its callbacks and a snapshot always see the state and
 progress of the same step. It builds each program it runs explicitly
-(`Preparer.build` for the first batch of all, `Preparer.resized` for a new
+(`first_program` for the first batch of all, `Programs.resized` for a new
 step size) before a batch of it is placed, and tells everything else what
 happened through one interface, `FitEvents` (the callbacks and telemetry);
 it never calls a clock, an alarm or a callback itself, and reaches through
@@ -112,13 +112,13 @@ def _epoch(loop: _Loop) -> None:
     window.examples = 0
     events.phase("data")  # the pass's first batch is read and prepared here
     feed = Feed(
-        parts.preparer,
+        parts.pipeline,
         () if done else data,
         depth=settings.prefetch,
         where=lambda i: f"batch {i} of epoch {epoch}",
         skip=skip,
         train=True,
-        group=settings.steps_per_call,
+        group=programs.steps_per_call,
         rows=progress.local_pass_rows(),
     )
     head = feed.head
@@ -173,7 +173,8 @@ def _train_pass(loop: _Loop, feed: Feed) -> None:
     came; each of those is acted on where a call ends, and a call ends at
     each step ``eval_every`` evaluates after."""
     slot, fit, events, parts, settings, window = loop  # locals: read every step
-    k, every, sync_every = settings.steps_per_call, fit.eval_every, settings.sync_every
+    k, every = parts.programs.steps_per_call, fit.eval_every
+    sync_every = settings.sync_every
     processes = jax.process_count()  # every process's slice of a batch
     call_started, phase = events.call_started, events.phase
     while True:

@@ -52,13 +52,13 @@ def call_group(
     """Run `group`'s steps: one call of `k` stacked steps, or one call a
     step; the slot moves after each call. Each step's sums, as
     ``(sums, index in the call's sums or None)``."""
-    run, compiler, preparer = slot.run, parts.compiler, parts.preparer
+    run, programs, pipeline = slot.run, parts.programs, parts.pipeline
     leaves, epoch_sums = run.leaves, progress.sums
     if epoch_sums is None:
-        epoch_sums = compiler.epoch_sums(program)
+        epoch_sums = programs.epoch_sums(program)
     if len(group) > 1 and len(group) == k:
         assert program.train_many is not None
-        batch, weight, total = preparer.stack(group)
+        batch, weight, total = pipeline.stack(group)
         args = (leaves, *epoch_sums, batch, weight, total)
         kind = f"train step x{k}"
         leaves, epoch_sums, sums = _run(events, parts, program, kind, args)

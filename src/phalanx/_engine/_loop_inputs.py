@@ -8,10 +8,9 @@ from typing import Any, NamedTuple
 
 from .._state._history import History
 from .._typing import EvalSets, HostMetrics, NanPolicy
-from ._compiled import StepCompiler
 from ._layout import StateLayout
-from ._prepare import Preparer
-from ._program import Programs
+from ._pipeline import BatchPipeline
+from ._programs import Programs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,33 +21,30 @@ class LoopSettings:
         prefetch: batches prepared ahead (see the trainer).
         sync_every: how often the host waits for the device (see the trainer).
         nan_policy: what a non-finite gradient does.
-        steps_per_call: steps run by one compiled call (see the trainer).
     """
 
     prefetch: int
     sync_every: int
     nan_policy: NanPolicy
-    steps_per_call: int = 1
 
 
 class LoopParts(NamedTuple):
     """What a fit's loop works with (the trainer's parts).
 
     Attributes:
-        preparer: host batches to device batches; builds programs.
-        compiler: the zeroed sums an epoch starts from.
+        pipeline: host batches to device batches.
+        programs: the programs built so far (the loop builds and adds
+            those it needs), and the zeroed sums an epoch starts from.
         layout: how the state travels (to name and read its leaves).
         history: where each epoch's logs and evaluation go.
         evaluate: ``evaluate(sets) -> metrics`` of the current state.
-        programs: the programs built so far (the loop adds those it builds).
     """
 
-    preparer: Preparer
-    compiler: StepCompiler
+    pipeline: BatchPipeline
+    programs: Programs
     layout: StateLayout
     history: History
     evaluate: Callable[[EvalSets], HostMetrics]
-    programs: Programs
 
 
 class FitData(NamedTuple):

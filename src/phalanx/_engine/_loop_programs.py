@@ -11,6 +11,7 @@ from ..data import Resumable
 from ._device_batch import DeviceBatch
 from ._events import FitEvents
 from ._loop_inputs import LoopParts
+from ._prepare import first_program
 from ._program import Program
 from ._signature import named_arguments
 
@@ -24,16 +25,16 @@ def program_for(parts: LoopParts, events: FitEvents, first: DeviceBatch) -> Prog
     if program is None or not program.compiled:
         base = programs.first
         assert base is not None, "the pass's first batch built a program"
-        compiles, preparer = events.compile_count, parts.preparer
-        program = programs.add(preparer.resized(base, size))
+        compiles = events.compile_count
+        program = programs.resized(base, size)
         tell_compiled(events, parts, program.kind, compiles, program.arguments)
     return program
 
 
 def build_first(parts: LoopParts, events: FitEvents, batch: Any, where: str) -> Program:
     """The first program of all, built for the pass's first `batch`."""
-    compiles, programs, preparer = events.compile_count, parts.programs, parts.preparer
-    program = programs.add(preparer.build(batch, where))
+    compiles = events.compile_count
+    program = first_program(parts.pipeline, parts.programs, batch, where)
     tell_compiled(events, parts, program.kind, compiles, program.arguments)
     return program
 
@@ -50,8 +51,7 @@ def build_from_peek(data: Iterable[Any], parts: LoopParts) -> None:
         if isinstance(data, Resumable):
             data.load_state_dict(state)
     if first is not None:
-        programs, preparer = parts.programs, parts.preparer
-        programs.add(preparer.build(first, "batch 0"))
+        first_program(parts.pipeline, parts.programs, first, "batch 0")
 
 
 def tell_compiled(
@@ -60,6 +60,6 @@ def tell_compiled(
     """A train call compiled (the compiles since `since`), for `args` (its
     arguments, or the abstract ones a program was built for): tell the
     alarms what they were."""
-    layout, preparer = parts.layout, parts.preparer
-    spec, arguments = named_arguments(args, layout.treedef, preparer.batch_names)
+    treedef, names = parts.layout.treedef, parts.pipeline.batch_names
+    spec, arguments = named_arguments(args, treedef, names)
     events.compiled(kind, since, spec, arguments)

@@ -1,13 +1,16 @@
 """From a host batch to a device batch: check, pad, place.
 
-The pipeline never calls the trainer and never compiles: it is given a
-batch already split into ``(inputs, targets, sample_weight)`` by the
-trainer's hooks, and the first batch's spec once the steps for it are built
-(`expect`). Everything it remembers (signatures checked, weights and totals
-placed, batches prepared before) is in bounded `Memo`s."""
+The pipeline never calls the trainer and never compiles: it splits a
+batch into ``(inputs, targets, sample_weight)`` with the trainer's host
+hooks, and checks every batch against the spec of the programs built from
+the first (`Programs.first`). Everything it remembers (signatures checked,
+weights and totals placed, batches prepared before) is in bounded `Memo`s.
+It runs on the calling thread or on the feed's background thread; it never
+calls the loop or the callbacks."""
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +20,7 @@ from .._checks._batch import (
     BatchSpec,
     Leaf,
     Signature,
+    batch_leaf_names,
     check_batch_layout,
     check_finite,
     check_sample_weight,
@@ -25,6 +29,7 @@ from .._checks._batch import (
     num_examples,
     signature,
 )
+from .._checks._hooks import check_split
 from .._checks._labels import check_class_labels, check_labels
 from .._checks._run_errors import zero_weight_message
 from ..strategies import Strategy
@@ -35,31 +40,61 @@ from ..strategies._placement import (
     replicated_float32,
     single_process,
 )
-from ._device_batch import DeviceBatch, FirstBatch
+from ._device_batch import DeviceBatch, FirstBatch, pad, quick_key
 from ._memo import Memo
 from ._processes import check_same_slices
+from ._programs import Programs
 from ._stacking import BatchStacker
+
+
+class HostHooks(NamedTuple):
+    """The trainer's hooks that run on the host, per batch.
+
+    Attributes:
+        split_batch: ``split_batch(batch) -> (inputs, targets)``.
+        sample_weight: ``sample_weight(batch) -> weights | None``.
+    """
+
+    split_batch: Callable[[Any], Any]
+    sample_weight: Callable[[Any], Any]
 
 
 class BatchPipeline:
     """Turns the user's host batches into padded, sharded device batches.
 
-    A batch comes split into ``(inputs, targets, sample_weight)`` (the
-    trainer's hooks did that); the device batch is ``(inputs, targets)``
-    and the sample weights are folded into the step's per-example weights.
-    The first batch ever is looked at by `first_batch` and, once the steps
-    for it are built, its spec fixed by `expect` (with `class_labels`, the
-    outputs' last axis is the number of classes labels are checked
-    against). Structure and shape checks then run once per new shape/dtype
-    signature; value checks (finite floats, class labels in range, weights)
-    on every NumPy batch when `value_checks` is on. A batch shorter than
-    the step's size is padded with zero-weight examples, so the update is
-    exact. The total weight is summed on the host where it holds every
-    weight (one process, host weights), and on the devices otherwise.
+    A batch is split into ``(inputs, targets, sample_weight)`` by the
+    trainer's `hooks`; the device batch is ``(inputs, targets)`` and the
+    sample weights are folded into the step's per-example weights. The
+    first batch ever is looked at by `first_batch` (the programs are built
+    from it); every later one is checked against the spec of the programs
+    built (with `class_labels`, the labels against the number of classes,
+    the last axis of the model's outputs). Structure and shape checks then
+    run once per new shape/dtype signature; value checks (finite floats,
+    class labels in range, weights) on every NumPy batch when
+    `value_checks` is on. A batch shorter than the step's size is padded
+    with zero-weight examples, so the update is exact. The total weight is
+    summed on the host where it holds every weight (one process, host
+    weights), and on the devices otherwise.
+
+    Attributes:
+        batch_names: the first batch's leaves (of ``(inputs, targets)``)
+            named by their paths in the user's batch (None before any).
+        size: the global step size of the latest training pass (its first
+            batch's; None before any).
     """
 
-    def __init__(self, strategy: Strategy, *, value_checks: bool, class_labels: bool):
+    def __init__(
+        self,
+        strategy: Strategy,
+        hooks: HostHooks,
+        programs: Programs,
+        *,
+        value_checks: bool,
+        class_labels: bool,
+    ):
         self.strategy = strategy
+        self.hooks = hooks
+        self._programs = programs
         # This process's slice of a step is padded to a multiple of this: the
         # rows of one batch multiple its devices hold under the batch sharding.
         self._multiple = local_rows(strategy.batch_sharding, strategy.batch_multiple)
@@ -67,8 +102,11 @@ class BatchPipeline:
         self._processes = strategy.batch_multiple // self._multiple
         self.value_checks = value_checks
         self.class_labels = class_labels
-        self.spec: BatchSpec | None = None
-        self.num_classes: int | None = None
+        self.batch_names: list[str] | None = None
+        self.size: int | None = None
+        # The first batch, split: preparing it next splits it once (the
+        # user's hooks run once per batch).
+        self._first: tuple[Any, tuple[Any, Any, Any]] | None = None
         # Examples in a batch of each signature checked before.
         self._sizes: Memo[Signature, int] = Memo()
         self._weights: Memo[tuple[int, int], jax.Array] = Memo()
@@ -82,9 +120,68 @@ class BatchPipeline:
         self._device_total = jax.jit(jnp.sum, out_shardings=self._replicated)
         # Several steps' batches, stacked for one call (it knows the cached
         # weights by `_weights`).
-        self.stacker = BatchStacker(self._mesh, self._split, self._weights)
-        # Batches prepared before, less their leaves, by `_quick_key`.
+        self._stacker = BatchStacker(self._mesh, self._split, self._weights)
+        # Batches prepared before, less their leaves, by `quick_key`.
         self._quick: Memo[Any, tuple[Any, ...]] = Memo()
+
+    def split(self, batch: Any) -> tuple[Any, Any, Any]:
+        """``(inputs, targets, sample_weight)`` of a user's batch."""
+        inputs, targets = self.inputs_and_targets(batch)
+        return inputs, targets, self.hooks.sample_weight(batch)
+
+    def inputs_and_targets(self, batch: Any) -> tuple[Any, Any]:
+        """``(inputs, targets)`` of a user's batch (or of its shapes)."""
+        return check_split(self.hooks.split_batch(batch))
+
+    def first_batch(self, batch: Any, where: str) -> FirstBatch:
+        """The first batch ever: its spec and global step size, for the
+        programs to be built from; every later batch is checked against the
+        spec of the programs built."""
+        parts = self.split(batch)
+        leaves, treedef = flatten_batch(parts[:2], where)
+        n = num_examples(leaves, treedef, where)
+        spec = BatchSpec.of(leaves, treedef)
+        self.splits = spec.shardings(self.strategy)
+        check_batch_layout(leaves, treedef, self.splits, where)
+        labels = jax.tree.unflatten(treedef, leaves)[1]
+        if self.class_labels:
+            check_class_labels(labels)
+        if self.batch_names is None:
+            self.batch_names = batch_leaf_names(batch, *parts[:2])
+        self._first = (batch, parts)
+        key = signature(leaves, treedef)
+        self._sizes.remember(key, n)  # the spec's own batch: checked
+        # The step sees the global batch: every process's slice.
+        size = self.step_size(n, None) * self._processes
+        return FirstBatch(spec, size, labels, key, n)
+
+    def prepare(
+        self, batch: Any, where: str, first: int | None, *, train: bool = False
+    ) -> DeviceBatch:
+        """A user's `batch` checked, padded and placed (see `placed`), once
+        a program has fixed the batches' spec."""
+        built, self._first = self._first, None
+        again = built is not None and built[0] is batch
+        parts = built[1] if built is not None and again else self.split(batch)
+        prepared = self.placed(parts, where, first, train=train)
+        if train and self.size != (size := prepared.size if first is None else first):
+            # A pass's first batch fixes its step size; a pass resumed in its
+            # middle keeps the size it had (`first`), which a new process
+            # learns here (else its FLOPs, and Throughput's, would be
+            # unknown until the next pass).
+            self.size = size
+        return prepared
+
+    def size_of(self, batch: Any, where: str) -> int:
+        """The global step size of a user's `batch`, checked against the
+        batches' spec (a program is built first); nothing is placed."""
+        parts = self.split(batch)
+        _, _, n, _ = self.check(parts, (*jax.tree.flatten(parts[:2]), None), where)
+        return self.step_size(n, None) * self._processes
+
+    def stack(self, group: list[DeviceBatch]) -> tuple[list[Any], Any, jax.Array]:
+        """The batches of `group` stacked for one call of several steps."""
+        return self._stacker.stack(group, self.splits)
 
     def step_size(self, n: int, first: int | None) -> int:
         """Examples in the padded step: the pass's first size, or n if larger."""
@@ -113,44 +210,22 @@ class BatchPipeline:
             leaves, treedef = flatten_batch((inputs, targets), where)
             key = signature(leaves, treedef)
             n = num_examples(leaves, treedef, where)
-            assert self.spec is not None, "the first batch fixes the spec: expect()"
-            self.spec.check(leaves, treedef, where)
+            program = self._programs.first
+            assert program is not None, "a program is built before a batch"
+            program.spec.check(leaves, treedef, where)
             self._sizes.remember(key, n)
         if sample_weight is not None:
             sample_weight = check_sample_weight(sample_weight, n, where)
         host = [leaf for leaf in leaves if isinstance(leaf, np.ndarray)]
         if self.value_checks and len(host) == len(leaves):
             check_finite(host, treedef, where)
-            if self.class_labels and self.num_classes is not None:
+            program = self._programs.first
+            if self.class_labels and program is not None:
                 labels = jax.tree.unflatten(treedef, host)[1]
-                check_labels(labels, self.num_classes, where)
+                check_labels(labels, int(program.outputs.shape[-1]), where)
         return leaves, treedef, n, sample_weight
 
-    def first_batch(self, parts: tuple[Any, Any, Any], where: str) -> FirstBatch:
-        """The first batch ever (``(inputs, targets, sample_weight)``): its
-        spec and global step size, for the steps to be built from; then
-        `expect` it."""
-        leaves, treedef = flatten_batch(parts[:2], where)
-        n = num_examples(leaves, treedef, where)
-        spec = BatchSpec.of(leaves, treedef)
-        self.splits = spec.shardings(self.strategy)
-        check_batch_layout(leaves, treedef, self.splits, where)
-        labels = jax.tree.unflatten(treedef, leaves)[1]
-        if self.class_labels:
-            check_class_labels(labels)
-        # The step sees the global batch: every process's slice.
-        size = self.step_size(n, None) * self._processes
-        return FirstBatch(spec, size, labels, signature(leaves, treedef), n)
-
-    def expect(self, first: FirstBatch, outputs: jax.ShapeDtypeStruct) -> None:
-        """Check every batch against the `first` one's spec from now on (and,
-        with class labels, the labels against the `outputs`' classes)."""
-        self.spec = first.spec
-        self._sizes.remember(first.signature, first.n)
-        if self.class_labels:
-            self.num_classes = int(outputs.shape[-1])
-
-    def prepare(
+    def placed(
         self,
         parts: tuple[Any, Any, Any],
         where: str,
@@ -171,7 +246,7 @@ class BatchPipeline:
         leaves, treedef = jax.tree.flatten(parts[:2])
         key = None
         if parts[2] is None:
-            key = _quick_key(leaves, treedef, first, train)
+            key = quick_key(leaves, treedef, first, train)
             quick = self._quick.get(key)
             if quick is not None:
                 return DeviceBatch(leaves, *quick)
@@ -259,33 +334,3 @@ class BatchPipeline:
             value, lambda: replicated_float32(value, self._mesh)
         )
         return total, value
-
-
-def _quick_key(
-    leaves: list[Any], treedef: Any, first: int | None, train: bool
-) -> tuple[Any, ...] | None:
-    """The key of a batch's quick path where every leaf is an array (else
-    None): its structure, each leaf's shape and dtype (a device leaf's
-    abstract value, read once) and layout (None on the host)."""
-    described: list[tuple[Any, ...]] = []
-    for leaf in leaves:
-        if isinstance(leaf, jax.Array):
-            described.append((leaf.aval, leaf.sharding))
-        elif isinstance(leaf, np.ndarray):
-            described.append((leaf.shape, leaf.dtype, None))
-        else:
-            return None
-    return treedef, tuple(described), first, train
-
-
-def pad(leaves: list[Leaf], size: int) -> list[Leaf]:
-    """Pad every leaf with zeros along the leading axis to `size` examples
-    (on the host, or on device for a `jax.Array`)."""
-    return [
-        leaf
-        if leaf.shape[0] == size
-        else (jnp if isinstance(leaf, jax.Array) else np).concatenate(
-            [leaf, np.zeros((size - leaf.shape[0], *leaf.shape[1:]), leaf.dtype)]
-        )
-        for leaf in leaves
-    ]

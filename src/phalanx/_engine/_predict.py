@@ -13,8 +13,9 @@ from .._checks._batch import Leaf, flatten_batch, num_examples
 from .._typing import validates_own_arguments
 from .._validate import optional_positive_int
 from ..strategies._placement import put_batch, single_process
-from ._compiled import StepCompiler
-from ._pipeline import BatchPipeline, pad
+from ._device_batch import pad
+from ._pipeline import BatchPipeline
+from ._programs import Programs
 
 
 def predict_rows(
@@ -92,7 +93,7 @@ def predict_inputs(
     x: Any,
     batch_size: int | None,
     *,
-    compiler: StepCompiler,
+    programs: Programs,
     pipeline: BatchPipeline,
     state: list[jax.Array],
 ) -> Any:
@@ -115,7 +116,7 @@ def predict_inputs(
     leaves, treedef = flatten_batch(x, "x")
     num_examples(leaves, treedef, "x")
     batch_size = optional_positive_int("batch_size", batch_size)
-    step, splits = compiler.predict(treedef, leaves)
+    step, splits = programs.predict(treedef, leaves)
     return predict_rows(
         step,
         state,

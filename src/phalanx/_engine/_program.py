@@ -125,31 +125,6 @@ class Program(NamedTuple):
         return f"train step x{self.arguments[3][0].shape[0]}" if many else "train step"
 
 
-class Programs:
-    """The programs built so far for a trainer's batches (all of one spec,
-    the first batch's), by step size: what the loop, `evaluate` and
-    `summary` run, built explicitly by whoever first needs one.
-
-    Attributes:
-        first: the first program built (None before any).
-    """
-
-    def __init__(self) -> None:
-        self.first: Program | None = None
-        self._by_size: dict[int, Program] = {}
-
-    def add(self, program: Program) -> Program:
-        """Keep `program` (the first, or that of another step size)."""
-        if self.first is None:
-            self.first = program
-        self._by_size[program.size] = program
-        return program
-
-    def get(self, size: int) -> Program | None:
-        """The program built for a global step of `size` examples, if any."""
-        return self._by_size.get(size)
-
-
 def build_program(
     parts: ProgramParts, spec: BatchSpec, size: int, *, compile: bool = True
 ) -> Program:

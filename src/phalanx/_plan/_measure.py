@@ -13,10 +13,10 @@ import equinox as eqx
 import jax
 
 from .._checks._batch import BatchSpec
-from .._engine._compiled import StepCompiler
 from .._engine._layout import StateLayout, state_layout
 from .._engine._lint import held_bytes, layout_warnings, stacked_leaves
-from .._engine._program import Program
+from .._engine._program import Program, ProgramParts
+from .._engine._programs import Programs
 from .._engine._signature import leaf_names
 from .._engine._step import StepParts
 from .._engine._summary import StepMemory
@@ -125,15 +125,17 @@ class Builder:
     def program(self, strategy: Strategy, layout: StateLayout) -> tuple[Program, float]:
         """The step's program under `strategy` (traced, not compiled) and
         its FLOPs per device."""
-        compiler = StepCompiler(
-            self._step._replace(strategy=strategy),
-            layout,
-            model=_model_of(layout),
-            model_state=self._model_state,
-            traced_checks=self._checks,
+        programs = Programs(
+            ProgramParts(
+                self._step._replace(strategy=strategy),
+                layout,
+                _model_of(layout),
+                self._model_state,
+                self._checks,
+            )
         )
-        program = compiler.build(self.spec, self.size, compile=False)
-        return program, compiler.flops(program, self.size).per_device
+        program = programs.build(self.spec, self.size, compile=False)
+        return program, programs.flops(program, self.size).per_device
 
 
 def _model_of(layout: StateLayout) -> Any:

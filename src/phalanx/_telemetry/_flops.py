@@ -1,10 +1,10 @@
 """The floating-point operations of a train step: `StepFlops` (the value
-read by callbacks, the summary and the CLI), `count_flops` (a jaxpr's count)
-and `FlopCounter` (the count per global step size, remembered).
+read by callbacks, the summary and the CLI) and `count_flops` (a jaxpr's
+count).
 
-The engine hands `FlopCounter` a function that traces its train step on
-abstract arguments (nothing is placed, compiled or run), so counting adds
-no compile to a fit.
+The engine counts its train step traced on abstract arguments (nothing is
+placed, compiled or run; `Programs.flops`, once per step size), so counting
+adds no compile to a fit.
 
 Why not XLA's `Compiled.cost_analysis()` (measured here, JAX 0.10.2,
 XLA:CPU, the MLP 784-256-128-10 at batch 256, adam, 8 devices; the matrix
@@ -19,7 +19,6 @@ sharding, a device batch's with one), or JAX compiles the step once more.
 """
 
 import math
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax.extend.core as jex
@@ -101,27 +100,6 @@ def count_flops(jaxpr: jex.Jaxpr) -> float:
         else:  # jit, remat, custom_jvp_call, while (its body once), ...
             total += sum(count_flops(inner) for inner in inner_jaxprs(params))
     return total
-
-
-class FlopCounter:
-    """The FLOPs of a train step, per global step size: each size's count is
-    taken once (from a trace of the step, never compiled or run) and kept."""
-
-    def __init__(self) -> None:
-        self._counts: dict[int, StepFlops] = {}
-
-    def count(
-        self, size: int, devices: int, trace: Callable[[], jex.Jaxpr]
-    ) -> StepFlops:
-        """The FLOPs of the step at `size` examples on `devices` devices;
-        `trace` gives the step's jaxpr at that size where it is not known."""
-        known = self._counts.get(size)
-        if known is None:
-            total = count_flops(trace())
-            known = self._counts[size] = StepFlops(
-                total=total, devices=devices, size=size
-            )
-        return known
 
 
 def _shape(var: Any) -> tuple[int, ...]:
