@@ -12,6 +12,7 @@ from .._metric_names import METRIC_NAMES
 from .._version import __version__
 from ._args import UsageError
 from ._launch_parser import add_launch
+from ._like_train_parser import LIKE_TRAIN, LikeTrain
 from ._options import (
     add_compile_cache_options,
     add_device_options,
@@ -20,13 +21,10 @@ from ._options import (
     add_optimizer_options,
 )
 from ._values import (
-    at_least_two,
     factor_or_off,
-    fraction,
     positive_float,
     positive_int,
     seconds_or_off,
-    size,
     steps,
 )
 
@@ -235,116 +233,31 @@ def build_parser(
         help="record a jax.profiler trace of steps START to END into "
         "RUN_DIR/profile (TensorBoard's profile plugin or ui.perfetto.dev)",
     )
-    find_lr = _add_find_lr(commands)
-    plan = _add_plan(commands)
+    like_train = [_add_like_train(commands, like) for like in LIKE_TRAIN]
     if explicit_only:
-        for action in (*train._actions, *find_lr._actions, *plan._actions):
-            action.default = argparse.SUPPRESS
+        for command in (train, *like_train):
+            for action in command._actions:
+                action.default = argparse.SUPPRESS
     add_launch(commands)
     return parser
 
 
-def _add_find_lr(commands: "argparse._SubParsersAction[_Parser]") -> _Parser:
-    find_lr = _add_like_train(
-        commands,
-        "find-lr",
-        description=(
-            "The learning-rate range test (Lightning's lr_find) on the model, "
-            "data, strategy and optimizer phalanx train would build from the "
-            "same options: one step per rate, the rates rising geometrically "
-            "from --start to --end until the loss diverges. Prints the rate "
-            "where the loss falls fastest and the phalanx train command that "
-            "uses it; writes lr_find.json (rates, losses, suggestion) and "
-            "lr_find.png in the run folder. Nothing is trained: the steps are "
-            "computed, not kept."
-        ),
-        help="find a learning rate for phalanx train: the range test",
-    )
-    add = find_lr.add_argument
-    add(
-        "--start",
-        type=positive_float,
-        default=1e-7,
-        metavar="LR",
-        help="the first rate",
-    )
-    add(
-        "--end",
-        type=positive_float,
-        default=10.0,
-        metavar="LR",
-        help="the last rate, above --start",
-    )
-    add(
-        "--steps",
-        type=at_least_two,
-        default=100,
-        metavar="N",
-        help="steps at most, one per rate (the sweep stops where the loss "
-        "diverges); the suggestion needs at least 13 before that",
-    )
-    add_folder_options(add, what="lr_find.json and lr_find.png", plot="lr_find.png")
-    add_compile_cache_options(add)
-    return find_lr
-
-
-def _add_plan(commands: "argparse._SubParsersAction[_Parser]") -> _Parser:
-    plan = _add_like_train(
-        commands,
-        "plan",
-        description=(
-            "The fit planner on the model, data, optimizer and precision phalanx "
-            "train would build from the same options: the train step compiled "
-            "ahead of time (nothing runs) under each mesh split of the devices "
-            "(data x fsdp), Stacked remat setting and microbatch count, and the "
-            "fastest predicted that fits --budget chosen. Prints the table of "
-            "candidates and the phalanx train command that trains with the "
-            "choice; exits 1, with one line, where nothing fits. phalanx plan "
-            "chooses --strategy, --mesh, --shard and --microbatches itself."
-        ),
-        help="choose the layout that fits and is fastest, before training",
-    )
-    add = plan.add_argument
-    add(
-        "--budget",
-        type=size,
-        default=None,
-        metavar="SIZE",
-        help="the memory a step may take on each device, e.g. 16GiB or 500MB "
-        "(default: the device's memory, where JAX reports it; required on CPU)",
-    )
-    add(
-        "--margin",
-        type=fraction,
-        default=0.1,
-        metavar="F",
-        help="the share of --budget kept free",
-    )
-    add(
-        "--device",
-        default=None,
-        metavar="NAME",
-        help="the device the cost model prices (h100, a100, tpu v5p, ...; "
-        "default: the devices' own kind; on CPU the times only rank)",
-    )
-    add_compile_cache_options(add)
-    return plan
-
-
 def _add_like_train(
-    commands: "argparse._SubParsersAction[_Parser]",
-    name: str,
-    *,
-    description: str,
-    help: str,
+    commands: "argparse._SubParsersAction[_Parser]", like: LikeTrain
 ) -> _Parser:
-    """A command that builds what phalanx train would from the same model,
-    device and optimizer options (find-lr, plan), with those options."""
+    """`like`'s command (find-lr, plan): the model, device and optimizer
+    options it shares with phalanx train, then its own, then the compile
+    cache's."""
     command = commands.add_parser(
-        name, description=description, help=help, formatter_class=_HelpFormatter
+        like.name,
+        description=like.description,
+        help=like.help,
+        formatter_class=_HelpFormatter,
     )
     add = command.add_argument
     add_model_options(add)
     add_device_options(add)
     add_optimizer_options(add)
+    like.add_options(add)
+    add_compile_cache_options(add)
     return command

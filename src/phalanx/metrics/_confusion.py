@@ -133,21 +133,9 @@ def confusion_matrix(
     """The confusion matrix of a classifier: rows the true class, columns
     the predicted one (the most likely), each cell the weighted count of its
     examples, as ``sklearn.metrics.confusion_matrix(..., sample_weight=)``.
-    It is logged as a ``(num_classes, num_classes)`` array.
-
-    Args:
-        outputs: the model's scores per class (logits or probabilities), or
-            one score per example for a binary task.
-        targets: class labels, or one-hot targets; per token (outputs of
-            shape (batch, *tokens, classes)), labels of shape (batch,
-            *tokens), each token counted as an example (of its example's
-            weight) and negative labels (an ignore index, e.g. -100) left
-            out, or one-hot targets of the outputs' shape.
-        num_classes: the number of classes; None: counted on the outputs
-            (their last axis, or 2 for one score per example).
-        from_logits: whether one score per example is a logit (positive
-            above 0) rather than a probability (above 0.5).
-    """
+    It is logged as a ``(num_classes, num_classes)`` array. The arguments
+    are `f1`'s (the matrix is what `f1`, `precision` and `recall` are read
+    from), less the score's `average` and `zero_division`."""
     return _confusion(
         "matrix", outputs, targets, num_classes=num_classes, from_logits=from_logits
     )
