@@ -45,7 +45,6 @@ UNRELATED = {
     ("stats", "'host_argument_size_in_bytes'"): "XLA's host memory, where reported",
     ("remat", "'__name__'"): "a checkpoint policy's name in the plan's table",
     ("node", "'remat'"): "a stack of phalanx's own Stacked (its remat field)",
-    ("strategy", "'offload'"): "a MeshStrategy's offload in its name",
     ("sys", "'ps1'"): "whether Python runs interactively (the hang watchdog's auto)",
     ("st", "strategy"): "a registered strategy's class, by name, from the lazily "
     "imported strategies (the registry imports no JAX)",

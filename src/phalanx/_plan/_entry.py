@@ -11,10 +11,9 @@ import numpy as np
 
 from .._assembly._parts import TrainerParts
 from .._checks._batch import BatchSpec, num_examples
-from .._checks._hooks import check_split
 from .._typing import validates_own_arguments
 from .._validate import is_real
-from ..strategies import AccumulatingStrategy, MeshStrategy
+from ..strategies import Strategy
 from ._devices import budget_bytes, device_spec
 from ._measure import Builder
 from ._options import PlanOptions, Settings
@@ -42,8 +41,8 @@ def plan_trainer(parts: TrainerParts, batch: Any, **options: Any) -> Plan:
             "free, e.g. 0.1"
         )
     budget = budget_bytes(asked.budget, chosen)
-    compiler = parts.preparer.compiler
-    step = compiler.parts
+    built = parts.programs.parts
+    step = built.step
     space = _space_of(asked.space, step.strategy)
     mesh_splits(len(chosen), space)  # the meshes checked before any trace
     cost = device_spec(asked.device, chosen[0].device_kind, step.precision.compute)
@@ -51,8 +50,8 @@ def plan_trainer(parts: TrainerParts, batch: Any, **options: Any) -> Plan:
     builder = Builder(
         step,
         parts.layout,
-        model_state=compiler.program_parts.model_state,
-        traced_checks=compiler.program_parts.traced_checks,
+        model_state=built.model_state,
+        traced_checks=built.traced_checks,
         spec=spec,
         size=size,
     )
@@ -89,9 +88,12 @@ def _devices(devices: int | Sequence[Any] | None) -> list[Any]:
     return list(devices)
 
 
-def _space_of(space: PlanSpace | None, strategy: Any) -> PlanSpace:
-    """`space`, or the default one with the trainer's own rules, min_size
-    and context axis where it trains under a `MeshStrategy`."""
+def _space_of(space: PlanSpace | None, strategy: Strategy) -> PlanSpace:
+    """`space`, or the default one with the layout settings the trainer's
+    strategy declares (`Strategy.mesh_settings`: a `MeshStrategy`'s rules,
+    min_size, context axis and sequence dims, also through the
+    `AccumulatingStrategy` wrapping it); offload is the planner's own to
+    weigh. A strategy that declares none gets the default space."""
     if space is not None:
         if not isinstance(space, PlanSpace):
             raise TypeError(
@@ -99,23 +101,21 @@ def _space_of(space: PlanSpace | None, strategy: Any) -> PlanSpace:
                 "px.PlanSpace(rules=[...], microbatches=(1, 2, 4))"
             )
         return space
-    inner = strategy.inner if isinstance(strategy, AccumulatingStrategy) else strategy
-    if isinstance(inner, MeshStrategy):
-        rules = [(rule.pattern, rule.spec) for rule in inner.rules]
-        dims = inner.sequence_dims
-        return PlanSpace(
-            rules=rules,
-            min_size=inner.min_size,
-            context=inner.mesh.shape["context"],
-            sequence_dims=dims.every if dims.every is not None else dict(dims.pairs),
-        )
-    return PlanSpace()
+    settings = strategy.mesh_settings()
+    if settings is None:
+        return PlanSpace()
+    return PlanSpace(
+        rules=list(settings.rules),
+        min_size=settings.min_size,
+        context=settings.context,
+        sequence_dims=settings.sequence_dims,
+    )
 
 
 def _spec(parts: TrainerParts, batch: Any) -> tuple[BatchSpec, int]:
     """The spec of `batch` (arrays, or `jax.ShapeDtypeStruct`s) and its
     examples."""
-    inputs, targets = check_split(parts.preparer.hooks.split_batch(batch))
+    inputs, targets = parts.pipeline.inputs_and_targets(batch)
     leaves, treedef = jax.tree.flatten((inputs, targets))
     if not leaves or not all(
         hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves

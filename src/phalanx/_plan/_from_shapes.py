@@ -1,7 +1,12 @@
-"""`px.plan`: the fit planner for a model not built yet (or too large to
-build on one device): the trainer is put together on the model's shapes
-alone (its constructor traced by `jax.eval_shape`: no array is made or
-placed), and its `plan` weighs the layouts."""
+"""`px.plan`: the planner's entrance for a model not built yet (or too
+large to build on one device): the trainer is put together on the model's
+shapes alone (its constructor traced by `jax.eval_shape`: no array is made
+or placed), and its `plan` (`_entry.plan_trainer`) weighs the layouts.
+
+The one module of the planner above the trainer: it builds one, so it
+imports `DataParallelTrainer`, whose `plan` reaches the rest of this room
+below it; nothing that the trainer imports may import this module (the
+import contracts in ``pyproject.toml`` say so)."""
 
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -10,11 +15,11 @@ import equinox as eqx
 import jax
 import optax
 
-from ._plan._devices import DeviceSpec
-from ._plan._result import Plan
-from ._plan._space import PlanSpace
-from ._trainer import DataParallelTrainer
-from ._typing import validates_own_arguments
+from .._trainer import DataParallelTrainer
+from .._typing import validates_own_arguments
+from ._devices import DeviceSpec
+from ._result import Plan
+from ._space import PlanSpace
 
 
 @validates_own_arguments

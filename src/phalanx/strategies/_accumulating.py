@@ -15,7 +15,15 @@ from typing_extensions import override
 
 from .._typing import validates_own_arguments
 from .._validate import is_int
-from ._strategy import AxisName, ExampleShapes, LocalFn, MapFn, Reduce, Strategy
+from ._strategy import (
+    AxisName,
+    ExampleShapes,
+    LocalFn,
+    MapFn,
+    MeshSettings,
+    Reduce,
+    Strategy,
+)
 
 
 @final
@@ -96,6 +104,10 @@ class AccumulatingStrategy(Strategy):
     @override
     def split_min_size(self) -> int | None:
         return self.inner.split_min_size()
+
+    @override
+    def mesh_settings(self) -> MeshSettings | None:
+        return self.inner.mesh_settings()
 
     @property
     @override

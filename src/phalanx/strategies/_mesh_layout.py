@@ -1,8 +1,11 @@
 """Where `MeshStrategy` puts the training state: the model's floating
 arrays by the sharding rules, then over ``fsdp`` by size (never a stacked
 array's layer axis); the optimizer state as its parameters; the rest whole
-on every device, the optimizer state in host memory where offloaded."""
+on every device, the optimizer state in host memory where offloaded. And
+where a step computes with the parameters, where that differs (gathered
+over the batch axes: `MeshStrategy.use_shardings`)."""
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -13,6 +16,7 @@ from jaxtyping import PyTree
 from ._follow import follow_parameters
 from ._fully_sharded import split_by_size
 from ._mesh_leaves import floating, is_spec, stacked_leaves, trainable, warn_whole
+from ._per_device import spec_axes
 from ._placement import HOST_MEMORY, named
 from ._rules import CheckedRule, RuleBook, path_name
 
@@ -56,6 +60,25 @@ class MeshLayout(NamedTuple):
                 place(opt_specs, HOST_MEMORY if self.offload else None),
             ),
         )
+
+    def gathered_over(
+        self, params: PyTree[NamedSharding], axes: Sequence[str]
+    ) -> PyTree[NamedSharding]:
+        """Each parameter's sharding (`params`: the model with each one in
+        place of its array) whole over `axes`, split as before over the
+        others (see `MeshStrategy.use_shardings`)."""
+        gathered = set(axes)
+
+        def whole_over(sharding: NamedSharding) -> NamedSharding:
+            entries = [
+                tuple(axis for axis in spec_axes(entry) if axis not in gathered)
+                for entry in sharding.spec
+            ]
+            return named(
+                self.mesh, P(*[e[0] if len(e) == 1 else (e or None) for e in entries])
+            )
+
+        return jax.tree.map(whole_over, params)
 
     def by_size(self, shape: tuple[int, ...], keep_first: bool = False) -> P:
         """The fsdp rule (never the layer axis of a stacked array)."""

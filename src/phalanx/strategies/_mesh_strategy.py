@@ -27,7 +27,7 @@ from ._axes import MESH_AXES
 from ._device_mesh import DeviceMeshStrategy, StateRole, make_mesh
 from ._example_sums import examples_summed_by_dots
 from ._mesh_layout import MeshLayout
-from ._per_device import shard_map_reduce, spec_axes
+from ._per_device import shard_map_reduce
 from ._placement import has_host_memory, named
 from ._rules import CheckedRule, Rule, check_rules
 from ._sequences import (
@@ -37,7 +37,7 @@ from ._sequences import (
     sequence_specs,
     traced_with_split,
 )
-from ._strategy import AxisName, ExampleShapes, LocalFn, MapFn
+from ._strategy import AxisName, ExampleShapes, LocalFn, MapFn, MeshSettings
 
 
 @final
@@ -216,6 +216,17 @@ class MeshStrategy(DeviceMeshStrategy):
         return self.min_size
 
     @override
+    def mesh_settings(self) -> MeshSettings:
+        dims = self.sequence_dims
+        return MeshSettings(
+            rules=tuple((rule.pattern, rule.spec) for rule in self.rules),
+            min_size=self.min_size,
+            context=self.mesh.shape["context"],
+            sequence_dims=dims.every if dims.every is not None else dict(dims.pairs),
+            offload=self.offload,
+        )
+
+    @override
     def batch_leaf_shardings(
         self, names: Sequence[str], shapes: ExampleShapes, *, whole: bool = True
     ) -> list[Sharding]:
@@ -274,18 +285,7 @@ class MeshStrategy(DeviceMeshStrategy):
         """
         if self.mesh.shape["tensor"] == 1:
             return None
-        batch = set(self.batch_axes)
-
-        def gathered(sharding: NamedSharding) -> NamedSharding:
-            entries = [
-                tuple(axis for axis in spec_axes(entry) if axis not in batch)
-                for entry in sharding.spec
-            ]
-            return named(
-                self.mesh, P(*[e[0] if len(e) == 1 else (e or None) for e in entries])
-            )
-
-        return jax.tree.map(gathered, params)
+        return self._layout().gathered_over(params, self.batch_axes)
 
     @override
     def reduce(

@@ -137,10 +137,12 @@ def _mesh(devices: Any, options: Options) -> Built:
 
 
 def _mesh_sizes(strategy: Built) -> str:
-    """A mesh's axis sizes above 1 (``data=1`` where none is)."""
+    """A mesh's axis sizes above 1 (``data=1`` where none is), and
+    ``offload=True`` where its declared settings (`mesh_settings`) say so."""
     sizes = dict(strategy.mesh.shape)
     shown = [f"{axis}={size}" for axis, size in sizes.items() if size > 1]
-    if getattr(strategy, "offload", False):
+    settings = strategy.mesh_settings()
+    if settings is not None and settings.offload:
         shown.append("offload=True")
     return ", ".join(shown or ["data=1"])
 

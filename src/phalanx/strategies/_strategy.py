@@ -1,22 +1,25 @@
 """The strategy contract: what every strategy answers, and nothing it does.
 
 `Strategy` is the interface the trainer, the compiled steps, the batch
-pipeline, checkpoints and `save_model` talk to; its capabilities are
-declared on it (`per_device_reduce`), so that no caller asks which class it
-holds. `PerDeviceStrategy` implements the per-device program that
-`AccumulatingStrategy` and mixed precision need. This module holds no
-behaviour: the members built-in strategies share are implemented once in
-`DeviceMeshStrategy` (``_device_mesh.py``), and the concrete ones are final.
+pipeline, checkpoints, `save_model` and the planner talk to; its
+capabilities are declared on it (`per_device_reduce`, `mesh_settings`), so
+that no caller asks which class it holds. `PerDeviceStrategy` implements
+the per-device program that `AccumulatingStrategy` and mixed precision
+need. This module holds no behaviour: the members built-in strategies
+share are implemented once in `DeviceMeshStrategy` (``_device_mesh.py``),
+and the concrete ones are final.
 """
 
 import abc
-from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeAlias
 
 import equinox as eqx
 from jax.sharding import Mesh, Sharding
 from jaxtyping import PyTree
 from typing_extensions import override
+
+from ._rules import Rule
 
 
 # ``fn(replicated, carry, examples) -> (sums, carry)``: the work of one slice of
@@ -35,6 +38,29 @@ AxisName: TypeAlias = str | tuple[str, ...]
 # in the order of the leaves' names: what `Strategy.batch_leaf_shardings`
 # lays out.
 ExampleShapes: TypeAlias = Sequence[tuple[int, ...]]
+
+
+class MeshSettings(NamedTuple):
+    """How a strategy lays a step out on the named mesh ``("data", "fsdp",
+    "context", "tensor")``, apart from how its devices are split over
+    ``data``, ``fsdp`` and ``tensor``: what `Strategy.mesh_settings`
+    declares. Each field is as `phalanx.MeshStrategy` takes it.
+
+    Attributes:
+        rules: the sharding rules, ``(pattern, spec)`` pairs.
+        min_size: the least elements a floating leaf has to be split over
+            ``fsdp``.
+        context: the size of the ``context`` axis.
+        sequence_dims: which dimension of which batch leaf ``context``
+            splits (``{}``: none).
+        offload: whether the optimizer state is kept in host memory.
+    """
+
+    rules: tuple[Rule, ...]
+    min_size: int
+    context: int
+    sequence_dims: Mapping[str, int] | int
+    offload: bool
 
 
 class Strategy(eqx.Module):
@@ -179,6 +205,20 @@ class Strategy(eqx.Module):
         """The least elements a floating state leaf has for this strategy to
         split it (its ``min_size``), read by the layout lint; None (the
         default): the strategy splits no state by size."""
+        return None
+
+    def mesh_settings(self) -> MeshSettings | None:
+        """The capability to lay a step out on the named mesh of
+        `phalanx.MeshStrategy`: the settings that hold whichever way the
+        devices are split over its axes (rules, ``min_size``, the
+        ``context`` axis and its sequences, offload).
+
+        None (the default): the strategy has no such settings. The planner
+        (`px.plan`, `DataParallelTrainer.plan`) keeps them in every layout
+        of its default `px.PlanSpace` (it weighs offload itself), and the
+        strategy's name shows the offload. A wrapper answers for the
+        strategy it wraps. Callers ask this method, never the class.
+        """
         return None
 
     def per_device_reduce(self) -> Reduce | None:
