@@ -50,7 +50,7 @@ import optax
 
 import phalanx as px
 import references
-from phalanx._engine import _held
+from phalanx._engine.step import _held
 from phalanx._telemetry._peak_flops import peak_flops
 
 

@@ -26,7 +26,7 @@ def test_telemetry_is_in_its_room():
     misplaced = [
         str(path.relative_to(SRC))
         for folder in ("_engine", "_state")
-        for path in (SRC / folder).glob("*.py")
+        for path in (SRC / folder).rglob("*.py")
         if path.stem in TELEMETRY or path.stem.startswith(("_timeline", "_throughput"))
     ]
     assert misplaced == []

@@ -10,8 +10,8 @@ from . import (
     strategies as strategies,
     testing as testing,
 )
-from ._engine._lr_finder import LRFinderResult as LRFinderResult
-from ._engine._programs import StepValues as StepValues
+from ._engine.program._programs import StepValues as StepValues
+from ._engine.run._lr_finder import LRFinderResult as LRFinderResult
 from ._plan._devices import DeviceSpec as DeviceSpec
 from ._plan._from_shapes import plan as plan
 from ._plan._result import Plan as Plan, PlanRow as PlanRow

@@ -37,12 +37,12 @@ from ._assembly._operations import (
 )
 from ._assembly._parts import TrainerHooks, assemble, dispatch, info_now
 from ._checks._arguments import check_callbacks, check_config, check_iterable
-from ._checks._batch import Leaf
 from ._checks._keras_habits import binds_or_advises
-from ._engine._feed import default_depth
-from ._engine._lr_finder import LRFinderResult, range_test
-from ._engine._programs import StepValues
-from ._engine._summary import ModelSummary
+from ._engine.feed._feed import default_depth
+from ._engine.program._programs import StepValues
+from ._engine.program._spec import Leaf
+from ._engine.program._summary import ModelSummary
+from ._engine.run._lr_finder import LRFinderResult, range_test
 from ._metric_names import MetricName
 from ._plan._entry import plan_trainer
 from ._plan._result import Plan

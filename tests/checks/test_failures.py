@@ -15,7 +15,7 @@ from typing_extensions import override
 import phalanx as px
 from helpers import CLASSES, IN, make_data, make_model
 from phalanx._checks._run_errors import ZERO_WEIGHT, nonfinite_error
-from phalanx._engine._guard import Update, guard as _guard
+from phalanx._engine.step._guard import Update, guard as _guard
 from phalanx._state._sums import NO_FLAGS, EpochSums
 
 

@@ -15,7 +15,7 @@ import optax
 import pytest
 
 import phalanx as px
-from phalanx._engine._summary import format_bytes
+from phalanx._engine.program._summary import format_bytes
 from phalanx._plan._devices import BANDWIDTHS, device_spec
 from phalanx._plan._space import PlanSpace
 from stacked_transformer import RULES, Transformer

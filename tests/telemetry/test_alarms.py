@@ -10,7 +10,7 @@ from typing_extensions import override
 
 import phalanx as px
 from helpers import make_data, make_model
-from phalanx._checks._batch import batch_leaf_names
+from phalanx._engine.feed._batch_checks import batch_leaf_names
 from phalanx._telemetry._alarms import busy_machine, recompile_message
 from test_timeline import LowerRate, batches
 

@@ -25,11 +25,11 @@ from .._checks._arguments import (
     eval_sets,
 )
 from .._checks._device_note import note_single_cpu_device
-from .._engine._evaluate import evaluate_sets
-from .._engine._events import FitEvents
-from .._engine._held import settled
-from .._engine._loop import fit_loop
-from .._engine._loop_inputs import FitData, LoopParts, LoopSettings
+from .._engine.run._evaluate import evaluate_sets
+from .._engine.run._events import FitEvents
+from .._engine.run._loop import fit_loop
+from .._engine.run._loop_inputs import FitData, LoopParts, LoopSettings
+from .._engine.step._held import settled
 from .._preemption import Preempted, preemption
 from .._state._progress import RunPlan, RunProgress, fit_totals
 from .._state._run import Run

@@ -9,15 +9,15 @@ from typing import Any
 
 import jax
 
-from .._engine._evaluate import evaluate
-from .._engine._held import settled
-from .._engine._lint import layout_warnings, stacked_leaves
-from .._engine._predict import predict_inputs
-from .._engine._prepare import first_program
-from .._engine._program import Program
-from .._engine._programs import StepValues
-from .._engine._signature import leaf_names
-from .._engine._summary import ModelSummary, StepMemory, summarize
+from .._engine.feed._prepare import first_program
+from .._engine.program._lint import layout_warnings, stacked_leaves
+from .._engine.program._program import Program
+from .._engine.program._programs import StepValues
+from .._engine.program._summary import ModelSummary, StepMemory, summarize
+from .._engine.run._evaluate import evaluate
+from .._engine.run._predict import predict_inputs
+from .._engine.step._held import settled
+from .._engine.step._layout import leaf_names
 from .._state._history import History
 from .._state._run import Run
 from .._state._snapshot import Snapshot
@@ -37,7 +37,7 @@ def snapshot_of(
 ) -> Snapshot:
     """The run as it is now (see `DataParallelTrainer.snapshot`); under the
     held guard, the state from before a last step whose gradient was not
-    finite (``_engine/_held.py``: this waits for that step)."""
+    finite (``_engine/step/_held.py``: this waits for that step)."""
     events, strategy = parts.current.events, parts.strategy
     slot = parts.slot
     slot.run = settled(slot.run)
@@ -134,7 +134,7 @@ def lower_for(parts: TrainerParts, batch: Any) -> jax.stages.Lowered:
     placed = parts.pipeline.prepare(batch, "batch", None)
     sums = parts.programs.epoch_sums(program)
     return program.traced.lower(
-        parts.slot.run.leaves, *sums, placed.leaves, placed.weight, placed.total
+        parts.slot.leaves, *sums, placed.leaves, placed.weight, placed.total
     )
 
 
@@ -143,7 +143,7 @@ def step_values(parts: TrainerParts, batch: Any) -> StepValues:
     program = program_for(parts, batch)
     placed = parts.pipeline.prepare(batch, "batch", None, train=True)
     return parts.programs.values(
-        program, parts.slot.run.leaves, placed.leaves, placed.weight, placed.total
+        program, parts.slot.leaves, placed.leaves, placed.weight, placed.total
     )
 
 
@@ -154,7 +154,7 @@ def evaluate_data(
     return evaluate(
         parts.pipeline,
         parts.programs,
-        parts.slot.run.leaves,
+        parts.slot.leaves,
         data,
         "data",
         depth=depth,
@@ -170,7 +170,7 @@ def predict_with(parts: TrainerParts, x: Any, batch_size: int | None) -> Any:
         batch_size,
         programs=parts.programs,
         pipeline=parts.pipeline,
-        state=parts.slot.run.leaves,
+        state=parts.slot.leaves,
     )
 
 

@@ -16,14 +16,14 @@ import jax.numpy as jnp
 import jax.random as jr
 import optax
 
-from .._engine._events import FitEvents
-from .._engine._forward import takes_key
-from .._engine._groups import group_labels, grouped
-from .._engine._layout import StateLayout, state_layout
-from .._engine._pipeline import BatchPipeline, HostHooks
-from .._engine._program import ProgramParts
-from .._engine._programs import Programs
-from .._engine._step import StepParts
+from .._engine.feed._pipeline import BatchPipeline, HostHooks
+from .._engine.program._program import ProgramParts
+from .._engine.program._programs import Programs
+from .._engine.run._events import FitEvents
+from .._engine.step._forward import takes_key
+from .._engine.step._groups import group_labels, grouped
+from .._engine.step._layout import StateLayout, state_layout
+from .._engine.step._step import StepParts
 from .._precision import Precision
 from .._state._builder import StateBuilder
 from .._state._learning_rate import next_rate

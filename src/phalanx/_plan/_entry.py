@@ -10,7 +10,8 @@ import jax
 import numpy as np
 
 from .._assembly._parts import TrainerParts
-from .._checks._batch import BatchSpec, num_examples
+from .._engine.feed._batch_checks import num_examples
+from .._engine.program._spec import BatchSpec
 from .._typing import validates_own_arguments
 from .._validate import is_real
 from ..strategies import Strategy

@@ -12,14 +12,13 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from .._checks._batch import BatchSpec
-from .._engine._layout import StateLayout, state_layout
-from .._engine._lint import held_bytes, layout_warnings, stacked_leaves
-from .._engine._program import Program, ProgramParts
-from .._engine._programs import Programs
-from .._engine._signature import leaf_names
-from .._engine._step import StepParts
-from .._engine._summary import StepMemory
+from .._engine.program._lint import held_bytes, layout_warnings, stacked_leaves
+from .._engine.program._program import Program, ProgramParts
+from .._engine.program._programs import Programs
+from .._engine.program._spec import BatchSpec
+from .._engine.program._summary import StepMemory
+from .._engine.step._layout import StateLayout, leaf_names, state_layout
+from .._engine.step._step import StepParts
 from ..strategies import Strategy
 from ..strategies._placement import HOST_MEMORY
 from ._devices import DeviceSpec

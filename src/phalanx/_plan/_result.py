@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from .._engine._summary import format_bytes, plain_text
+from .._engine.program._summary import format_bytes, plain_text
 from .._telemetry._flops import format_flops
 from ..strategies import Strategy
 from ._devices import DeviceSpec

@@ -25,7 +25,7 @@ class Run:
             the strategy lays them out). A step donates them: a run that has
             been stepped from is spent.
         progress: the step, epoch, plan and the epoch's sums.
-        spare: under the held guard (``_engine/_held.py``), the state the
+        spare: under the held guard (``_engine/step/_held.py``), the state the
             last step read, which the next step donates (and returns where
             the last step's gradient was not finite); None elsewhere.
     """
@@ -62,6 +62,11 @@ class RunSlot:
     def progress(self) -> RunProgress:
         """The current run's progress."""
         return self.run.progress
+
+    @property
+    def leaves(self) -> list[jax.Array]:
+        """The current run's state, as its arrays."""
+        return self.run.leaves
 
     def advance(self, progress: RunProgress) -> Run:
         """Replace the current run's progress (its state unchanged); the new

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .._checks._device_note import devices_said
-from .._engine._lr_finder import DIVERGED, SKIP_BEGIN, SKIP_END, LRFinderResult
+from .._engine.run._lr_finder import DIVERGED, SKIP_BEGIN, SKIP_END, LRFinderResult
 from .._trainer import DataParallelTrainer
 from ._args import FindLRArgs
 from ._datasets import Split

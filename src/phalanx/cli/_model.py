@@ -242,7 +242,7 @@ def check_model(
     import jax
     import jax.numpy as jnp
 
-    from .._engine._forward import takes_key
+    from .._engine.step._forward import takes_key
 
     pass_key = takes_key(model)
 

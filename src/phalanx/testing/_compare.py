@@ -10,7 +10,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._engine._programs import StepValues
+from .._engine.program._programs import StepValues
 
 
 # A part far smaller than the largest of its kind is measured against a

@@ -7,7 +7,7 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from .._engine._programs import StepValues
+from .._engine.program._programs import StepValues
 from .._state._train_state import TrainState
 from .._trainer import DataParallelTrainer
 from .._typing import validates_own_arguments

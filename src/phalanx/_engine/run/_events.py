@@ -1,0 +1,209 @@
+"""The one interface through which a fit's loop tells the rest what happened
+(`FitEvents`): the callbacks' hooks (each told a `StepInfo` built here) and
+telemetry (`FitTelemetry`: the clock, the alarms, the collector). The loop
+calls only these methods; what each event does is decided here and in the
+observers, not in the loop.
+"""
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+
+from ..._state._progress import RunProgress
+from ..._state._sums import StepSums
+from ..._telemetry._clock import PhaseClock, TimePhase
+from ..._telemetry._observer import FitTelemetry
+from ..._typing import EvalSets, HostMetrics
+from ...callbacks._base import StepInfo, TrainerLike
+from ...callbacks._dispatch import Callbacks
+from ...checkpoint._agreement import PER_PROCESS, every_process
+from ...data import Resumable
+from ...data._grain_iterables import GrainIterable
+from ..feed._feed import Feed
+
+
+class FitEvents:
+    """A fit's events, told to its callbacks and its telemetry; also where
+    the fit's stop requests meet (a callback's ``trainer.stop_training``, a
+    signal's `preempt`) and where the pass being trained on is known (for a
+    snapshot's data position).
+
+    Attributes:
+        eval_sets: the fit's evaluation sets (None: none).
+        signal: the signal that asked the run to stop (None: none).
+        max_epochs, total_steps: the fit's epochs and steps from the run's
+            start, where known up front.
+    """
+
+    def __init__(
+        self,
+        trainer: TrainerLike,
+        callbacks: Callbacks,
+        telemetry: FitTelemetry,
+        *,
+        data: Any,
+        eval_sets: EvalSets | None,
+        totals: tuple[int | None, int | None],
+        eval_every: int | None,
+        steps_per_call: int,
+    ):
+        """Args:
+        trainer: what callbacks are told about (and whose
+            ``stop_training`` a callback sets).
+        callbacks: the fit's callbacks.
+        telemetry: the fit's telemetry.
+        data: the training data (its position is a snapshot's, between
+            passes).
+        eval_sets: the fit's evaluation sets (their positions too).
+        totals: ``(max_epochs, total_steps)`` of the fit.
+        eval_every: the fit's ``eval_every``.
+        steps_per_call: the trainer's ``steps_per_call``.
+        """
+        self._trainer = trainer
+        self._callbacks = callbacks
+        self._telemetry = telemetry
+        self._clock: PhaseClock = telemetry.clock
+        self._data = data
+        self.eval_sets = eval_sets
+        self.max_epochs, self.total_steps = totals
+        self._eval_every = eval_every
+        self._steps_per_call = steps_per_call
+        self._feed: Feed | None = None
+        self.signal: int | None = None
+        # The loop goes on in a phase (several times a step), and a call
+        # starts after a step (once a call): telemetry's own methods, no
+        # call between.
+        self.phase: Callable[[TimePhase], object] = telemetry.phase
+        self.call_started: Callable[[int], None] = telemetry.call_started
+
+    # ------------------------------------------------------------ the run
+
+    def preempt(self, signum: int) -> None:
+        """Stop at the next step boundary (from a signal handler)."""
+        self.signal = signum
+
+    def stopping(self) -> bool:
+        """Whether a callback or a signal asked the run to stop."""
+        return self.signal is not None or self._trainer.stop_training
+
+    def info(
+        self,
+        progress: RunProgress,
+        metrics: StepSums | HostMetrics | None = None,
+        examples: int = 0,
+        *,
+        step: int | None = None,
+        last_in_call: bool = True,
+    ) -> StepInfo:
+        """What a callback is told at `progress` (at `step`, default its)."""
+        plan = progress.plan
+        return StepInfo(
+            self._trainer,
+            progress.step if step is None else step,
+            progress.epoch,
+            metrics or {},
+            examples=examples,
+            max_epochs=self.max_epochs,
+            total_steps=self.total_steps,
+            start_epoch=plan.start_epoch,
+            start_step=plan.start_step,
+            last_in_call=last_in_call,
+            eval_every=self._eval_every,
+            clock=self._clock,
+            steps_per_call=self._steps_per_call,
+        )
+
+    def pass_feed(self, feed: Feed | None) -> None:
+        """The pass being trained on starts (`feed`) or ends (None)."""
+        self._feed = feed
+
+    def data_state(self) -> Any:
+        """Where the training data stands after the last batch trained on:
+        the pass's note of it while batches are read ahead, else the
+        loader's own state (None for data that is not `Resumable`)."""
+        feed, data = self._feed, self._data
+        if feed is not None and feed.tracking:
+            state = feed.state
+        elif isinstance(data, Resumable):
+            state = data.state_dict()
+        else:
+            return None
+        if isinstance(data, GrainIterable) and jax.process_count() > 1:
+            # Each process's own position (a grain iterator's in its shard),
+            # gathered: every process snapshots at the same step.
+            return {PER_PROCESS: every_process(state)}
+        return state
+
+    # ------------------------------------------------------- the callbacks
+
+    @property
+    def wants_steps(self) -> bool:
+        """Whether any callback is told each step."""
+        return bool(self._callbacks.step_hooks)
+
+    def epoch_started(self, progress: RunProgress) -> None:
+        self._clock.switch("host")
+        self._callbacks.epoch_start(self.info(progress))
+
+    def epoch_ended(
+        self, progress: RunProgress, logs: HostMetrics, examples: int
+    ) -> None:
+        """An epoch ended at `progress` (before it moved to the next epoch)
+        with `logs`, after `examples` examples (every process's)."""
+        self._callbacks.epoch_end(self.info(progress, logs, examples))
+        self._clock.switch("host")
+
+    def step_ended(
+        self,
+        progress: RunProgress,
+        metrics: StepSums,
+        examples: int,
+        step: int,
+        last: bool,
+    ) -> None:
+        """Step `step` of a call ended (`last`: the call's last)."""
+        info = self.info(progress, metrics, examples, step=step, last_in_call=last)
+        self._callbacks.step_end(info)
+
+    @contextlib.contextmanager
+    def evaluating(self, progress: RunProgress) -> Iterator[None]:
+        """An evaluation after `progress`'s step (the block computes it)."""
+        with self._clock.within("eval"):
+            self._callbacks.eval_start(self.info(progress))
+            yield
+        self._telemetry.evaluated(progress.step)
+
+    def evaluated(self, progress: RunProgress, metrics: HostMetrics) -> None:
+        """An evaluation's results (inside `evaluating`)."""
+        self._callbacks.eval_end(self.info(progress, metrics))
+
+    # --------------------------------------------------------- telemetry
+
+    def __enter__(self) -> "FitEvents":
+        self._telemetry.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._telemetry.__exit__(*exc)
+
+    @property
+    def compile_count(self) -> int:
+        """The compiles so far (compared before and after a call)."""
+        return self._clock.compile_count
+
+    def pass_started(self, step: int) -> None:
+        self._telemetry.pass_started(step)
+
+    def synced(self, done: int, step: int | None = None) -> None:
+        self._telemetry.synced(done, step)
+
+    def sync_point(self) -> None:
+        self._telemetry.sync_point()
+
+    def epoch_ending(self) -> None:
+        self._telemetry.epoch_ending()
+
+    def compiled(self, kind: str, since: int, batch: str, arguments: list[Any]) -> None:
+        self._telemetry.compiled(kind, since, batch, arguments)
