@@ -78,6 +78,13 @@ class BatchSpec:
     dtypes: tuple[np.dtype, ...]
     # The first batch's number of examples, for the fixes that messages suggest.
     examples: int = dataclasses.field(default=0, compare=False)
+    # Each strategy's layout of the leaves, worked out once: the pipeline
+    # checks the first batch by it and every program of the spec is built
+    # with it (a sequence's split included). By the strategy's id, with the
+    # strategy (an id outlives no object it is kept with).
+    _layouts: dict[int, tuple[Any, list[Any]]] = dataclasses.field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def of(cls, leaves: Sequence[Leaf], treedef: Any) -> "BatchSpec":
@@ -89,8 +96,15 @@ class BatchSpec:
         )
 
     def shardings(self, strategy: Any) -> list[Any]:
-        """Where `strategy` lays out each leaf (`batch_leaf_shardings`)."""
-        return strategy.batch_leaf_shardings(leaf_names(self.treedef), self.shapes)
+        """Where `strategy` lays out each leaf (`batch_leaf_shardings`), once
+        per strategy."""
+        known = self._layouts.get(id(strategy))
+        if known is None or known[0] is not strategy:
+            splits = strategy.batch_leaf_shardings(
+                leaf_names(self.treedef), self.shapes
+            )
+            known = self._layouts[id(strategy)] = (strategy, splits)
+        return list(known[1])
 
     def describe(self) -> str:
         parts = [
