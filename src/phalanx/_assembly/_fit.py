@@ -1,7 +1,8 @@
 """One `fit` from its arguments to its end (`run_fit`): the arguments
-checked, the run reset or resumed, the loop's events, parts and settings
-put together, and the loop run between the callbacks' `on_fit_start` and
-`on_fit_end`, a signal's stop saved by the snapshot stores.
+checked, the run reset or resumed, the loop's events, stop requests, data
+position, parts and settings put together, and the loop run between the
+callbacks' `on_fit_start` and `on_fit_end`, a signal's stop saved by the
+snapshot stores.
 
 The trainer's `fit` is this function given the trainer's parts; it reads
 the trainer only through what `TrainerLike` declares.
@@ -29,7 +30,8 @@ from .._engine.run._evaluate import evaluate_sets
 from .._engine.run._events import FitEvents
 from .._engine.run._loop import fit_loop
 from .._engine.run._loop_inputs import FitData, LoopParts, LoopSettings
-from .._engine.step._held import settled
+from .._engine.run._position import DataPosition
+from .._engine.run._stops import StopRequests
 from .._preemption import Preempted, preemption
 from .._state._progress import RunPlan, RunProgress, fit_totals
 from .._state._run import Run
@@ -109,12 +111,11 @@ def run_fit(
     totals = fit_totals(data, progress)
     check_one_shot(data, sets, progress, total_steps=totals[1], eval_every=eval_every)
     telemetry = FitTelemetry(clock, gc=options.gc, slow_steps=options.slow_steps)
+    stops, position = StopRequests(trainer), DataPosition(data, sets)
     events = FitEvents(
         trainer,
         callbacks,
         telemetry,
-        data=data,
-        eval_sets=sets,
         totals=totals,
         eval_every=eval_every,
         steps_per_call=trainer.steps_per_call,
@@ -141,7 +142,7 @@ def run_fit(
             step_metrics=names, eval_metrics=eval_names
         )
     fit = FitData(data, sets, eval_every, check)
-    current.events, current.totals, current.clock = events, totals, clock
+    current.fit_started(events, position, totals, clock)
     watchdog = _watchdog(options.hang_timeout, clock, parts, callbacks, trainer)
     with clock.running(), watchdog:
         try:
@@ -149,8 +150,10 @@ def run_fit(
                 # A callback failing to start (a tracker that cannot reach
                 # its server) lets the others that started close their files.
                 callbacks.fit_start(info_now(trainer, parts))
-                with preemption(events.preempt):
-                    run = fit_loop(slot, fit, events, loop_parts, settings)
+                with preemption(stops.preempt):
+                    run = fit_loop(
+                        slot, fit, events, stops, position, loop_parts, settings
+                    )
                 signum = run.progress.preempted
                 if signum is not None:
                     clock.switch("checkpoint")
@@ -163,7 +166,7 @@ def run_fit(
                 callbacks.exception(info_now(trainer, parts), error)
                 raise
         finally:
-            current.events = None
+            current.fit_ended()
         callbacks.fit_end(info_now(trainer, parts))
 
 
@@ -208,19 +211,19 @@ def _start_run(
     as far as this fit is `asked` (``epochs``, ``steps``) from the run's
     start."""
     slot, current = parts.slot, parts.current
-    run = settled(slot.run)  # (a fit stopped by an error may have left a spare)
+    run = slot.run.settled()  # (a fit stopped by an error may have left a spare)
     # A fit that ended early (an error, steps=) may have left a part-done
     # epoch behind.
     progress = run.progress
     if not current.restored:
         step, epoch = progress.step, progress.epoch
         progress = RunProgress(step, epoch, plan=RunPlan(step, epoch))
-    slot.run = Run(parts.copy(run.leaves), progress)
+    slot.put(Run(parts.copy(run.leaves), progress))
     if resume is not None:
         snapshot = find_snapshot(resume, trainer.snapshot(), callbacks.stores)
         if snapshot is not None:  # the data checks its position first
             restore_run(snapshot, trainer.restore, data, sets or ())
-    current.restored = False  # this fit continues it; the next starts afresh
+    current.run_set()  # this fit continues it; the next starts afresh
     # The run's start is the checkpoint's; how far it goes is this call's.
     progress = slot.progress
     epochs, steps = asked

@@ -16,7 +16,6 @@ from .._engine.program._programs import StepValues
 from .._engine.program._summary import ModelSummary, StepMemory, summarize
 from .._engine.run._evaluate import evaluate
 from .._engine.run._predict import predict_inputs
-from .._engine.step._held import settled
 from .._engine.step._layout import leaf_names
 from .._state._history import History
 from .._state._run import Run
@@ -26,7 +25,6 @@ from .._state._train_state import TrainState
 from .._telemetry._flops import StepFlops
 from .._typing import HostMetrics, validates_own_arguments
 from ..callbacks._dispatch import Callbacks
-from ..checkpoint._resume import eval_positions
 from ..checkpoint._settings import check_same_settings
 from ..strategies._placement import put_state, replicated_copies
 from ._parts import TrainerParts, checked_leaves
@@ -38,15 +36,15 @@ def snapshot_of(
     """The run as it is now (see `DataParallelTrainer.snapshot`); under the
     held guard, the state from before a last step whose gradient was not
     finite (``_engine/step/_held.py``: this waits for that step)."""
-    events, strategy = parts.current.events, parts.strategy
-    slot = parts.slot
-    slot.run = settled(slot.run)
+    strategy = parts.strategy
+    run = parts.slot.settle()
+    data, eval_data = parts.current.data_states()
     return Snapshot(
-        state=parts.builder.build(slot.run.leaves),
-        progress=parts.slot.progress,
+        state=parts.builder.build(run.leaves),
+        progress=run.progress,
         history=history.state_dict(),
-        data=None if events is None else events.data_state(),
-        eval_data={} if events is None else eval_positions(events.eval_sets),
+        data=data,
+        eval_data=eval_data,
         settings=parts.settings,
         callbacks=callbacks.state_dicts(),
         strategy=type(strategy).__name__,
@@ -74,9 +72,9 @@ def restore_into(
         progress = dataclasses.replace(progress, sums=EpochSums(*copies))
     # A callback may refuse its state: before the run changes.
     callbacks.load_state_dicts(snapshot.callbacks)
-    parts.slot.run = Run(put_state(leaves, parts.layout.shardings), progress)
+    parts.slot.put(Run(put_state(leaves, parts.layout.shardings), progress))
     history.load_state_dict(snapshot.history)
-    parts.current.restored = True
+    parts.current.snapshot_restored()
 
 
 def averaged_model(state: TrainState) -> Any:
@@ -98,9 +96,11 @@ def set_state(parts: TrainerParts, state: TrainState) -> None:
     """Make `state` (of the trainer's structure) the run's, at its step."""
     leaves = checked_leaves(parts.layout, state)
     step = int(jax.device_get(state.step))
-    parts.slot.run = Run(
-        parts.copy(put_state(leaves, parts.layout.shardings)),
-        dataclasses.replace(parts.slot.progress, step=step),
+    parts.slot.put(
+        Run(
+            parts.copy(put_state(leaves, parts.layout.shardings)),
+            dataclasses.replace(parts.slot.progress, step=step),
+        )
     )
 
 

@@ -6,7 +6,6 @@ Nothing here keeps a reference to the trainer: the hooks arrive as bound
 methods (`TrainerHooks`), the settings as values.
 """
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -19,7 +18,6 @@ import optax
 from .._engine.feed._pipeline import BatchPipeline, HostHooks
 from .._engine.program._program import ProgramParts
 from .._engine.program._programs import Programs
-from .._engine.run._events import FitEvents
 from .._engine.step._forward import takes_key
 from .._engine.step._groups import group_labels, grouped
 from .._engine.step._layout import StateLayout, state_layout
@@ -30,7 +28,6 @@ from .._state._learning_rate import next_rate
 from .._state._progress import RunProgress
 from .._state._run import Run, RunSlot
 from .._state._train_state import DynamicScale, TrainState
-from .._telemetry._clock import PhaseClock
 from .._typing import HostMetrics, LossName, NanPolicy
 from ..callbacks import ProgressBar
 from ..callbacks._base import Callback, StepInfo, TrainerLike
@@ -38,6 +35,7 @@ from ..callbacks._dispatch import Callbacks
 from ..checkpoint._settings import run_settings
 from ..strategies import Strategy
 from ..strategies._placement import put_state
+from ._current import CurrentFit
 
 
 @runtime_checkable
@@ -79,25 +77,6 @@ class TrainerHooks(NamedTuple):
             trainer.inference_model,
             trainer.param_groups,
         )
-
-
-@dataclasses.dataclass
-class CurrentFit:
-    """The fit running now, and what the last one left for callbacks called
-    outside a fit.
-
-    Attributes:
-        events: the running fit's events (None outside a fit).
-        totals: the last fit's ``(max_epochs, total_steps)``.
-        clock: the last fit's phase clock (its hooks read it at the end).
-        restored: whether the next fit continues a restored snapshot's
-            epoch.
-    """
-
-    events: FitEvents | None = None
-    totals: tuple[int | None, int | None] = (None, None)
-    clock: PhaseClock | None = None
-    restored: bool = False
 
 
 class TrainerParts(NamedTuple):
@@ -300,19 +279,5 @@ def info_now(
     trainer: TrainerLike, parts: TrainerParts, metrics: HostMetrics | None = None
 ) -> StepInfo:
     """What a callback is told outside the loop's steps: the running fit's
-    view, or the run's between fits."""
-    current, progress = parts.current, parts.slot.progress
-    if current.events is not None:
-        return current.events.info(progress, metrics)
-    max_epochs, total_steps = current.totals
-    return StepInfo(
-        trainer,
-        progress.step,
-        progress.epoch,
-        metrics or {},
-        max_epochs=max_epochs,
-        total_steps=total_steps,
-        start_epoch=progress.plan.start_epoch,
-        start_step=progress.plan.start_step,
-        clock=current.clock,
-    )
+    view, or the run's between fits (see `CurrentFit.info`)."""
+    return parts.current.info(trainer, parts.slot.progress, metrics)

@@ -2,37 +2,28 @@
 (`FitEvents`): the callbacks' hooks (each told a `StepInfo` built here) and
 telemetry (`FitTelemetry`: the clock, the alarms, the collector). The loop
 calls only these methods; what each event does is decided here and in the
-observers, not in the loop.
+observers, not in the loop. Events only tell: what asks the run to stop is
+`StopRequests` (``_stops.py``), where the data stands `DataPosition`
+(``_position.py``).
 """
 
 import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import jax
-
 from ..._state._progress import RunProgress
 from ..._state._sums import StepSums
 from ..._telemetry._clock import PhaseClock, TimePhase
 from ..._telemetry._observer import FitTelemetry
-from ..._typing import EvalSets, HostMetrics
+from ..._typing import HostMetrics
 from ...callbacks._base import StepInfo, TrainerLike
 from ...callbacks._dispatch import Callbacks
-from ...checkpoint._agreement import PER_PROCESS, every_process
-from ...data import Resumable
-from ...data._grain_iterables import GrainIterable
-from ..feed._feed import Feed
 
 
 class FitEvents:
-    """A fit's events, told to its callbacks and its telemetry; also where
-    the fit's stop requests meet (a callback's ``trainer.stop_training``, a
-    signal's `preempt`) and where the pass being trained on is known (for a
-    snapshot's data position).
+    """A fit's events, told to its callbacks and its telemetry.
 
     Attributes:
-        eval_sets: the fit's evaluation sets (None: none).
-        signal: the signal that asked the run to stop (None: none).
         max_epochs, total_steps: the fit's epochs and steps from the run's
             start, where known up front.
     """
@@ -43,20 +34,14 @@ class FitEvents:
         callbacks: Callbacks,
         telemetry: FitTelemetry,
         *,
-        data: Any,
-        eval_sets: EvalSets | None,
         totals: tuple[int | None, int | None],
         eval_every: int | None,
         steps_per_call: int,
     ):
         """Args:
-        trainer: what callbacks are told about (and whose
-            ``stop_training`` a callback sets).
+        trainer: what callbacks are told about.
         callbacks: the fit's callbacks.
         telemetry: the fit's telemetry.
-        data: the training data (its position is a snapshot's, between
-            passes).
-        eval_sets: the fit's evaluation sets (their positions too).
         totals: ``(max_epochs, total_steps)`` of the fit.
         eval_every: the fit's ``eval_every``.
         steps_per_call: the trainer's ``steps_per_call``.
@@ -65,28 +50,16 @@ class FitEvents:
         self._callbacks = callbacks
         self._telemetry = telemetry
         self._clock: PhaseClock = telemetry.clock
-        self._data = data
-        self.eval_sets = eval_sets
         self.max_epochs, self.total_steps = totals
         self._eval_every = eval_every
         self._steps_per_call = steps_per_call
-        self._feed: Feed | None = None
-        self.signal: int | None = None
         # The loop goes on in a phase (several times a step), and a call
         # starts after a step (once a call): telemetry's own methods, no
         # call between.
         self.phase: Callable[[TimePhase], object] = telemetry.phase
         self.call_started: Callable[[int], None] = telemetry.call_started
 
-    # ------------------------------------------------------------ the run
-
-    def preempt(self, signum: int) -> None:
-        """Stop at the next step boundary (from a signal handler)."""
-        self.signal = signum
-
-    def stopping(self) -> bool:
-        """Whether a callback or a signal asked the run to stop."""
-        return self.signal is not None or self._trainer.stop_training
+    # -------------------------------------------- what a callback is told
 
     def info(
         self,
@@ -114,27 +87,6 @@ class FitEvents:
             clock=self._clock,
             steps_per_call=self._steps_per_call,
         )
-
-    def pass_feed(self, feed: Feed | None) -> None:
-        """The pass being trained on starts (`feed`) or ends (None)."""
-        self._feed = feed
-
-    def data_state(self) -> Any:
-        """Where the training data stands after the last batch trained on:
-        the pass's note of it while batches are read ahead, else the
-        loader's own state (None for data that is not `Resumable`)."""
-        feed, data = self._feed, self._data
-        if feed is not None and feed.tracking:
-            state = feed.state
-        elif isinstance(data, Resumable):
-            state = data.state_dict()
-        else:
-            return None
-        if isinstance(data, GrainIterable) and jax.process_count() > 1:
-            # Each process's own position (a grain iterator's in its shard),
-            # gathered: every process snapshots at the same step.
-            return {PER_PROCESS: every_process(state)}
-        return state
 
     # ------------------------------------------------------- the callbacks
 

@@ -10,7 +10,9 @@ progress of the same step. It builds each program it runs explicitly
 step size) before a batch of it is placed, and tells everything else what
 happened through one interface, `FitEvents` (the callbacks and telemetry);
 it never calls a clock, an alarm or a callback itself, and reaches through
-no object it is handed.
+no object it is handed. Where a call ends it asks `StopRequests` whether
+to stop, and it notes the pass it trains on in `DataPosition` (where a
+snapshot reads the data's position).
 """
 
 import dataclasses
@@ -27,11 +29,12 @@ from ...data import Resumable
 from ...strategies._placement import to_host
 from ..feed._feed import Feed
 from ..program._program import Program
-from ..step._held import settled
 from ._events import FitEvents
 from ._loop_calls import call_group, pass_progress
 from ._loop_inputs import FitData, LoopParts, LoopSettings
 from ._loop_programs import build_first, build_from_peek, program_for
+from ._position import DataPosition
+from ._stops import StopRequests
 
 
 @dataclasses.dataclass
@@ -63,6 +66,8 @@ class _Loop(NamedTuple):
     slot: RunSlot
     fit: FitData
     events: FitEvents
+    stops: StopRequests
+    position: DataPosition
     parts: LoopParts
     settings: LoopSettings
     window: _Window
@@ -72,23 +77,25 @@ def fit_loop(
     slot: RunSlot,
     fit: FitData,
     events: FitEvents,
+    stops: StopRequests,
+    position: DataPosition,
     parts: LoopParts,
     settings: LoopSettings,
 ) -> Run:
     """Epochs from the run in `slot` until its plan is done, a callback
-    stops training, or a signal came; the run it ends with (also left in
-    the slot), its progress noting the signal (``preempted``)."""
+    stops training, or a signal came (`stops`); the run it ends with (also
+    left in the slot), its progress noting the signal (``preempted``)."""
     window = _Window(check_metrics=fit.check_metrics)
-    loop = _Loop(slot, fit, events, parts, settings, window)
+    loop = _Loop(slot, fit, events, stops, position, parts, settings, window)
     with events:
-        while not events.stopping():
+        while not stops.stopping():
             progress = slot.progress
             if progress.done():
                 break
             _epoch(loop)
-    slot.run = settled(slot.run)
+    slot.settle()
     # (A restored snapshot may carry the signal that stopped its own run.)
-    progress = dataclasses.replace(slot.progress, preempted=events.signal)
+    progress = dataclasses.replace(slot.progress, preempted=stops.signal)
     return slot.advance(progress)
 
 
@@ -97,7 +104,7 @@ def _epoch(loop: _Loop) -> None:
     evaluate (at epoch ends), log the epoch and tell `epoch_ended`; return
     early when the plan is done, a callback stops training, or a signal
     came."""
-    slot, fit, events, parts, settings, window = loop
+    slot, fit, events, stops, position, parts, settings, window = loop
     data, progress, programs = fit.data, slot.progress, parts.programs
     epoch = progress.epoch
     events.epoch_started(progress)
@@ -124,15 +131,13 @@ def _epoch(loop: _Loop) -> None:
     head = feed.head
     if programs.first is None and head is not None:
         build_first(parts, events, head, f"batch {skip} of epoch {epoch}")
-    events.pass_feed(feed)
     events.pass_started(progress.step)
     try:
-        with feed:
+        with position.reading(feed), feed:
             _train_pass(loop, feed)
     finally:
-        events.pass_feed(None)
         events.phase("host")
-    if events.signal is not None:
+    if stops.signal is not None:
         return  # mid-epoch: the checkpoint keeps the epoch's sums
     progress = slot.progress
     epoch_sums = progress.sums
@@ -172,7 +177,8 @@ def _train_pass(loop: _Loop, feed: Feed) -> None:
     pass ends, the plan is done, a callback stops training, or a signal
     came; each of those is acted on where a call ends, and a call ends at
     each step ``eval_every`` evaluates after."""
-    slot, fit, events, parts, settings, window = loop  # locals: read every step
+    # Locals: read every step.
+    slot, fit, events, stops, _, parts, settings, window = loop
     k, every = parts.programs.steps_per_call, fit.eval_every
     sync_every = settings.sync_every
     processes = jax.process_count()  # every process's slice of a batch
@@ -226,7 +232,7 @@ def _train_pass(loop: _Loop, feed: Feed) -> None:
                 n = placed.n * processes
                 events.step_ended(slot.progress, sums, n, before + i + 1, i == last)
             progress = slot.progress
-        if events.stopping() or progress.plan.done(progress.step, None):
+        if stops.stopping() or progress.plan.done(progress.step, None):
             return
 
 
@@ -283,7 +289,7 @@ def _raise_if_nonfinite(slot: RunSlot, parts: LoopParts, flags: Any) -> None:
     _, step, leaf = (int(flag) for flag in flags)
     if step >= 0:
         layout = parts.layout
-        slot.run = settled(slot.run)  # the state from before that step
+        slot.settle()  # the state from before that step
         run = slot.advance(dataclasses.replace(slot.progress, step=step))
         model = layout.unflatten(run.leaves).model
         raise nonfinite_error(step, leaf, model)

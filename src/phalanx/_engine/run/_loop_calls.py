@@ -62,7 +62,7 @@ def call_group(
         args = (leaves, *epoch_sums, batch, weight, total)
         kind = f"train step x{k}"
         leaves, epoch_sums, sums = _run(events, parts, program, kind, args)
-        slot.run = Run(leaves, progress.stepped(epoch_sums, k))
+        slot.put(Run(leaves, progress.stepped(epoch_sums, k)))
         return [(sums, i) for i in range(k)]
     rows: list[tuple[Any, int | None]] = []
     spare = run.spare
@@ -76,7 +76,7 @@ def call_group(
         # (A call through the step's jit donated the state: no spare.)
         spare = before if program.held and not before[0].is_deleted() else None
         progress = progress.stepped(epoch_sums)
-        slot.run = Run(leaves, progress, spare)
+        slot.put(Run(leaves, progress, spare))
         rows.append((sums, None))
     return rows
 

@@ -28,8 +28,9 @@ with one step a call, no dynamic loss scale, the state on the devices and
 a gradient of at least `MIN_GRADIENT_BYTES` on each (the gated guard
 elsewhere: XLA:CPU updates in place under a `lax.cond`, and a small
 gradient costs the gated guard less than the held step's second state
-costs the host). The run's spare travels in its `Run`; `settled` resolves it (the state
-from before a bad last step) wherever the run is handed out whole.
+costs the host). The run's spare travels in its `Run`; `Run.settled`
+(``_state/_run.py``: it reads only the run's own flags) resolves it (the
+state from before a bad last step) wherever the run is handed out whole.
 """
 
 import math
@@ -40,7 +41,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ..._state._run import Run
 from ..._state._sums import FLAGS, EpochSums
 from ...strategies._placement import HOST_MEMORY
 from ._layout import StateLayout, leaf_names
@@ -123,18 +123,6 @@ def held_train_step(
 
     bad = epoch_sums.flags[_BAD]
     return jax.lax.cond(bad >= 0, frozen, run)
-
-
-def settled(run: Run) -> Run:
-    """`run` without its spare: its state, or the spare where the run's last
-    step had a non-finite gradient (the state from before it). Waits for that
-    step where the run holds a spare."""
-    if run.spare is None:
-        return run
-    progress = run.progress
-    bad = -1 if progress.sums is None else int(progress.sums.flags[_BAD])
-    last_was_bad = bad >= 0 and progress.step == bad + 1
-    return Run(run.spare if last_was_bad else run.leaves, progress)
 
 
 def spare_for(
