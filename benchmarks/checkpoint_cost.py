@@ -210,7 +210,7 @@ def lone_save(trainer, directory: pathlib.Path, n: int = 5) -> dict[str, float]:
 
 
 def state_bytes(trainer) -> int:
-    leaves = trainer._slot.run.leaves
+    leaves = jax.tree.leaves(trainer.state)
     return sum(
         int(np.prod(leaf.shape)) * leaf.dtype.itemsize
         for leaf in leaves
