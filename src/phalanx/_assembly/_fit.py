@@ -118,7 +118,7 @@ def run_fit(
         telemetry,
         totals=totals,
         eval_every=eval_every,
-        steps_per_call=trainer.steps_per_call,
+        steps_per_call=parts.programs.steps_per_call,
     )
 
     def evaluate(sets: EvalSets) -> HostMetrics:
