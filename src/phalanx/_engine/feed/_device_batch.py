@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..program._spec import BatchSpec, Leaf, Signature
+from ..program._spec import BatchSpec, Leaf
 
 
 class FirstBatch(NamedTuple):
@@ -22,15 +22,11 @@ class FirstBatch(NamedTuple):
         spec: the structure, shapes and dtypes every later batch must have.
         size: the examples of its global step (every process's slice, padded).
         labels: its targets (for a hint when they do not fit the model).
-        signature: its `signature` (checked: no need to check it again).
-        n: its examples.
     """
 
     spec: BatchSpec
     size: int
     labels: Any
-    signature: Signature
-    n: int
 
 
 class DeviceBatch(NamedTuple):

@@ -146,11 +146,11 @@ class BatchPipeline:
         if self.batch_names is None:
             self.batch_names = batch_leaf_names(batch, *parts[:2])
         self._first = (batch, parts)
-        key = signature(leaves, treedef)
-        self._sizes.remember(key, n)  # the spec's own batch: checked
+        # The spec's own batch: checked.
+        self._sizes.remember(signature(leaves, treedef), n)
         # The step sees the global batch: every process's slice.
         size = self.step_size(n, None) * self._processes
-        return FirstBatch(spec, size, labels, key, n)
+        return FirstBatch(spec, size, labels)
 
     def prepare(
         self, batch: Any, where: str, first: int | None, *, train: bool = False
@@ -158,8 +158,10 @@ class BatchPipeline:
         """A user's `batch` checked, padded and placed (see `placed`), once
         a program has fixed the batches' spec."""
         built, self._first = self._first, None
-        again = built is not None and built[0] is batch
-        parts = built[1] if built is not None and again else self.split(batch)
+        if built is not None and built[0] is batch:
+            parts = built[1]  # split when its program was built
+        else:
+            parts = self.split(batch)
         prepared = self.placed(parts, where, first, train=train)
         if train and self.size != (size := prepared.size if first is None else first):
             # A pass's first batch fixes its step size; a pass resumed in its
