@@ -13,12 +13,14 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 import optax
+from jax.sharding import Mesh, PartitionSpec as P
 from typing_extensions import override
 
 import phalanx as px
 from phalanx.callbacks._wandb_log import transaction_log
 from phalanx.cli._gloo_notes import _GLOO_NOTE
 from phalanx.strategies._registry import Options, Registered, registered
+from phalanx.strategies._strategy import AxisName, MeshSettings
 
 
 IN, CLASSES, HIDDEN = 5, 3, (8,)
@@ -349,3 +351,39 @@ def read_scalars(logdir: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
         for value in event.summary.value:
             scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
     return scalars
+
+
+class RowsStrategy(px.strategies.DeviceMeshStrategy):
+    """A strategy of the user's own, which the registry does not list: the
+    batch over a 1-D mesh named "rows" (of `devices`, all by default), state
+    replicated, every step per device; it declares mesh `settings` where it
+    is given some."""
+
+    mesh: Mesh
+    axis_name: AxisName
+    deterministic: bool
+    settings: MeshSettings | None
+
+    def __init__(self, devices=None, settings: MeshSettings | None = None):
+        self.axis_name = "rows"
+        devices = px.strategies.ShardingStrategy(devices).mesh.devices  # 1-D
+        self.mesh = Mesh(devices, ("rows",))
+        self.deterministic = False
+        self.settings = settings
+
+    @override
+    def mesh_settings(self) -> MeshSettings | None:
+        return self.settings
+
+    @override
+    def state_spec(self, role, leaf):
+        del role, leaf
+        return P()
+
+    @override
+    def reduce(self, fn, replicated, carry, examples):
+        return self.reduce_per_device(fn, replicated, carry, examples)
+
+    @override
+    def map(self, fn, replicated, examples):
+        return self.map_per_device(fn, replicated, examples)

@@ -6,14 +6,13 @@ declares settings gives them; one that declares none, the default space.
 Nothing is compiled."""
 
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
-from typing_extensions import override
 
 import phalanx as px
 import phalanx.strategies._registry as registry
+from helpers import RowsStrategy
 from phalanx._plan._entry import _space_of
 from phalanx._plan._space import PlanSpace
-from phalanx.strategies._strategy import AxisName, MeshSettings
+from phalanx.strategies._strategy import MeshSettings
 
 
 RULES = [(r"blocks\.layers\.up\.weight", (None, "tensor", "fsdp"))]
@@ -28,40 +27,6 @@ def mesh() -> px.MeshStrategy:
         rules=RULES,
         min_size=64,
     )
-
-
-class RowsStrategy(px.strategies.DeviceMeshStrategy):
-    """A strategy of the user's own on a 1-D mesh, state replicated, which
-    declares mesh settings where it is given some."""
-
-    mesh: Mesh
-    axis_name: AxisName
-    deterministic: bool
-    settings: MeshSettings | None
-
-    def __init__(self, settings: MeshSettings | None = None):
-        devices = px.strategies.ShardingStrategy().mesh.devices
-        self.mesh = Mesh(devices, ("rows",))
-        self.axis_name = "rows"
-        self.deterministic = False
-        self.settings = settings
-
-    @override
-    def mesh_settings(self) -> MeshSettings | None:
-        return self.settings
-
-    @override
-    def state_spec(self, role, leaf):
-        del role, leaf
-        return P()
-
-    @override
-    def reduce(self, fn, replicated, carry, examples):
-        return self.reduce_per_device(fn, replicated, carry, examples)
-
-    @override
-    def map(self, fn, replicated, examples):
-        return self.map_per_device(fn, replicated, examples)
 
 
 def test_a_mesh_strategy_declares_its_settings():
@@ -112,7 +77,7 @@ def test_a_users_strategy_gives_the_settings_it_declares():
         sequence_dims={},
         offload=True,
     )
-    rows = RowsStrategy(declared)
+    rows = RowsStrategy(settings=declared)
     # Offload is the planner's own to weigh; the rest is the strategy's.
     expected = PlanSpace(
         rules=[("head", (None, "tensor"))], min_size=16, sequence_dims={}
@@ -131,7 +96,7 @@ def test_a_mesh_shows_the_offload_its_settings_declare():
     # offloads).
     assert registry.lookup("mesh").details(mesh()) == "data=2, fsdp=2, context=2"
     offloading = MeshSettings((), 16, 1, {}, offload=True)
-    assert registry.lookup("mesh").details(RowsStrategy(offloading)) == (
+    assert registry.lookup("mesh").details(RowsStrategy(settings=offloading)) == (
         "rows=8, offload=True"
     )
     assert registry.lookup("mesh").details(RowsStrategy()) == "rows=8"

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import jax
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
-from typing_extensions import override
 
 import helpers
 import phalanx as px
@@ -21,36 +19,10 @@ from phalanx.cli._main import check_arguments
 from phalanx.cli._parser import build_parser
 from phalanx.cli._train import make_strategy
 from phalanx.strategies._names import strategy_name
-from phalanx.strategies._strategy import AxisName
 from phalanx.testing._setups import default_setups
 
 
-class RowsStrategy(px.strategies.DeviceMeshStrategy):
-    """A strategy the registry does not list: the batch over a 1-D mesh
-    named "rows", state replicated, every step per device."""
-
-    mesh: Mesh
-    axis_name: AxisName
-    deterministic: bool
-
-    def __init__(self, devices=None):
-        self.axis_name = "rows"
-        self.mesh = px.strategies.ShardingStrategy(devices).mesh  # 1-D, all given
-        self.mesh = Mesh(self.mesh.devices, ("rows",))
-        self.deterministic = False
-
-    @override
-    def state_spec(self, role, leaf):
-        del role, leaf
-        return P()
-
-    @override
-    def reduce(self, fn, replicated, carry, examples):
-        return self.reduce_per_device(fn, replicated, carry, examples)
-
-    @override
-    def map(self, fn, replicated, examples):
-        return self.map_per_device(fn, replicated, examples)
+RowsStrategy = helpers.RowsStrategy
 
 
 ROWS = registry.Registered(
