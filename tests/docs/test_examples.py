@@ -1,6 +1,7 @@
 """Smoke tests: every script in examples/ runs and prints what it promises."""
 
 import ast
+import json
 import os
 import pathlib
 import re
@@ -27,6 +28,10 @@ ARGS = {
     "language_model.py": ["--steps", "20"],
     "gan.py": ["--steps", "800"],
     "long_context.py": ["--steps", "1", "--seq", "2048"],
+    # 128 and 256 tokens instead of 16k, 32k and 64k; one block of width 64.
+    "long_sequence.py": [
+        *("--seq", "128,256", "--steps", "2", "--layers", "1", "--width", "64"),
+    ],
     # 2 MiB instead of 1 GiB (examples/digits_on_disk.py's default).
     "digits_on_disk.py": ["records", "--gib", "0.002", "--test", "64"],
 }
@@ -227,6 +232,39 @@ def test_long_context():
     assert "mesh {'data': 2, 'fsdp': 1, 'context': 4, 'tensor': 1}" in out, out
     losses = floats(r"(?m)^step\s+\d+\s+loss (\S+)", out)
     assert len(losses) == 1 and 0 < losses[0] < 6, out  # ln(124 characters): 4.8
+
+
+@pytest.mark.slow
+def test_long_sequence(tmp_path):
+    # Issue 56, acceptance 3 (tiny here; 16k to 64k tokens on a TPU): a
+    # decoder of Stacked TransformerBlocks trains on one device at each seq,
+    # its step time, peak memory and loss printed and written as JSON.
+    out = run_example(
+        "long_sequence.py", *ARGS["long_sequence.py"], "--out", str(tmp_path / "a")
+    )
+    rows = re.findall(
+        r"(?m)^seq\s+(\d+) \(auto\): ([\d,]+) parameters, ([\d.]+) ms a step.*"
+        r"peak (n/a|[\d.]+ GiB), loss ([\d.]+) -> ([\d.]+)$",
+        out,
+    )
+    assert [int(row[0]) for row in rows] == [128, 256], out
+    for _, parameters, ms, _, first, last in rows:
+        assert parameters == "83,136" and float(ms) > 0, out
+        assert 5.0 < float(first) < 6.0 and float(last) < float(first), out
+    record = json.loads((tmp_path / "a").read_text())
+    assert [run["seq"] for run in record["runs"]] == [128, 256]
+    # Acceptance 3's second half: the same model from the same key with
+    # attention by implementation="auto" and by "xla" (on a CPU at 256
+    # tokens both are XLA's attention: the same losses).
+    out = run_example(
+        "long_sequence.py",
+        *("--compare-xla", "256", "--steps", "2", "--layers", "1", "--width", "64"),
+        *("--out", str(tmp_path / "b")),
+    )
+    [difference] = floats(r"\|difference\| (\S+)", out)
+    assert difference < 1e-6, out
+    compared = json.loads((tmp_path / "b").read_text())["compare_xla"]
+    assert compared["seq"] == 256 and compared["abs_difference"] == difference
 
 
 def test_digits_on_disk(tmp_path):
