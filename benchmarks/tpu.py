@@ -29,7 +29,10 @@ same models (issue 53), one part a call, each writing ``<part>.json``:
   ÷ the chip's peak (`phalanx`'s peak table).
 
 Run: ``python benchmarks/tpu.py PART [--out DIR]`` (``bash benchmarks/tpu.sh``
-runs every part on the lent TPU).
+runs every part on the lent TPU, and issue 56's two, scripts of their own:
+``attention``, `benchmarks/attention.py`'s splash kernel against XLA's
+attention, and ``long``, `examples/long_sequence.py`'s decoder at 16k to 64k
+tokens).
 """
 
 import argparse
