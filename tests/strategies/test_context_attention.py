@@ -187,3 +187,88 @@ def test_several_steps_per_call_bf16_and_the_flops_over_a_split_sequence():
     whole = make(px.ShardingStrategy(devices=1)).flops_per_step(data[0])
     assert split is not None and whole is not None
     assert 0.5 * whole.total < split.total < whole.total
+
+
+# --- by the splash kernel (issue 56), in Pallas' interpreter -------------------------
+
+
+@pytest.fixture
+def kernel_blocks(monkeypatch):
+    """Attention by the splash kernel in Pallas' interpreter, as a TPU runs
+    it; the shapes of the blocks it computed. The reference (one device in
+    a global view over the process' 8) stays XLA's attention."""
+    from phalanx.models import _splash, _tpu_attention
+
+    monkeypatch.setattr(_tpu_attention, "INTERPRET", True)
+    calls = []
+    attend = _splash.attend
+
+    def recorded(query, key, *args):
+        calls.append((query.shape, key.shape, args[-2]))
+        return attend(query, key, *args)
+
+    monkeypatch.setattr(_splash, "attend", recorded)
+    return calls
+
+
+def test_ring_blocks_by_the_kernel_make_one_devices_update(kernel_blocks):
+    # Issue 56, acceptance 1: a causal ring over context=4 whose blocks are
+    # the kernel's (parts of 1,024 / 8 = 128 positions), padded examples.
+    px.testing.assert_equivalent(
+        trainer_for(LM(layers=1)),
+        batches(n=2, examples=2, seq=1024),
+        strategies=[px.MeshStrategy(data=2, context=4, sequence_dims=DIMS)],
+        steps=2,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    # Each device: its two halves against themselves (the causal diagonal),
+    # then full blocks; all 128 long, 2 heads of 8.
+    block = (HEADS, 128, WIDTH // HEADS)
+    assert {(q, k) for q, k, _ in kernel_blocks} == {(block, block)}
+    assert {causal for *_, causal in kernel_blocks} == {True, False}
+
+
+def test_kernel_blocks_compose_with_accumulation_remat_and_steps_per_call(
+    kernel_blocks,
+):
+    # The all-gather's blocks: which chunk is the diagonal is known only at
+    # run time (chunks of 256 / 2 = 128).
+    def make(strategy):
+        return px.DataParallelTrainer(
+            LM(implementation="all_gather", remat=True),
+            optax.adam(1e-2),
+            loss=masked_loss,
+            strategy=strategy,
+            progress=False,
+            steps_per_call=2,
+        )
+
+    px.testing.assert_equivalent(
+        make,
+        batches(n=2, examples=4, seq=256),
+        strategies=[
+            px.AccumulatingStrategy(
+                px.MeshStrategy(4, data=2, context=2, sequence_dims=DIMS), 2
+            )
+        ],
+        steps=2,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    assert kernel_blocks  # the kernel computed the split attention
+
+
+def test_kernel_blocks_in_bf16_train_as_float32_does(kernel_blocks):
+    strategy = px.MeshStrategy(4, data=2, context=2, sequence_dims=DIMS)
+    data = batches(n=2, examples=2, seq=256)
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        trainer = px.DataParallelTrainer(
+            LM(causal=False, layers=1), optax.adam(1e-2), loss=masked_loss,
+            strategy=strategy, progress=False, precision=precision,
+        )  # fmt: skip
+        trainer.fit(data)
+        losses[precision] = np.asarray(trainer.history["loss"], float)
+    assert kernel_blocks
+    np.testing.assert_allclose(losses["bf16"], losses["fp32"], rtol=0.02)

@@ -19,16 +19,21 @@ from .._contracts import sequence_split
 from .._log import logger
 from .._typing import validates_own_arguments
 from .._validate import boolean
-from . import _tpu_attention
+from ._blockwise import blockwise_attention
 from ._split_attention import split_attention
-from ._tpu_attention import on_one_device, splash_attention
+from ._tpu_attention import kernel_for, splash_attention
 
 
-Implementation: TypeAlias = Literal["auto", "all_gather", "ring"]
-IMPLEMENTATIONS = ("auto", "all_gather", "ring")
+Implementation: TypeAlias = Literal["auto", "all_gather", "ring", "xla"]
+IMPLEMENTATIONS = ("auto", "all_gather", "ring", "xla")
 
 # The reasons cuDNN refused, each said once per process.
 _refusals: set[str] = set()
+# On a CPU, sequences at least this long are attended `BLOCKWISE` queries
+# by `BLOCKWISE` keys at a time (`blockwise_attention`), not by XLA's
+# attention, whose score matrix grows with their square.
+BLOCKWISE_FROM = 4096
+BLOCKWISE = 512
 
 
 @validates_own_arguments
@@ -48,23 +53,31 @@ def dot_product_attention(
     axis: ``softmax(q kᵀ / sqrt(dim)) v`` over the visible keys. Where the
     sequence is whole it is that computation by a fused kernel where the
     chip has one: on a TPU JAX's Pallas splash kernel (sequences a multiple
-    of 128 long, in one device's program), on a GPU cuDNN's (it takes
-    bfloat16 and float16); else XLA's, with one warning saying why cuDNN
-    did not. Where `MeshStrategy(context=N)` splits the sequence over
-    ``N`` devices, each device attends with its chunk of the queries:
+    of 128 long, bfloat16 or float32, head dims up to 256, in one device's
+    program; float32 exact under ``jax.default_matmul_precision("highest")``
+    as XLA's is), on a GPU cuDNN's (it takes bfloat16 and float16); on a CPU
+    sequences of 4,096 and more one block of 512 at a time; else XLA's,
+    with one warning saying why the kernel did not take the arguments.
+    Where `MeshStrategy(context=N)` splits the sequence over ``N`` devices,
+    each device attends with its chunk of the queries:
 
     - ``"all_gather"``: gathers every device's keys and values. One
-      collective; each device holds the whole sequence's keys and a
+      collective; each device holds the whole sequence's keys. On a TPU
+      its chunk of queries against each device's chunk of keys is one
+      splash kernel call (chunks a multiple of 128 long), else XLA's
       ``seq/N × seq`` score matrix.
     - ``"ring"``: passes the keys and values round the devices, one chunk a
       step (``N - 1`` steps of `jax.lax.ppermute`, overlapping compute), with
-      an online softmax; each device holds two chunks and a
-      ``seq/N × seq/N`` score matrix, recomputed in the backward pass. Causal
+      an online softmax; each device holds two chunks. Each block is one
+      splash kernel call on a TPU (parts a multiple of 128 long), else a
+      ``seq/N × seq/N`` score matrix recomputed in the backward pass. Causal
       attention is load-balanced: each device holds two opposite halves of
       chunks (``d`` and ``2N - 1 - d`` of ``2N``), so every device computes
       the same blocks and none of the fully masked ones.
     - ``"auto"``: the ring where the sequence allows it (divisible by
       ``2N`` for causal attention), else the all-gather.
+    - ``"xla"``: XLA's attention, never a kernel: the whole score matrix
+      (the all-gather's, where the sequence is split).
 
     Args:
         query: the queries, ``(seq, heads, dim)``.
@@ -75,8 +88,9 @@ def dot_product_attention(
         mask: which keys are real (True) and which padding (False), one per
             key position. Every query must see at least one key (pad at the
             end, or keep one real key); where none, the output is undefined.
-        implementation: ``"auto"``, ``"all_gather"`` or ``"ring"``; where
-            the sequence is not split, each is plain attention.
+        implementation: ``"auto"``, ``"all_gather"``, ``"ring"`` or
+            ``"xla"``; where the sequence is not split, each but ``"xla"``
+            is the fused kernel where there is one.
 
     Returns:
         The attended values, shaped as `query`.
@@ -99,6 +113,8 @@ def dot_product_attention(
     _check(query, key, value, mask, implementation)
     split = sequence_split()
     if split is None or split.size == 1:
+        if implementation == "xla":
+            return _xla(query, key, value, mask, causal=causal)
         return _whole(query, key, value, mask, causal=causal)
     n = split.size
     seq, kv_seq = query.shape[0], key.shape[0]
@@ -158,14 +174,17 @@ def _whole(
 ) -> Array:
     """Attention over a sequence whole on its devices: on a TPU the splash
     kernel where it takes the arguments and runs in one device's program; on
-    a GPU cuDNN's fused kernel where it takes them; else XLA's."""
-    visible = None if mask is None else mask[None, None, None]
-    if (_platform() == "tpu" or _tpu_attention.INTERPRET) and on_one_device():
-        out = splash_attention(
-            query, key, value, mask, causal=causal, interpret=_platform() != "tpu"
+    a GPU cuDNN's fused kernel where it takes them; on a CPU, long
+    sequences a block at a time; else XLA's."""
+    (seq, _, dim), kv_seq = query.shape, key.shape[0]
+    interpret = kernel_for(
+        seq, kv_seq, dim, query.dtype, causal=causal, what="dot_product_attention"
+    )
+    if interpret is not None:
+        return splash_attention(
+            query, key, value, mask, causal=causal, interpret=interpret
         )
-        if out is not None:
-            return out
+    visible = None if mask is None else mask[None, None, None]
     if _platform() == "gpu":
         try:
             return jax.nn.dot_product_attention(
@@ -188,6 +207,22 @@ def _whole(
                     "using XLA's attention, which keeps the whole score matrix",
                     reason,
                 )
+    block = BLOCKWISE
+    if (
+        _platform() == "cpu"
+        and min(seq, kv_seq) >= BLOCKWISE_FROM
+        and seq % block == kv_seq % block == 0
+        and (not causal or seq == kv_seq)
+    ):
+        return blockwise_attention(query, key, value, mask, causal=causal, block=block)
+    return _xla(query, key, value, mask, causal=causal)
+
+
+def _xla(
+    query: Array, key: Array, value: Array, mask: Array | None, *, causal: bool
+) -> Array:
+    """XLA's attention: the whole score matrix."""
+    visible = None if mask is None else mask[None, None, None]
     return jax.nn.dot_product_attention(
         query, key, value, mask=visible, is_causal=causal, implementation="xla"
     )

@@ -4,14 +4,18 @@ A query's softmax over all keys is built from blocks of keys as they come:
 a running maximum of the scores (for a stable exponent), a running sum of
 the exponentials and a running sum of the values they weigh, rescaled when
 the maximum grows (Milakov & Gimelshein 2018; FlashAttention). The ring
-(`_ring.py`) feeds it the blocks its schedule names. Scores and sums are kept
-in float32 whatever the inputs' dtype.
+(`_ring.py`) feeds it the blocks its schedule names, computed here in `jnp`
+(`attend_block`) or by a kernel that returns each block's output and
+log-sum-exp (`fold`); `blockwise_attention` is a whole sequence one block of
+queries by one block of keys at a time, the memory of attention on a CPU.
+Scores and sums are kept in float32 whatever the inputs' dtype.
 """
 
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float
 
 
@@ -71,3 +75,74 @@ def attend_block(
 def finish(stats: Stats, dtype: jnp.dtype) -> Float[Array, "seq heads dim"]:
     """The attention output: the weighted values over the sum of weights."""
     return (stats.out / stats.total.T[..., None]).astype(dtype)
+
+
+def fold(
+    stats: Stats,
+    out: Float[Array, "heads seq dim"],
+    lse: Float[Array, "heads seq"],
+) -> Stats:
+    """`stats` after the queries see one more block of keys, given that
+    block's attention output and each query's log-sum-exp of its scores (a
+    kernel's, `_splash.attend`): the block's weights sum to ``exp(lse)``."""
+    # As in `attend_block`, the peak cancels: no gradient through it. The
+    # gradient reaches `lse` through the block's weight.
+    peak = jax.lax.stop_gradient(jnp.maximum(stats.peak, lse))
+    rescale, weight = jnp.exp(stats.peak - peak), jnp.exp(lse - peak)
+    block = jnp.swapaxes(out, 0, 1).astype(jnp.float32) * weight.T[..., None]
+    return Stats(
+        stats.out * rescale.T[..., None] + block, peak, stats.total * rescale + weight
+    )
+
+
+def blockwise_attention(
+    query: Float[Array, "seq heads dim"],
+    key: Float[Array, "kv_seq heads dim"],
+    value: Float[Array, "kv_seq heads dim"],
+    mask: Bool[Array, " kv_seq"] | None,
+    *,
+    causal: bool,
+    block: int,
+) -> Float[Array, "seq heads dim"]:
+    """Attention of a whole sequence, `block` queries by `block` keys at a
+    time (both lengths divisible by it): each block's scores recomputed in
+    the backward pass, the causal blocks above the diagonal skipped.
+
+    Holds one ``heads × block × block`` score matrix instead of XLA's
+    ``heads × seq × kv_seq``.
+    """
+    seq, heads, dim = query.shape
+    kv_seq = key.shape[0]
+    scale = jnp.asarray(1 / np.sqrt(dim), query.dtype)
+    queries = (query * scale).reshape(seq // block, block, heads, dim)
+    keys = key.reshape(kv_seq // block, block, heads, dim)
+    values = value.reshape(kv_seq // block, block, heads, dim)
+    masks = None if mask is None else mask.reshape(kv_seq // block, block)
+    positions = jnp.arange(block)
+    attend = jax.checkpoint(attend_block)
+
+    def rows(inputs: tuple[Array, Array]) -> Array:
+        qi, q = inputs
+
+        def see(stats: Stats, j: Array) -> tuple[Stats, None]:
+            visible = None if masks is None else masks[j][None]
+            if causal:
+                rows, columns = qi * block + positions, j * block + positions
+                below = rows[:, None] >= columns[None]
+                visible = below if visible is None else below & visible
+
+            def compute(stats: Stats) -> Stats:
+                return attend(stats, q, keys[j], values[j], visible)
+
+            if not causal:
+                return compute(stats), None
+            # Blocks whose every key comes after every query: skipped.
+            return jax.lax.cond(j <= qi, compute, lambda s: s, stats), None
+
+        stats, _ = jax.lax.scan(
+            see, empty_stats(block, heads, dim), jnp.arange(kv_seq // block)
+        )
+        return finish(stats, query.dtype)
+
+    out = jax.lax.map(rows, (jnp.arange(seq // block), queries))
+    return out.reshape(seq, heads, dim)

@@ -11,9 +11,11 @@ Causal attention first moves each device's halves to the balanced layout
 (device ``d`` holds the halves ``d`` and ``2n - 1 - d``), so that every
 device computes two full blocks a step instead of device ``n - 1`` computing
 ``n`` times device 0's; the output moves back. The blocks each step computes
-are `_ring_schedule.ring_schedule`'s. Each block's scores are recomputed in
-the backward pass (`jax.checkpoint`): the step keeps the chunks it received,
-not their scores.
+are `_ring_schedule.ring_schedule`'s. On a TPU each block is one call of
+JAX's Pallas splash kernel (`_splash.attend`, parts a multiple of 128 long),
+which returns the block's log-sum-exp for the online softmax; elsewhere each
+block's scores are computed in `jnp` and recomputed in the backward pass
+(`jax.checkpoint`): the step keeps the chunks it received, not their scores.
 """
 
 import functools
@@ -21,11 +23,13 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, Bool, Float
 
+from . import _splash
 from ._attention_inputs import AttentionInputs
-from ._blockwise import Stats, attend_block, empty_stats, finish
+from ._blockwise import Stats, attend_block, empty_stats, finish, fold
 from ._ring_schedule import ring_schedule, slot_tables
+from ._tpu_attention import kernel_for
 
 
 # Key/value parts travelling the ring: keys, values, and the padding mask or
@@ -57,10 +61,24 @@ def ring_attention(
     stats = jax.tree.map(
         lambda *s: jnp.stack(s), *[empty_stats(seq, heads, dim)] * parts
     )
+    kv_seq = k.shape[1]
+    interpret = kernel_for(
+        seq,
+        kv_seq,
+        dim,
+        q.dtype,
+        causal=causal,
+        what="ring attention",
+        instead="its blocks in jnp",
+    )
 
     schedule = ring_schedule(n, causal=causal, layout="balanced")
-    first = functools.partial(_step, *slot_tables(schedule, range(1)), step=0)
-    later = functools.partial(_step, *slot_tables(schedule, range(1, n)))
+    first = functools.partial(
+        _step, *slot_tables(schedule, range(1)), interpret=interpret, step=0
+    )
+    later = functools.partial(
+        _step, *slot_tables(schedule, range(1, n)), interpret=interpret
+    )
     ring = [(i, (i + 1) % n) for i in range(n)]
 
     def send(chunk: _Chunk) -> _Chunk:
@@ -96,31 +114,53 @@ def _step(
     chunk: _Chunk,
     device: Array,
     *,
+    interpret: bool | None,
     step: int | Array,
 ) -> Stats:
     """`stats` after the blocks of one step: slot ``j`` of `device` at
     `step` is its query part ``query_parts[step][device][j]`` against the
-    chunk's key part ``key_parts[step][device][j]``."""
+    chunk's key part ``key_parts[step][device][j]``; by the splash kernel
+    unless `interpret` is None (`kernel_for`)."""
     keys, values, mask = chunk
     qs = jnp.asarray(query_parts, jnp.int32)[step, device]
     ks = jnp.asarray(key_parts, jnp.int32)[step, device]
-    seq = query.shape[1]
     for slot, causal in enumerate(kinds):
         qi, ki = qs[slot], ks[slot]
-        visible = None if mask is None else mask[ki][None]
-        if causal:
-            diagonal = jnp.tril(jnp.ones((seq, seq), bool))
-            visible = diagonal if visible is None else diagonal & visible
         old = jax.tree.map(lambda s, qi=qi: s[qi], stats)
-        # Each block's scores are recomputed in the backward pass, one block
-        # at a time: the step keeps its inputs (the chunks, the running
-        # softmax), never a score matrix. Measured at seq 8192 over
-        # context=4: 69 MiB of temporaries a device, 85 MiB checkpointing
-        # each step whole, 101 MiB keeping the scores (docs/guides).
-        block = jax.checkpoint(attend_block)
-        new = block(old, query[qi], keys[ki], values[ki], visible)
+        key_mask = None if mask is None else mask[ki]
+        block = (query[qi], keys[ki], values[ki], key_mask)
+        new = _attend(old, *block, causal=causal, interpret=interpret)
         stats = jax.tree.map(lambda s, x, qi=qi: s.at[qi].set(x), stats, new)
     return stats
+
+
+def _attend(
+    stats: Stats,
+    query: Float[Array, "seq heads dim"],
+    key: Float[Array, "kv_seq heads dim"],
+    value: Float[Array, "kv_seq heads dim"],
+    mask: Bool[Array, " kv_seq"] | None,
+    *,
+    causal: bool,
+    interpret: bool | None,
+) -> Stats:
+    """`stats` after one block: by the splash kernel unless `interpret` is
+    None, else in `jnp`."""
+    if interpret is not None:
+        # The kernel's layout is (heads, seq, dim).
+        q, k, v = (jnp.swapaxes(x, 0, 1) for x in (query, key, value))
+        return fold(stats, *_splash.attend(q, k, v, mask, causal, interpret))
+    seq = query.shape[0]
+    visible = None if mask is None else mask[None]
+    if causal:
+        diagonal = jnp.tril(jnp.ones((seq, seq), bool))
+        visible = diagonal if visible is None else diagonal & visible
+    # Each block's scores are recomputed in the backward pass, one block at a
+    # time: the step keeps its inputs (the chunks, the running softmax), never
+    # a score matrix. Measured at seq 8192 over context=4: 69 MiB of
+    # temporaries a device, 85 MiB checkpointing each step whole, 101 MiB
+    # keeping the scores (docs/guides).
+    return jax.checkpoint(attend_block)(stats, query, key, value, visible)
 
 
 def _balancing_moves(n: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
