@@ -254,7 +254,7 @@ def _backward_missing() -> str | None:
     except ImportError as error:  # pragma: no cover - a JAX without Pallas
         return f"JAX's splash kernel does not import ({error})"
     for name, wanted in _BACKWARD.items():
-        function = getattr(splash, name, None)
+        function = vars(splash).get(name)
         if function is None:
             return f"this JAX ({jax.__version__}) has no splash backward {name}"
         have = set(inspect.signature(function).parameters)

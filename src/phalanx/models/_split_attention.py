@@ -7,9 +7,11 @@ position, so it goes manual over the context axis (and over the axes the
 examples are split over, so that the vmap over examples keeps them split:
 `SequenceSplit.batch_axes`) and exchanges chunks itself: all of them at once
 (`all_gather_attention`), or one at a time round a ring (`_ring.py`). Other
-mesh axes (``"tensor"``, splitting heads) stay automatic: where one is larger
-than one device, attention stays XLA's (a Pallas kernel is not split by
-XLA's partitioner).
+mesh axes larger than one device (``"tensor"``) split the heads inside it
+where they divide them, so that each device attends with its own heads in
+its own program, where a Pallas kernel can run (XLA's partitioner does not
+split one); where they do not divide, they stay automatic and the blocks
+are XLA's.
 """
 
 import functools
