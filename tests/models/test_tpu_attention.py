@@ -136,10 +136,13 @@ def test_arguments_the_kernel_refuses_use_xla_with_one_warning(interpreted, capl
     q, k, v = (jnp.asarray(x[0, :200]) for x in qkv())  # no block divides 200
     attend = px.models.dot_product_attention
     with caplog.at_level(logging.WARNING, logger="phalanx"):
-        for _ in range(2):  # two layers of one model: said once
-            out = jax.jit(lambda q, k, v: attend(q, k, v, causal=True))(q, k, v)
+        # Two layers of one model (two traces): said once.
+        outs = [
+            jax.jit(lambda q, k, v: attend(q, k, v, causal=True))(q, k, v)
+            for _ in range(2)
+        ]
     np.testing.assert_allclose(
-        out, xla(q[None], k[None], v[None], True, None)[0], rtol=1e-5, atol=1e-6
+        outs[1], xla(q[None], k[None], v[None], True, None)[0], rtol=1e-5, atol=1e-6
     )
     assert interpreted == []
     (said,) = [r.getMessage() for r in caplog.records]
