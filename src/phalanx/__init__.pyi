@@ -12,7 +12,7 @@ from . import (
 )
 from ._engine.program._programs import StepValues as StepValues
 from ._engine.run._lr_finder import LRFinderResult as LRFinderResult
-from ._plan._devices import DeviceSpec as DeviceSpec
+from ._plan._devices import DeviceSpec as DeviceSpec, calibrate as calibrate
 from ._plan._from_shapes import plan as plan
 from ._plan._result import Plan as Plan, PlanRow as PlanRow
 from ._plan._space import PlanSpace as PlanSpace

@@ -1,8 +1,12 @@
 """One candidate of a plan, built on abstract arguments: its state's layout
 and bytes per device (known without compiling, the plan's memory bound),
 its FLOPs (from a trace, the plan's time bound), then, compiled ahead of
-time, its memory, its collectives' bytes and its predicted step time.
-Nothing is placed or run: every argument is a `jax.ShapeDtypeStruct`.
+time, its memory, its collectives' bytes and its predicted step time: the
+compiled program's own work (`_cost.step_work`: its FLOPs, the bytes its
+kernels move and its collectives, loop by loop, XLA's cost analysis the
+floor) priced at the `DeviceSpec`'s rates, measured on the device where a
+plan calibrated it. Nothing is placed or run: every argument is a
+`jax.ShapeDtypeStruct`.
 """
 
 import dataclasses
@@ -21,6 +25,7 @@ from .._engine.step._layout import StateLayout, leaf_names, state_layout
 from .._engine.step._step import StepParts
 from ..strategies import Strategy
 from ..strategies._placement import HOST_MEMORY
+from ._cost import step_work
 from ._devices import DeviceSpec
 from ._hlo import collective_bytes
 from ._space import Candidate, Remat, with_remat
@@ -59,8 +64,13 @@ class Measured:
             memory as the device's (XLA:CPU).
         collectives: the bytes it sends to other devices in one step.
         compute, traffic, communication, host: the cost model's seconds for
-            its FLOPs, its memory traffic, its collectives and its
+            its FLOPs, its memory traffic, its collectives (their bytes at
+            the link's bandwidth, plus the link's latency once each) and its
             offloaded state's trips between host and device.
+        flops: the matrix FLOPs costed: the compiled program's, or the
+            traced count where that is more.
+        accessed: the bytes its kernels read and write, as costed.
+        collective_ops: the collectives it runs in one step.
     """
 
     memory: StepMemory
@@ -70,6 +80,9 @@ class Measured:
     traffic: float
     communication: float
     host: float = 0.0
+    flops: float = 0.0
+    accessed: float = 0.0
+    collective_ops: int = 0
 
     @property
     def seconds(self) -> float:
@@ -184,22 +197,26 @@ def measure(
     devices: Sequence[Any],
     device: DeviceSpec,
 ) -> Measured:
-    """Compile `program`'s train step ahead of time and cost it.
+    """Compile `program`'s train step ahead of time and cost it at
+    `device`'s rates.
 
-    Memory traffic, as the model counts it: every argument read once,
-    every output written once, and each microbatch's temporaries written
-    and read once."""
+    What it costs, per device: its matrix FLOPs (those of the compiled
+    program, loops' trips counted, or the traced count where that is
+    more, so that no prediction is under its `bound`), the bytes its
+    kernels read and write (the compiled program's, or XLA's cost
+    analysis', or the state read and written once, whichever is most),
+    and each collective's bytes and one link latency (`Measured`)."""
+    del candidate  # the compiled program's loops say its microbatches
     compiled = program.traced.lower(*program.arguments).compile()
     stats = compiled.memory_analysis()
     memory = StepMemory.of_stats(stats)
     if memory is None:  # every backend JAX 0.10 runs on reports it
         raise RuntimeError("the backend reports no memory analysis to plan with")
-    sent = collective_bytes(compiled.as_text() or "", len(devices))
-    traffic = (
-        memory.arguments
-        + memory.outputs
-        + 2 * candidate.microbatches * memory.temporaries
-    )
+    text = compiled.as_text() or ""
+    sent = collective_bytes(text, len(devices))
+    work = step_work(text, len(devices))
+    flops = max(bound.flops, work.flops)
+    accessed = max(work.bytes, _xla_bytes(compiled), 2.0 * bound.state)
     # Offloaded state in the arguments, its donated outputs aliased: +host
     # in the peak, where the backend does not count host memory apart.
     apart = int(getattr(stats, "host_argument_size_in_bytes", 0) or 0) > 0
@@ -207,8 +224,22 @@ def measure(
         memory=memory,
         peak=memory.peak - (0 if apart else bound.host),
         collectives=sent,
-        compute=bound.flops / device.flops,
-        traffic=traffic / device.memory_bandwidth,
-        communication=sent / device.link_bandwidth,
+        compute=flops / device.flops,
+        traffic=accessed / device.memory_bandwidth,
+        communication=sent / device.link_bandwidth
+        + work.collectives * device.link_latency,
         host=2 * bound.host / device.host_bandwidth,
+        flops=flops,
+        accessed=accessed,
+        collective_ops=work.collectives,
     )
+
+
+def _xla_bytes(compiled: Any) -> float:
+    """The bytes XLA's cost analysis says the program accesses (its loops'
+    bodies once: a floor). JAX 0.10 returns one dict; earlier versions a
+    list of one per program; a backend may return none."""
+    found = compiled.cost_analysis()
+    if isinstance(found, list | tuple):
+        found = found[0] if found else None
+    return float((found or {}).get("bytes accessed", 0.0) or 0.0)
