@@ -7,10 +7,10 @@ not. The model, loss and batch are test_plan.py's."""
 import jax
 import numpy as np
 import optax
-import pytest
 
 import phalanx as px
 from helpers import host_arrays
+from phalanx._plan._choice import TIE
 from phalanx._plan._measure import Builder, bounds, measure
 from phalanx._plan._space import PlanSpace, microbatch_counts
 from test_plan import BATCH, loss, make
@@ -71,7 +71,8 @@ def test_the_choice_is_the_best_of_an_exhaustive_grid():
         and plan.choice.measured is not None
         and best is not None
     )
-    assert plan.choice.measured.seconds == pytest.approx(best[0])
+    # The fastest of the grid, or one simpler within TIE of it (_choice).
+    assert best[0] <= plan.choice.measured.seconds <= best[0] * (1 + TIE)
     assert "fits" in statuses.values() or "chosen" in str(plan)
 
 

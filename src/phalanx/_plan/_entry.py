@@ -13,7 +13,7 @@ from .._assembly._parts import TrainerParts
 from .._engine.feed._batch_checks import num_examples
 from .._engine.program._spec import BatchSpec
 from .._typing import validates_own_arguments
-from .._validate import is_real
+from .._validate import boolean, integer, is_real
 from ..strategies import Strategy
 from ._devices import budget_bytes, device_spec
 from ._measure import Builder
@@ -41,6 +41,10 @@ def plan_trainer(parts: TrainerParts, batch: Any, **options: Any) -> Plan:
             f"margin={margin!r} must be in [0, 1): the share of the budget kept "
             "free, e.g. 0.1"
         )
+    measure = integer("measure", asked.measure, minimum=0, example="measure=3")
+    progress = asked.progress
+    if progress is not None:
+        progress = boolean("progress", progress)
     budget = budget_bytes(asked.budget, chosen)
     built = parts.programs.parts
     step = built.step
@@ -62,7 +66,8 @@ def plan_trainer(parts: TrainerParts, batch: Any, **options: Any) -> Plan:
         if space.remat is not None
         else ([False, True] if has_stack(model) else [None])
     )
-    return search(builder, remats, Settings(chosen, space, budget, margin, cost))
+    settings = Settings(chosen, space, budget, margin, cost, measure, progress)
+    return search(builder, remats, settings)
 
 
 def _devices(devices: int | Sequence[Any] | None) -> list[Any]:

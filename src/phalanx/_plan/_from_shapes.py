@@ -33,6 +33,8 @@ def plan(
     margin: float = 0.1,
     device: str | DeviceSpec | None = None,
     devices: int | Sequence[Any] | None = None,
+    measure: int = 0,
+    progress: bool | None = None,
     trainer: type[DataParallelTrainer] = DataParallelTrainer,
     **trainer_kwargs: Any,
 ) -> Plan:
@@ -60,6 +62,14 @@ def plan(
             `px.DeviceSpec`); None: the devices' own kind.
         devices: how many of `jax.devices()` to plan for, or which; None:
             all.
+        measure: how many of the fastest predicted that fit to run and time
+            (a few steps each, on random arrays, with the programs the plan
+            compiled): the choice is then by measured step time. 0: by
+            prediction alone.
+        progress: show the search's progress: True, a live bar on a
+            terminal (standard error) and a log line per candidate
+            elsewhere; None, the bar on a terminal and nothing elsewhere;
+            False, nothing.
         trainer: the trainer class (a subclass with its own hooks).
         **trainer_kwargs: the trainer's other arguments (``loss``,
             ``precision``, ...); a `MeshStrategy` passed as ``strategy``
@@ -98,5 +108,12 @@ def plan(
 
     jax.eval_shape(construct)  # the trainer's parts, from shapes alone
     return built[0].plan(
-        batch, budget=budget, space=space, margin=margin, device=device, devices=devices
+        batch,
+        budget=budget,
+        space=space,
+        margin=margin,
+        device=device,
+        devices=devices,
+        measure=measure,
+        progress=progress,
     )

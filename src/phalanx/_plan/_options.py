@@ -22,6 +22,8 @@ class PlanOptions(NamedTuple):
     margin: float = 0.1
     device: str | DeviceSpec | None = None
     devices: int | Sequence[Any] | None = None
+    measure: int = 0
+    progress: bool | None = None
 
 
 class Settings(NamedTuple):
@@ -34,6 +36,11 @@ class Settings(NamedTuple):
         budget: the bytes a step may take on each device.
         margin: the share of `budget` kept free.
         device: the device the cost model prices.
+        measure: how many of the fastest predicted that fit are run and
+            timed (0: none; the choice is by prediction).
+        progress: whether the search shows its progress: True, a live bar
+            on a terminal and a log line per candidate elsewhere; None, the
+            bar on a terminal and nothing elsewhere; False, nothing.
     """
 
     devices: list[Any]
@@ -41,6 +48,8 @@ class Settings(NamedTuple):
     budget: int
     margin: float
     device: DeviceSpec
+    measure: int = 0
+    progress: bool | None = None
 
     @property
     def usable(self) -> float:

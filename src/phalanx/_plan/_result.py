@@ -11,6 +11,7 @@ from rich.table import Table
 from .._engine.program._summary import format_bytes, plain_text
 from .._telemetry._flops import format_flops
 from ..strategies import Strategy
+from ._choice import TIE, choose
 from ._devices import DeviceSpec
 from ._space import Candidate, PlanSpace, remat_name, with_remat
 
@@ -29,11 +30,17 @@ class PlanRow:
             margin), ``"too big"`` (compiled; it is not), ``"pruned"`` (not
             compiled: its state alone exceeds that), ``"bounded"`` (not
             compiled: its time bound is no faster than a candidate that
-            fits), ``"skipped"`` (the batch does not split over it).
+            fits, or the least peak of its kind does not fit),
+            ``"failed"`` (XLA refused it), ``"skipped"`` (the batch does
+            not split over it).
         why: the reason, in words (empty where it fits).
         bounds: what it costs at least, known before compiling (None where
             skipped).
         measured: its compiled figures (None where not compiled).
+        least_peak: where the least peak of its kind bounded it out, the
+            peak it holds at least (`_floor.SLACK` under that one's).
+        timed: its median step time, run and timed (``measure=``; None
+            where not).
 
     Its table row: the state's bytes on the fullest device (and those kept
     in host memory), the compiled step's argument, temporary and peak bytes
@@ -49,13 +56,24 @@ class PlanRow:
     bounds: "Bounds | None" = None
     measured: "Measured | None" = None
     warnings: tuple[str, ...] = ()
+    least_peak: int | None = None
+    timed: float | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        """The step time it is ranked by: measured where it was timed,
+        else predicted (None where not compiled)."""
+        if self.timed is not None:
+            return self.timed
+        return None if self.measured is None else self.measured.seconds
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A fit's plan: the candidates weighed and the one chosen (the fastest
-    predicted that fits within the budget less the margin; None where none
-    does).
+    """A fit's plan: the candidates weighed and the one chosen: the fastest
+    that fits within the budget less the margin (predicted, or measured
+    where it timed steps), the simpler layout where two are within
+    `_choice.TIE` of each other (None where none fits).
 
     Attributes:
         rows: every candidate, in the order weighed.
@@ -65,9 +83,13 @@ class Plan:
         device: the cost model's device.
         devices: how many devices the plan is for.
         size: the global batch's examples.
-        compiled: how many candidates were compiled.
+        compiled: how many candidates it compiled.
         seconds: how long the plan took.
         space: what it chose among.
+        reused: how many candidates it found compiled (by an earlier plan
+            in this process, or earlier in this one), not compiled again.
+        timed_steps: the steps timed of each candidate run (0: none was;
+            the choice is by prediction).
     """
 
     rows: tuple[PlanRow, ...]
@@ -80,17 +102,27 @@ class Plan:
     compiled: int
     seconds: float
     space: PlanSpace
+    reused: int = 0
+    timed_steps: int = 0
 
     @classmethod
     def of(cls, rows: Sequence[PlanRow], **fields: Any) -> "Plan":
-        """The plan of `rows`, its choice the fastest predicted that fits."""
+        """The plan of `rows`: its choice the fastest that fits, by measured
+        time among those timed where any was, else by prediction; within
+        `TIE` of it, the simplest (`_choice.choose`)."""
         fitting = [r for r in rows if r.status == "fits" and r.measured is not None]
-        choice = min(
-            fitting,
-            key=lambda r: (r.measured.seconds, r.candidate.microbatches),  # pyright: ignore[reportOptionalMemberAccess]
-            default=None,
+        timed = [r for r in fitting if r.timed is not None]
+        choice = choose(
+            timed or fitting,
+            lambda r: r.seconds,  # pyright: ignore[reportArgumentType, reportReturnType]
+            lambda r: r.candidate,
         )
         return cls(tuple(rows), choice, **fields)
+
+    @property
+    def by_measurement(self) -> bool:
+        """Whether the choice was by measured step time."""
+        return self.choice is not None and self.choice.timed is not None
 
     @property
     def smallest_peak(self) -> PlanRow | None:
@@ -185,6 +217,8 @@ class Plan:
 
     def __rich__(self) -> Table:
         kind = "relative" if self.device.relative else "predicted"
+        relative = self.device.relative
+        timed = any(row.timed is not None for row in self.rows)
         table = Table(
             title=f"plan: {self.size} examples a step on {self.devices} devices, "
             f"budget {format_bytes(self.budget)} a device (margin {self.margin:.0%})",
@@ -195,25 +229,41 @@ class Plan:
             table.add_column(column, justify="right")
         table.add_column("collectives", justify="right")
         table.add_column(f"step ({kind})", justify="right")
+        if timed:
+            table.add_column("measured", justify="right")
         table.add_column("", justify="left")
         for row in self.rows:
             c, m, b = row.candidate, row.measured, row.bounds
             mark = "<- chosen" if row is self.choice else row.status
             if row.why and row is not self.choice:
                 mark += f": {row.why}"
-            table.add_row(
+            # Not compiled: what it costs at least, as its bounds say.
+            least = (
+                None
+                if b is None
+                else (b.state if row.least_peak is None else row.least_peak)
+            )
+            cells = [
                 f"{c.data}·{c.fsdp}·{c.context}·{c.tensor}",
                 str(c.microbatches),
                 "-" if c.remat is None else remat_name(c.remat),
                 "-" if b is None else _on_host(format_bytes(b.state), b.host),
                 "-" if m is None else format_bytes(m.memory.arguments),
                 "-" if m is None else format_bytes(m.memory.temporaries),
-                "-" if m is None else format_bytes(m.peak),
+                _at_least(least, format_bytes) if m is None else format_bytes(m.peak),
                 "-" if b is None else format_flops(b.flops),
                 "-" if m is None else format_bytes(int(m.collectives)),
-                "-" if m is None else _time(m.seconds, self.device.relative),
-                mark,
-            )
+                (
+                    _at_least(
+                        None if b is None else b.seconds, lambda t: _time(t, relative)
+                    )
+                    if m is None
+                    else _time(m.seconds, relative)
+                ),
+            ]
+            if timed:
+                cells.append("-" if row.timed is None else _time(row.timed, False))
+            table.add_row(*cells, mark)
         return table
 
     def _caption(self) -> str:
@@ -225,16 +275,27 @@ class Plan:
         )
         if device.relative:
             model += " (nominal: times rank the candidates, they do not predict)"
-        done = f"{self.compiled} compiled in {self.seconds:.1f} s"
+        done = (
+            f"compiled {self.compiled}, reused {self.reused}, in {self.seconds:.1f} s"
+        )
         if self.choice is not None and self.choice.warnings:
             said = self.choice.warnings
             done += "".join(f"\nlayout: {line}" for line in said[:3])
             if len(said) > 3:
                 done += f"\nlayout: and {len(said) - 3} more (plan.choice.warnings)"
+        if self.choice is None:
+            return f"{self.nothing_fits()}\n{model}\n{done}"
+        by = (
+            f"by measured step time (the median of {self.timed_steps} steps after a "
+            f"warm-up, of the {sum(r.timed is not None for r in self.rows)} fastest "
+            "predicted)"
+            if self.by_measurement
+            else "by predicted step time"
+        )
         chosen = (
-            self.nothing_fits()
-            if self.choice is None
-            else f"chosen: {self.choice.candidate.describe()}"
+            f"chosen: {self.choice.candidate.describe()}\n{by}; within {TIE:.0%} of "
+            "the fastest, the simplest layout (fewer mesh axes, no remat, fewer "
+            "microbatches)"
         )
         return f"{chosen}\n{model}\n{done}"
 
@@ -246,6 +307,11 @@ class Plan:
 def _on_host(state: str, host: int) -> str:
     """A state's device bytes, and its host bytes where it has some."""
     return f"{state} (+{format_bytes(host)} host)" if host else state
+
+
+def _at_least(value: int | float | None, show: Any) -> str:
+    """A bound's cell: ``≥ value`` (``-`` where there is none)."""
+    return "-" if value is None else f"≥ {show(value)}"
 
 
 def _time(seconds: float, relative: bool) -> str:
