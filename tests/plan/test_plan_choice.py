@@ -76,7 +76,7 @@ def test_the_bar_counts_candidates_on_a_terminal():
         progress.costed(row(DATA, 1.0), reused=False)
         progress.settled([REMAT, MICRO], "bounded", "its time bound ...")
     out = text.getvalue()
-    assert "compiled 1 · reused 0 · pruned 0 · bounded 2 · left 1" in out
+    assert "compiled 1 pruned 0 bounded 2 left 1" in out
     # Off a terminal: nothing, unless asked for (then log lines, not a bar).
     quiet = io.StringIO()
     with PlanProgress(None, console=Console(file=quiet)) as progress:

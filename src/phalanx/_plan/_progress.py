@@ -14,7 +14,6 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     TaskID,
     TextColumn,
@@ -51,8 +50,7 @@ class PlanProgress:
         if live:
             self._bar = Progress(
                 TextColumn("plan"),
-                BarColumn(),
-                MofNCompleteColumn(),
+                BarColumn(bar_width=12),
                 TextColumn("{task.fields[counts]}"),
                 TimeElapsedColumn(),
                 TextColumn("{task.description}"),
@@ -89,12 +87,12 @@ class PlanProgress:
 
     def tracing(self, candidate: Candidate) -> None:
         """`candidate`'s layout is being traced (its bounds)."""
-        self._refresh(f"tracing {candidate.describe()}")
+        self._refresh(f"tracing {_short(candidate)}")
 
     def compiling(self, candidate: Candidate) -> None:
         """`candidate` is being compiled (or found compiled)."""
         self._began = time.perf_counter()
-        self._refresh(f"compiling {candidate.describe()}")
+        self._refresh(f"compiling {_short(candidate)}")
 
     def costed(self, row: PlanRow, reused: bool) -> None:
         """`row` was compiled (`reused`: found compiled) and costed."""
@@ -127,7 +125,7 @@ class PlanProgress:
 
     def timing(self, candidate: Candidate) -> None:
         """`candidate`'s step is being run and timed."""
-        self._refresh(f"timing {candidate.describe()}")
+        self._refresh(f"timing {_short(candidate)}")
 
     def timed(self, candidate: Candidate, seconds: float | None, why: str) -> None:
         """`candidate`'s median step took `seconds` (None: it could not
@@ -138,10 +136,11 @@ class PlanProgress:
     def _refresh(self, doing: str) -> None:
         if self._bar is None:
             return
+        left = self._total - len(self._decided)
+        reused = f" reused {self.reused}" if self.reused else ""
         counts = (
-            f"compiled {self.fresh} · reused {self.reused} · pruned "
-            f"{self.pruned} · bounded {self.bounded} · left "
-            f"{self._total - len(self._decided)}"
+            f"compiled {self.fresh}{reused} pruned {self.pruned} bounded "
+            f"{self.bounded} left {left}"
         )
         self._bar.update(
             self._task,
@@ -152,5 +151,16 @@ class PlanProgress:
         )
 
     def _say(self, line: str) -> None:
+        """`line` on the log, where lines are shown."""
         if self._lines:
             logger.log(logging.INFO, "plan: %s", line, extra={MARK: True})
+
+
+def _short(candidate: Candidate) -> str:
+    """`candidate` as the bar has room for: its mesh as the table writes
+    it, its microbatches and remat where it has them."""
+    c = candidate
+    text = f"{c.data}·{c.fsdp}·{c.context}·{c.tensor}"
+    text += f" micro {c.microbatches}" if c.microbatches > 1 else ""
+    text += " remat" if c.remat is not None and c.remat is not False else ""
+    return text + (" offload" if c.offload else "")

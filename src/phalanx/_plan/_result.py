@@ -285,17 +285,16 @@ class Plan:
                 done += f"\nlayout: and {len(said) - 3} more (plan.choice.warnings)"
         if self.choice is None:
             return f"{self.nothing_fits()}\n{model}\n{done}"
+        timed = sum(r.timed is not None for r in self.rows)
         by = (
-            f"by measured step time (the median of {self.timed_steps} steps after a "
-            f"warm-up, of the {sum(r.timed is not None for r in self.rows)} fastest "
-            "predicted)"
+            f"measured step time (the median of {self.timed_steps} steps of each "
+            f"of the {timed} fastest predicted)"
             if self.by_measurement
-            else "by predicted step time"
+            else "predicted step time"
         )
         chosen = (
-            f"chosen: {self.choice.candidate.describe()}\n{by}; within {TIE:.0%} of "
-            "the fastest, the simplest layout (fewer mesh axes, no remat, fewer "
-            "microbatches)"
+            f"chosen: {self.choice.candidate.describe()}, by {by}; a tie within "
+            f"{TIE:.0%} goes to the simpler layout"
         )
         return f"{chosen}\n{model}\n{done}"
 

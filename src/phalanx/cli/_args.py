@@ -237,6 +237,8 @@ class PlanArgs:
     device: str | None
     # The options given that ``phalanx train`` takes, as its flags.
     train_flags: tuple[str, ...] = ()
+    # How many of the fastest predicted that fit are run and timed.
+    measure: int = 0
 
 
 # Fields never written to a config file: the per-command options, and what is

@@ -86,7 +86,7 @@ def resolve_find_lr(argv: Sequence[str], namespace: argparse.Namespace) -> FindL
 
 
 # plan's own options.
-_PLAN_ONLY = ("budget", "margin", "device")
+_PLAN_ONLY = ("budget", "margin", "device", "measure")
 # train's options that plan chooses itself.
 PLAN_CHOOSES = ("strategy", "mesh", "shard", "microbatches")
 
@@ -107,7 +107,14 @@ def resolve_plan(argv: Sequence[str], namespace: argparse.Namespace) -> PlanArgs
             "itself (that is its answer); drop them"
         )
     run, flags = _run_and_flags(argv, namespace, _PLAN_ONLY)
-    return PlanArgs(run, namespace.budget, namespace.margin, namespace.device, flags)
+    return PlanArgs(
+        run,
+        namespace.budget,
+        namespace.margin,
+        namespace.device,
+        flags,
+        measure=namespace.measure,
+    )
 
 
 def _run_and_flags(

@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Callable
 
 from ._options import Add, add_folder_options
-from ._values import at_least_two, fraction, positive_float, size
+from ._values import at_least_two, fraction, non_negative_int, positive_float, size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +53,8 @@ def _add_find_lr_options(add: Add) -> None:
 
 
 def _add_plan_options(add: Add) -> None:
-    """--budget and --margin (the memory a step may take), and --device
-    (the one whose speed is priced)."""
+    """--budget and --margin (the memory a step may take), --device (the
+    one whose speed is priced) and --measure (how many to run and time)."""
     add(
         "--budget",
         type=size,
@@ -76,6 +76,14 @@ def _add_plan_options(add: Add) -> None:
         metavar="NAME",
         help="the device the cost model prices (h100, a100, tpu v5p, ...; "
         "default: the devices' own kind; on CPU the times only rank)",
+    )
+    add(
+        "--measure",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="run the N fastest predicted that fit for a few steps each and "
+        "choose by their measured step time (default 0: by prediction)",
     )
 
 

@@ -49,7 +49,12 @@ def plan_and_report(
     devices_said()
     batch = (x[: run.batch_size], y[: run.batch_size])
     plan = trainer.plan(
-        batch, budget=budget, margin=args.margin, device=args.device, devices=devices
+        batch,
+        budget=budget,
+        margin=args.margin,
+        device=args.device,
+        devices=devices,
+        measure=args.measure,
     )
     if plan.choice is None:
         print(f"phalanx plan: {plan.nothing_fits()}", file=sys.stderr)
