@@ -10,7 +10,16 @@ whether the ranking holds there. On a GPU (``bash benchmarks/gpu.sh``) the
 predictions are in seconds and bytes, and their error is the guide's
 "measured error".
 
-Run: ``python benchmarks/plan.py [--budget 200MiB] [--compare 3] [--out F]``
+Measured step time is a step's, not a ``fit`` call's: the slope of a fit's
+time over its steps (a fit of ``1 + --steps`` steps less a fit of one, over
+``--steps``; the median of three), so that what a fit costs once (its
+start, its callbacks' first and last calls, the wait for its last step)
+cancels. ``--measure K`` also has the plan run and time its K fastest
+predicted (``px.plan(measure=K)``: its compiled programs, a few steps on
+random arrays) and choose by their time; both measured columns are printed.
+
+Run: ``python benchmarks/plan.py [--budget 200MiB] [--compare 3] [--measure 0]
+[--out F]``
 """
 
 import argparse
@@ -36,6 +45,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=8, help="timed steps each")
     parser.add_argument("--compare", type=int, default=3, help="candidates run")
+    parser.add_argument(
+        "--measure", type=int, default=0, help="the plan's own measure= (K run)"
+    )
     parser.add_argument("--out", default=None, help="write the numbers as JSON")
     args = parser.parse_args()
 
@@ -65,18 +77,28 @@ def main() -> None:
     model = eqx.filter_eval_shape(make)
     params = sum(x.size for x in jax.tree.leaves(model) if hasattr(x, "size"))
     began = time.perf_counter()
-    plan = px.plan(make, optax.adam(1e-3), batch, budget=budget, space=space, loss=loss)
+    plan = px.plan(
+        make, optax.adam(1e-3), batch, budget=budget, space=space, loss=loss,
+        measure=args.measure, progress=True,
+    )  # fmt: skip
     took = time.perf_counter() - began
     print(plan)
     print(f"{params / 1e6:.1f} M parameters; {plan.compiled} compiled in {took:.1f} s")
-    results: dict = {"parameters": params, "compiled": plan.compiled, "seconds": took}
+    results: dict = {
+        "parameters": params,
+        "compiled": plan.compiled,
+        "reused": plan.reused,
+        "seconds": took,
+        "by_measurement": plan.by_measurement,
+    }
     if plan.choice is None:
         print(plan.nothing_fits())
         return
 
     def run(candidate) -> tuple[float, float, int | None]:
         """Train `candidate` for a few steps: its state bytes on the fullest
-        device, the median step time, the device's peak bytes (GPU)."""
+        device, its step time (the median of three slopes: a fit of 1 +
+        steps less a fit of one, over steps), the device's peak bytes."""
         strategy = candidate.strategy(space, jax.devices()[: plan.devices])
         trainer = px.DataParallelTrainer(
             make(), optax.adam(1e-3), loss=loss,
@@ -90,10 +112,14 @@ def main() -> None:
         data = [(tokens.astype(np.int32), tokens.astype(np.int32))]
         trainer.fit(data * 2)  # compile and warm up
         times = []
-        for _ in range(args.steps):
+        for _ in range(3):
             start = time.perf_counter()
             trainer.fit(data)
-            times.append(time.perf_counter() - start)
+            one = time.perf_counter() - start
+            start = time.perf_counter()
+            trainer.fit(data * (1 + args.steps))
+            many = time.perf_counter() - start
+            times.append((many - one) / args.steps)
         stats = jax.devices()[0].memory_stats() or {}
         return (
             max(held.values()),
@@ -117,13 +143,23 @@ def main() -> None:
     tighter = px.plan(
         make, optax.adam(1e-3), batch, budget=lower, space=space, loss=loss
     )
+    took = time.perf_counter() - began
     said = (
         tighter.nothing_fits()
         if tighter.choice is None
         else f"chose {tighter.choice.candidate.describe()}"
     )
-    print(f"budget {lower} (20% below the choice's peak {peak}): {said}")
-    results["tighter"] = {"budget": lower, "said": said, "compiled": tighter.compiled}
+    print(
+        f"budget {lower} (20% below the choice's peak {peak}): {said} "
+        f"(compiled {tighter.compiled}, reused {tighter.reused}, in {took:.1f} s)"
+    )
+    results["tighter"] = {
+        "budget": lower,
+        "said": said,
+        "compiled": tighter.compiled,
+        "reused": tighter.reused,
+        "seconds": took,
+    }
 
     fitting = sorted(
         (r for r in plan.rows if r.status == "fits" and r.measured is not None),
@@ -138,13 +174,15 @@ def main() -> None:
                 "candidate": row.candidate.describe(),
                 "predicted_s": row.measured.seconds,
                 "measured_s": seconds,
+                "plan_measured_s": row.timed,
                 "predicted_peak": row.measured.peak,
                 "measured_peak": device_peak,
             }
         )
+        by_plan = "" if row.timed is None else f" (the plan's {row.timed:.4g})"
         print(
             f"{row.candidate.describe():<45} predicted {row.measured.seconds:.4g} "
-            f"measured {seconds:.4g} s"
+            f"measured {seconds:.4g} s{by_plan}"
             + (
                 ""
                 if device_peak is None

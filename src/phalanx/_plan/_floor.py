@@ -67,10 +67,12 @@ class Floors:
         self._remats = remats
         self._floors: dict[Hashable, tuple[Pair, Candidate]] = {}
         for pair in pairs:
+            if not pair.counts:  # no count of the space divides its share
+                continue
             key = kind(pair.first, remats)
             known = self._floors.get(key)
             if known is None or _lower(pair, known[0]):
-                floor = pair.first._replace(microbatches=max(pair.counts, default=1))
+                floor = pair.first._replace(microbatches=max(pair.counts))
                 self._floors[key] = (pair, floor)
         self._peaks: dict[Hashable, int | None] = {}
         self.tight = False
