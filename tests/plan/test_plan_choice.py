@@ -1,7 +1,8 @@
 """The plan's choice among layouts that fit (issue 57, item 3): the
 fastest, a tie within `TIE` going to the simpler layout (fewer mesh axes,
 no remat, fewer microbatches), by measured time where steps were timed;
-and its progress bar on a terminal. Nothing here compiles."""
+its progress bar on a terminal; and ``phalanx plan --measure``. Nothing
+here compiles."""
 
 import io
 
@@ -14,6 +15,8 @@ from phalanx._plan._measure import Measured
 from phalanx._plan._progress import PlanProgress
 from phalanx._plan._result import Plan, PlanRow
 from phalanx._plan._space import Candidate, PlanSpace
+from phalanx.cli._config import resolve_plan
+from phalanx.cli._main import build_parser
 
 
 def row(candidate: Candidate, seconds: float, timed: float | None = None) -> PlanRow:
@@ -82,3 +85,11 @@ def test_the_bar_counts_candidates_on_a_terminal():
     with PlanProgress(None, console=Console(file=quiet)) as progress:
         progress.start(4, 8)
     assert quiet.getvalue() == ""
+
+
+def test_phalanx_plan_takes_measure_and_keeps_it_off_the_train_command():
+    argv = ["plan", "--hidden", "64", "--budget", "1MiB", "--measure", "2"]
+    planned = resolve_plan(argv, build_parser().parse_args(argv))
+    assert planned.measure == 2 and "--measure" not in planned.train_flags
+    argv = argv[:-2]
+    assert resolve_plan(argv, build_parser().parse_args(argv)).measure == 0
