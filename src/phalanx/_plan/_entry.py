@@ -50,7 +50,9 @@ def plan_trainer(parts: TrainerParts, batch: Any, **options: Any) -> Plan:
     step = built.step
     space = _space_of(asked.space, step.strategy)
     mesh_splits(len(chosen), space)  # the meshes checked before any trace
-    cost = device_spec(asked.device, chosen[0].device_kind, step.precision.compute)
+    cost = device_spec(
+        asked.device, chosen[0].device_kind, step.precision.compute, devices=chosen
+    )
     spec, size = _spec(parts, batch)
     builder = Builder(
         step,

@@ -59,7 +59,9 @@ def plan(
             ``min_size`` of a `MeshStrategy` passed as ``strategy``.
         margin: the share of `budget` kept free.
         device: the device the cost model prices (``"h100"``, ...; a
-            `px.DeviceSpec`); None: the devices' own kind.
+            `px.DeviceSpec`, e.g. ``px.calibrate()``'s); None: the devices'
+            own kind, its figures measured on them once and cached on an
+            accelerator (`px.calibrate`), nominal on a CPU.
         devices: how many of `jax.devices()` to plan for, or which; None:
             all.
         measure: how many of the fastest predicted that fit to run and time

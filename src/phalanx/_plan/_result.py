@@ -273,6 +273,10 @@ class Plan:
             f"cost model: {device.name}, {device.flops / 1e12:g} TFLOP/s, memory "
             f"{memory:g} GB/s, links {links:g} GB/s"
         )
+        if device.link_latency > 0:
+            model += f" after {device.link_latency * 1e6:.3g} us"
+        if device.calibrated:
+            model += " (measured on these devices)"
         if device.relative:
             model += " (nominal: times rank the candidates, they do not predict)"
         done = (
