@@ -48,6 +48,8 @@ UNRELATED = {
     ("sys", "'ps1'"): "whether Python runs interactively (the hang watchdog's auto)",
     ("st", "strategy"): "a registered strategy's class, by name, from the lazily "
     "imported strategies (the registry imports no JAX)",
+    ("record", "MARK"): "a log record the plan's progress marked (logging's "
+    "`extra=` sets attributes on records)",
 }
 
 

@@ -17,8 +17,6 @@ from typing import Any
 
 import jax
 
-from .._engine.program._program import Program
-
 
 # The compiled programs kept, the most recently used: a plan of ~30
 # candidates twice over; each holds its executable (on an accelerator, its
@@ -47,11 +45,6 @@ class Compiles:
         self.last: jax.stages.Compiled | None = None
         self.last_reused = False
 
-    def through(self, program: Program) -> Program:
-        """`program`, its train step lowered as before and compiled through
-        the store (what `_measure.measure` compiles)."""
-        return program._replace(traced=_Jitted(program.traced, self))
-
     def compile(self, lowered: jax.stages.Lowered) -> jax.stages.Compiled:
         """`lowered` compiled, or found compiled in the store."""
         text = lowered.as_text()
@@ -69,32 +62,3 @@ class Compiles:
             self.reused += 1
         self.last = found
         return found
-
-
-class _Jitted:
-    """A jitted step whose `lower` hands back a lowering that compiles
-    through a `Compiles` (everything else is the step's own)."""
-
-    def __init__(self, jitted: Any, compiles: Compiles):
-        self._jitted = jitted
-        self._compiles = compiles
-
-    def lower(self, *args: Any, **kwargs: Any) -> "_Lowered":
-        return _Lowered(self._jitted.lower(*args, **kwargs), self._compiles)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._jitted, name)
-
-
-class _Lowered:
-    """A lowering whose `compile` goes through a `Compiles`."""
-
-    def __init__(self, lowered: jax.stages.Lowered, compiles: Compiles):
-        self._lowered = lowered
-        self._compiles = compiles
-
-    def compile(self) -> jax.stages.Compiled:
-        return self._compiles.compile(self._lowered)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._lowered, name)

@@ -86,8 +86,12 @@ class DeviceSpec:
 
     def __post_init__(self) -> None:
         rates = dict(self.flops_by_dtype)
-        for field in ("flops", "memory_bandwidth", "link_bandwidth", "host_bandwidth"):
-            rates[field] = getattr(self, field)
+        rates.update(
+            flops=self.flops,
+            memory_bandwidth=self.memory_bandwidth,
+            link_bandwidth=self.link_bandwidth,
+            host_bandwidth=self.host_bandwidth,
+        )
         for field, value in rates.items():
             if not _number(value) or not value > 0:
                 raise ValueError(

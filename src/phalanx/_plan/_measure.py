@@ -10,7 +10,7 @@ plan calibrated it. Nothing is placed or run: every argument is a
 """
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -196,9 +196,13 @@ def measure(
     bound: Bounds,
     devices: Sequence[Any],
     device: DeviceSpec,
+    *,
+    compile: Callable[[jax.stages.Lowered], jax.stages.Compiled] = (
+        jax.stages.Lowered.compile
+    ),
 ) -> Measured:
-    """Compile `program`'s train step ahead of time and cost it at
-    `device`'s rates.
+    """Compile `program`'s train step ahead of time (by `compile`, given
+    its lowering) and cost it at `device`'s rates.
 
     What it costs, per device: its matrix FLOPs (those of the compiled
     program, loops' trips counted, or the traced count where that is
@@ -207,7 +211,7 @@ def measure(
     analysis', or the state read and written once, whichever is most),
     and each collective's bytes and one link latency (`Measured`)."""
     del candidate  # the compiled program's loops say its microbatches
-    compiled = program.traced.lower(*program.arguments).compile()
+    compiled = compile(program.traced.lower(*program.arguments))
     stats = compiled.memory_analysis()
     memory = StepMemory.of_stats(stats)
     if memory is None:  # every backend JAX 0.10 runs on reports it

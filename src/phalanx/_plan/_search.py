@@ -247,7 +247,7 @@ class _Search:
         self.compiles.last, compiled = None, None
         try:
             measured = measure(
-                self.compiles.through(program), candidate, own, devices, device
+                program, candidate, own, devices, device, compile=self.compiles.compile
             )
         except jax.errors.JaxRuntimeError as error:  # XLA refused the program
             row = PlanRow(
