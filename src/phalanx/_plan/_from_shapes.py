@@ -65,7 +65,7 @@ def plan(
         devices: how many of `jax.devices()` to plan for, or which; None:
             all.
         measure: how many of the fastest predicted that fit to run and time
-            (a few steps each, on random arrays, with the programs the plan
+            (a few steps each, on arrays of constants, with the programs the plan
             compiled): the choice is then by measured step time. 0: by
             prediction alone.
         progress: show the search's progress: True, a live bar on a

@@ -1,6 +1,6 @@
 """A compiled candidate's step, run for a few steps and timed (a plan's
 ``measure=``): the program the plan compiled, called on arrays of the
-shapes and layouts it was compiled for, filled with random values.
+shapes and layouts it was compiled for, filled with constants.
 
 The values are not a model's: every float 0.01 (no square root of a
 negative, no overflow) and every integer 0 (a valid token or label of any
