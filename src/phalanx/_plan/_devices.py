@@ -70,7 +70,10 @@ class DeviceSpec:
         # Links ten times slower than an H100's NVLink: a plan then weighs
         # its collectives ten times as dear.
         slow = px.DeviceSpec("h100, slow links", 495e12, 3.35e12, 45e9)
-        plan = px.plan(make, optax.adam(1e-3), batch, budget="40GiB", device=slow)
+        shapes = (jax.ShapeDtypeStruct((256, 64), jax.numpy.float32),
+                  jax.ShapeDtypeStruct((256,), jax.numpy.int32))
+        plan = px.plan(lambda: px.models.MLP(64, 10, key=jax.random.key(0)),
+                       optax.adam(1e-3), shapes, budget="16MiB", device=slow)
         ```
     """
 
@@ -223,7 +226,10 @@ def calibrate(
 
     Example:
         ```python
-        plan = px.plan(make, optax.adam(1e-3), batch, budget="4MiB",
+        shapes = (jax.ShapeDtypeStruct((256, 64), jax.numpy.float32),
+                  jax.ShapeDtypeStruct((256,), jax.numpy.int32))
+        plan = px.plan(lambda: px.models.MLP(64, 10, key=jax.random.key(0)),
+                       optax.adam(1e-3), shapes, budget="16MiB",
                        device=px.calibrate())
         ```
     """
