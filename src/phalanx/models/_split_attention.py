@@ -29,7 +29,7 @@ from . import _splash
 from ._attention_inputs import AttentionInputs
 from ._blockwise import empty_stats, finish, fold
 from ._ring import ring_attention
-from ._tpu_attention import kernel_for
+from ._tpu_attention import kernel_for, splash_attention
 
 
 def split_attention(
@@ -145,13 +145,13 @@ def _by_kernel(
     (non-causal: one call over every key). Causal, the chunks before the
     device's own are full blocks, its own the diagonal, the later ones
     skipped: which is which is known only at run time (`jax.lax.switch`)."""
+    if not causal:
+        return splash_attention(
+            query, keys, values, mask, causal=False, interpret=interpret
+        )
     seq, _, dim = query.shape
     scale = jnp.asarray(1 / np.sqrt(dim), query.dtype)
     q = jnp.swapaxes(query * scale, 0, 1)
-    if not causal:
-        k, v = jnp.swapaxes(keys, 0, 1), jnp.swapaxes(values, 0, 1)
-        out, _ = _splash.attend(q, k, v, mask, False, interpret)
-        return jnp.swapaxes(out, 0, 1).astype(query.dtype)
     device = jax.lax.axis_index(axis)
     stats = empty_stats(seq, query.shape[1], dim)
     for j in range(n):
