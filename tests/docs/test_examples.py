@@ -28,9 +28,13 @@ ARGS = {
     "language_model.py": ["--steps", "20"],
     "gan.py": ["--steps", "800"],
     "long_context.py": ["--steps", "1", "--seq", "2048"],
-    # 128 and 256 tokens instead of 16k, 32k and 64k; one block of width 64.
+    # 128 and 256 tokens instead of 16k, 32k and 64k; one block of width 64;
+    # a rate at which 6 steps learn the bytes' frequencies (the windows are
+    # the repository's own text, so a loss two steps apart is two different
+    # batches': its fall must outgrow their spread).
     "long_sequence.py": [
-        *("--seq", "128,256", "--steps", "2", "--layers", "1", "--width", "64"),
+        *("--seq", "128,256", "--steps", "6", "--layers", "1", "--width", "64"),
+        *("--lr", "1e-2"),
     ],
     # 2 MiB instead of 1 GiB (examples/digits_on_disk.py's default).
     "digits_on_disk.py": ["records", "--gib", "0.002", "--test", "64"],
@@ -250,7 +254,7 @@ def test_long_sequence(tmp_path):
     assert [int(row[0]) for row in rows] == [128, 256], out
     for _, parameters, ms, _, first, last in rows:
         assert parameters == "83,136" and float(ms) > 0, out
-        assert 5.0 < float(first) < 6.0 and float(last) < float(first), out
+        assert 5.0 < float(first) < 6.0 and float(last) < float(first) - 0.3, out
     record = json.loads((tmp_path / "a").read_text())
     assert [run["seq"] for run in record["runs"]] == [128, 256]
     # Acceptance 3's second half: the same model from the same key with
