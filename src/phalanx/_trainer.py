@@ -440,7 +440,9 @@ class DataParallelTrainer(Generic[_Model]):
 
     def plan(self, batch: PyTree, **options: Any) -> Plan:
         """The fastest layout that fits (a `px.Plan`), this step compiled for
-        batches like `batch` under each candidate (the guide "Planning a fit")."""
+        batches like `batch` under each candidate (the guide "Planning a
+        fit"): the mesh splits of the devices under a `MeshStrategy`; under
+        any other, its own layout with each microbatch count and remat."""
         return plan_trainer(self._parts, batch, **options)
 
     def lower(self, batch: PyTree) -> jax.stages.Lowered:

@@ -3,6 +3,7 @@ of the space, built and compiled on abstract arguments from its own parts
 (its hooks, optimizer, precision and state's structure, never its arrays),
 for batches shaped like the one given."""
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,13 +15,13 @@ from .._engine.feed._batch_checks import num_examples
 from .._engine.program._spec import BatchSpec
 from .._typing import validates_own_arguments
 from .._validate import boolean, integer, is_real
-from ..strategies import Strategy
+from ..strategies import AccumulatingStrategy, Strategy
 from ._devices import budget_bytes, device_spec
 from ._measure import Builder
 from ._options import PlanOptions, Settings
 from ._result import Plan
 from ._search import search
-from ._space import PlanSpace, has_stack, mesh_splits
+from ._space import PlanSpace, has_stack, mesh_fields, mesh_splits, planned_devices
 
 
 @validates_own_arguments
@@ -28,7 +29,10 @@ def plan_trainer(parts: TrainerParts, batch: Any, **options: Any) -> Plan:
     """The plan of a trainer's step for batches like `batch` (see
     `DataParallelTrainer.plan`; `options` are `PlanOptions`)."""
     asked = PlanOptions(**options)
-    chosen = _devices(asked.devices)
+    built = parts.programs.parts
+    step = built.step
+    space = _space_of(asked.space, step.strategy)
+    chosen = _devices(asked.devices, planned_devices(space))
     margin = asked.margin
     if not is_real(margin):
         raise TypeError(
@@ -46,9 +50,6 @@ def plan_trainer(parts: TrainerParts, batch: Any, **options: Any) -> Plan:
     if progress is not None:
         progress = boolean("progress", progress)
     budget = budget_bytes(asked.budget, chosen)
-    built = parts.programs.parts
-    step = built.step
-    space = _space_of(asked.space, step.strategy)
     mesh_splits(len(chosen), space)  # the meshes checked before any trace
     cost = device_spec(
         asked.device, chosen[0].device_kind, step.precision.compute, devices=chosen
@@ -72,7 +73,17 @@ def plan_trainer(parts: TrainerParts, batch: Any, **options: Any) -> Plan:
     return search(builder, remats, settings)
 
 
-def _devices(devices: int | Sequence[Any] | None) -> list[Any]:
+def _devices(devices: int | Sequence[Any] | None, own: list[Any] | None) -> list[Any]:
+    """The devices planned for: `devices` as asked, checked; those of the
+    space's strategy (`own`) where it has them, which `devices` must be."""
+    if own is not None:
+        if devices is not None and _devices(devices, None) != own:
+            raise ValueError(
+                f"devices={devices!r}: the strategy planned is built on its own "
+                f"{len(own)} devices ({own!r}); pass devices=None, or a strategy "
+                "built on the devices to plan for"
+            )
+        return own
     every = jax.devices()
     if devices is None:
         return every
@@ -97,21 +108,28 @@ def _devices(devices: int | Sequence[Any] | None) -> list[Any]:
 
 
 def _space_of(space: PlanSpace | None, strategy: Strategy) -> PlanSpace:
-    """`space`, or the default one with the layout settings the trainer's
-    strategy declares (`Strategy.mesh_settings`: a `MeshStrategy`'s rules,
-    min_size, context axis and sequence dims, also through the
-    `AccumulatingStrategy` wrapping it); offload is the planner's own to
-    weigh. A strategy that declares none gets the default space."""
+    """`space`, or the trainer's strategy's: a strategy that declares mesh
+    settings (`Strategy.mesh_settings`: a `MeshStrategy`'s rules, min_size,
+    context axis and sequence dims) is planned over the mesh splits of its
+    devices, with them (offload is the planner's own to weigh); any other
+    (a `ShardingStrategy`, `FullyShardedStrategy`, ...) as it is, its
+    microbatches and remat weighed, also in a space given that sets no
+    field of the mesh splits. An `AccumulatingStrategy` is planned as the
+    strategy it wraps."""
+    if isinstance(strategy, AccumulatingStrategy):
+        strategy = strategy.inner
+    settings = strategy.mesh_settings()
     if space is not None:
         if not isinstance(space, PlanSpace):
             raise TypeError(
                 f"space={space!r} is not a px.PlanSpace; pass e.g. "
                 "px.PlanSpace(rules=[...], microbatches=(1, 2, 4))"
             )
+        if space.strategy is None and settings is None and not mesh_fields(space):
+            return dataclasses.replace(space, strategy=strategy)
         return space
-    settings = strategy.mesh_settings()
     if settings is None:
-        return PlanSpace()
+        return PlanSpace(strategy=strategy)
     return PlanSpace(
         rules=list(settings.rules),
         min_size=settings.min_size,

@@ -17,6 +17,7 @@ import optax
 
 from .._trainer import DataParallelTrainer
 from .._typing import validates_own_arguments
+from ..strategies import MeshStrategy
 from ._devices import DeviceSpec
 from ._result import Plan
 from ._space import PlanSpace
@@ -56,7 +57,10 @@ def plan(
             reports it (required on CPU).
         space: what to choose among (`px.PlanSpace`); None: every mesh
             split, microbatch count and remat setting, with the rules and
-            ``min_size`` of a `MeshStrategy` passed as ``strategy``.
+            ``min_size`` of a `MeshStrategy` passed as ``strategy``; the
+            microbatch counts and remat settings of any other strategy
+            passed (a `ShardingStrategy`, `FullyShardedStrategy`, ...,
+            planned as it is).
         margin: the share of `budget` kept free.
         device: the device the cost model prices (``"h100"``, ...; a
             `px.DeviceSpec`, e.g. ``px.calibrate()``'s); None: the devices'
@@ -74,8 +78,8 @@ def plan(
             False, nothing.
         trainer: the trainer class (a subclass with its own hooks).
         **trainer_kwargs: the trainer's other arguments (``loss``,
-            ``precision``, ...); a `MeshStrategy` passed as ``strategy``
-            gives the space its rules and min_size.
+            ``precision``, ...); a ``strategy`` passed is the one planned
+            (see `space`).
 
     Example:
         ```python
@@ -103,8 +107,12 @@ def plan(
         )
     built: list[DataParallelTrainer] = []
 
+    # No strategy chosen: a mesh's, whose plan weighs every split.
+    strategy = trainer_kwargs.pop("strategy", None)
+    strategy = MeshStrategy() if strategy is None else strategy
+
     def construct() -> int:
-        kwargs = {"progress": False, **trainer_kwargs}
+        kwargs = {"progress": False, "strategy": strategy, **trainer_kwargs}
         built.append(trainer(build(), optimizer, **kwargs))
         return 0
 

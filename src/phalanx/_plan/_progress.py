@@ -157,10 +157,10 @@ class PlanProgress:
 
 
 def _short(candidate: Candidate) -> str:
-    """`candidate` as the bar has room for: its mesh as the table writes
-    it, its microbatches and remat where it has them."""
+    """`candidate` as the bar has room for: its mesh (or strategy) as the
+    table writes it, its microbatches and remat where it has them."""
     c = candidate
-    text = f"{c.data}·{c.fsdp}·{c.context}·{c.tensor}"
+    text = c.sizes
     text += f" micro {c.microbatches}" if c.microbatches > 1 else ""
     text += " remat" if c.remat is not None and c.remat is not False else ""
     return text + (" offload" if c.offload else "")

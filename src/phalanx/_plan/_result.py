@@ -2,7 +2,6 @@
 what to pass to `DataParallelTrainer` (or ``phalanx train``) to run it."""
 
 import dataclasses
-import shlex
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -12,8 +11,9 @@ from .._engine.program._summary import format_bytes, plain_text
 from .._telemetry._flops import format_flops
 from ..strategies import Strategy
 from ._choice import TIE, choose
+from ._command import train_command
 from ._devices import DeviceSpec
-from ._space import Candidate, PlanSpace, remat_name, with_remat
+from ._space import Candidate, PlanSpace, planned_devices, remat_name, with_remat
 
 
 if TYPE_CHECKING:
@@ -164,15 +164,18 @@ class Plan:
 
     def strategy(self, devices: Sequence[Any] | None = None) -> Strategy:
         """The chosen candidate's strategy (on `devices`: by default the
-        first `devices` of `jax.devices()`).
+        first `devices` of `jax.devices()`, or the space's strategy's own).
 
         Raises:
-            ValueError: nothing fits.
+            ValueError: nothing fits, or `devices` are not those of the
+                space's strategy.
         """
         import jax
 
         chosen = self._chosen()
-        return chosen.strategy(self.space, devices or jax.devices()[: self.devices])
+        if devices is None:
+            devices = planned_devices(self.space) or jax.devices()[: self.devices]
+        return chosen.strategy(self.space, devices)
 
     def trainer_kwargs(self) -> dict[str, Any]:
         """What to pass to `DataParallelTrainer` (with the model that
@@ -188,32 +191,10 @@ class Plan:
         options of the run planned), then the chosen layout's.
 
         Raises:
-            ValueError: nothing fits, or the choice splits over ``tensor``
-                (rules: the Python API only), splits sequences over
-                ``context`` other than along dimension 1 of every batch leaf
-                (what ``--mesh context=K`` splits), or sets a remat policy
-                (the model's own: no flag sets it).
+            ValueError: nothing fits, or the choice is one ``phalanx train``
+                cannot say (`_command.train_command`).
         """
-        chosen = self._chosen()
-        if chosen.tensor > 1:
-            raise ValueError(
-                "the choice splits over tensor, which needs sharding rules; "
-                "phalanx train takes none: train with plan.trainer_kwargs()"
-            )
-        mesh = f"data={chosen.data},fsdp={chosen.fsdp}"
-        if chosen.context > 1:
-            if self.space.sequence_dims != 1:
-                raise ValueError(
-                    f"the choice splits sequences by sequence_dims="
-                    f"{self.space.sequence_dims!r}; phalanx train --mesh "
-                    "context=K splits dimension 1 of every batch leaf: train "
-                    "with plan.trainer_kwargs()"
-                )
-            mesh += f",context={chosen.context}"
-        layout = ["--strategy", "mesh", "--mesh", mesh]
-        if chosen.microbatches > 1:
-            layout += ["--microbatches", str(chosen.microbatches)]
-        return shlex.join(["phalanx", "train", *_without_layout(flags), *layout])
+        return train_command(self.space, self._chosen(), flags)
 
     def __rich__(self) -> Table:
         kind = "relative" if self.device.relative else "predicted"
@@ -224,7 +205,14 @@ class Plan:
             f"budget {format_bytes(self.budget)} a device (margin {self.margin:.0%})",
             caption=self._caption(),
         )
-        columns = ("mesh (data·fsdp·context·tensor)", "micro", "remat", "state")
+        columns = (
+            "strategy"
+            if self.space.strategy is not None
+            else "mesh (data·fsdp·context·tensor)",
+            "micro",
+            "remat",
+            "state",
+        )
         for column in (*columns, "arguments", "temporaries", "peak", "FLOPs"):
             table.add_column(column, justify="right")
         table.add_column("collectives", justify="right")
@@ -244,7 +232,7 @@ class Plan:
                 else (b.state if row.least_peak is None else row.least_peak)
             )
             cells = [
-                f"{c.data}·{c.fsdp}·{c.context}·{c.tensor}",
+                c.sizes,
                 str(c.microbatches),
                 "-" if c.remat is None else remat_name(c.remat),
                 "-" if b is None else _on_host(format_bytes(b.state), b.host),
@@ -321,18 +309,3 @@ def _time(seconds: float, relative: bool) -> str:
     if relative:
         return f"{seconds * 1e3:.3g} units"
     return f"{seconds * 1e3:.3g} ms"
-
-
-def _without_layout(flags: Sequence[str]) -> list[str]:
-    """`flags` without the layout options the plan sets."""
-    out, skip = [], False
-    for flag in flags:
-        if skip:
-            skip = False
-            continue
-        name = flag.split("=", 1)[0]
-        if name in ("--strategy", "--mesh", "--microbatches", "--shard"):
-            skip = "=" not in flag
-            continue
-        out.append(flag)
-    return out

@@ -21,6 +21,7 @@ import jax
 
 from .._engine.program._summary import format_bytes
 from .._log import logger
+from ..strategies._names import strategy_name
 from ..strategies._placement import has_host_memory
 from ._choice import TIE, simplicity
 from ._compiles import Compiles
@@ -100,9 +101,12 @@ class _Search:
         settings, n = self.settings, self.builder.size
         devices, space = settings.devices, settings.space
         offloads = space.offload
-        if offloads is None:  # on a CPU host memory is the devices' own
+        if space.strategy is not None:  # it offloads as it does
+            offloads = (False,)
+        elif offloads is None:  # on a CPU host memory is the devices' own
             apart = devices[0].platform != "cpu" and has_host_memory(devices[0])
             offloads = (False, True) if apart else (False,)
+        named = "" if space.strategy is None else strategy_name(space.strategy)
         grid = list(
             itertools.product(mesh_splits(len(devices), space), remats, offloads)
         )
@@ -114,9 +118,12 @@ class _Search:
         for ((data, fsdp, tensor), remat, offload), share, each in zip(
             grid, shares, counts, strict=True
         ):
-            first = Candidate(data, fsdp, tensor, 1, remat, offload, space.context)
+            first = Candidate(
+                data, fsdp, tensor, 1, remat, offload, space.context, named
+            )
             if not share:
-                why = f"{n} examples do not split over data x fsdp = {data * fsdp}"
+                over = named or "data x fsdp"
+                why = f"{n} examples do not split over {over} = {data * fsdp}"
                 self._settle([first], PlanRow(first, "skipped", why))
                 continue
             self.progress.tracing(first)

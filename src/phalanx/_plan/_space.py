@@ -1,6 +1,7 @@
 """The candidates a plan weighs (`PlanSpace` -> `Candidate`s): each mesh
-split of the devices into data × fsdp × tensor, each `Stacked` remat
-setting, and a number of microbatches; and the strategy each stands for.
+split of the devices into data × fsdp × tensor (or the one layout of a
+strategy planned as it is), each `Stacked` remat setting, and a number of
+microbatches; and the strategy each stands for.
 """
 
 import copy
@@ -14,6 +15,8 @@ import jax
 from .._contracts import AbstractStacked
 from .._validate import is_int
 from ..strategies import AccumulatingStrategy, MeshStrategy, Strategy
+from ..strategies._names import strategy_name
+from ..strategies._registry import entry_of
 from ..strategies._rules import Rule
 
 
@@ -43,6 +46,15 @@ class PlanSpace:
         context: `MeshStrategy`'s ``context`` size, kept in every candidate
             (the other axes split the devices it leaves).
         sequence_dims: `MeshStrategy`'s ``sequence_dims``, with `context`.
+        strategy: a strategy planned as it is, on its own devices: its
+            layout kept, its microbatches (an `AccumulatingStrategy` around
+            it) and remat weighed: a `ShardingStrategy`,
+            `FullyShardedStrategy`, `PmapStrategy`, one `MeshStrategy`
+            split, or any other. None: the trainer's own strategy where it
+            is not a mesh (`Strategy.mesh_settings`) and the space sets no
+            field of the mesh splits; else the mesh splits (the fields
+            above but `microbatches`, `remat` and `min_size` are theirs,
+            and stay unset with a strategy).
     """
 
     meshes: Sequence[tuple[int, int, int]] | None = None
@@ -53,25 +65,91 @@ class PlanSpace:
     min_size: int = 2**12
     context: int = 1
     sequence_dims: Mapping[str, int] | int | None = None
+    strategy: Strategy | None = None
 
     def __post_init__(self) -> None:
         counts = self.microbatches
-        if counts is None:
-            return
         fix = (
             "pass microbatch counts, ints >= 1, e.g. microbatches=(1, 2, 4), or "
             "None for 1, 2, 4, ... up to each device's share of the batch"
         )
-        if isinstance(counts, str) or not isinstance(counts, Sequence):
-            raise TypeError(f"microbatches={counts!r}: {fix}")
-        if not counts or not all(is_int(k) and k >= 1 for k in counts):
-            raise ValueError(f"microbatches={counts!r}: {fix}")
+        if counts is not None:
+            if isinstance(counts, str) or not isinstance(counts, Sequence):
+                raise TypeError(f"microbatches={counts!r}: {fix}")
+            if not counts or not all(is_int(k) and k >= 1 for k in counts):
+                raise ValueError(f"microbatches={counts!r}: {fix}")
+        if self.strategy is not None:
+            _check_planned(self)
+
+
+def _check_planned(space: PlanSpace) -> None:
+    """A space's `strategy` is one a plan can weigh the options of, and the
+    space sets none of the mesh splits' fields."""
+    strategy = space.strategy
+    if isinstance(strategy, AccumulatingStrategy):
+        raise TypeError(
+            f"strategy={strategy_name(strategy)}: pass the strategy it wraps "
+            f"({strategy_name(strategy.inner)}); the plan weighs microbatches "
+            "itself (microbatches=(1, 2, 4) chooses among them)"
+        )
+    if not isinstance(strategy, Strategy):
+        raise TypeError(
+            f"strategy={strategy!r} is not a phalanx Strategy; pass one, e.g. "
+            "strategy=px.FullyShardedStrategy(), or None for the mesh splits"
+        )
+    for name, value in mesh_fields(space).items():
+        raise ValueError(
+            f"{name}={value!r} sets a mesh split, but the "
+            f"space plans strategy={strategy_name(strategy)} as it is; drop "
+            f"{name}, or strategy to weigh the mesh splits"
+        )
+    if space.microbatches is not None and strategy.per_device_reduce() is None:
+        if any(k > 1 for k in space.microbatches):
+            raise ValueError(
+                f"microbatches={space.microbatches!r}: "
+                f"{strategy_name(strategy)} cannot accumulate (it has no "
+                "per-device program); pass microbatches=(1,)"
+            )
+
+
+def mesh_fields(space: PlanSpace) -> dict[str, Any]:
+    """The fields of `space` set that only mesh splits read (meshes,
+    offload, rules, context, sequence_dims), by name."""
+    fields = {
+        "meshes": space.meshes,
+        "offload": space.offload,
+        "rules": space.rules or None,
+        "context": None if space.context == 1 else space.context,
+        "sequence_dims": space.sequence_dims,
+    }
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def planned_devices(space: PlanSpace) -> list[Any] | None:
+    """The devices of the space's `strategy` (None: it has none, the mesh
+    splits are on the devices planned for)."""
+    if space.strategy is None:
+        return None
+    return list(space.strategy.mesh.devices.flat)
+
+
+def planned_sizes(strategy: Strategy) -> tuple[int, int, int]:
+    """``(data, fsdp, tensor)`` as `strategy` splits its devices: a mesh's
+    own axes; else its batch's split (`batch_multiple`), over fsdp where
+    its registry entry splits the state, over data where not."""
+    if isinstance(strategy, MeshStrategy):
+        shape = strategy.mesh.shape
+        return shape["data"], shape["fsdp"], shape["tensor"]
+    entry, split = entry_of(strategy), strategy.batch_multiple
+    return (1, split, 1) if entry is not None and entry.splits_state else (split, 1, 1)
 
 
 class Candidate(NamedTuple):
     """One layout a plan weighs: a mesh split, a remat setting (None: the
     model's own, no `Stacked` in it), a microbatch count, whether the
-    optimizer state is kept in host memory, and the space's ``context``."""
+    optimizer state is kept in host memory, the space's ``context``, and
+    the name of the space's `strategy` where it plans one as it is (its
+    layout's sizes then those above)."""
 
     data: int
     fsdp: int
@@ -80,9 +158,23 @@ class Candidate(NamedTuple):
     remat: Remat | None
     offload: bool = False
     context: int = 1
+    named: str = ""
 
     def strategy(self, space: PlanSpace, devices: Sequence[Any]) -> Strategy:
-        """The strategy this candidate trains with on `devices`."""
+        """The strategy this candidate trains with on `devices` (a space's
+        own `strategy`: on its own devices).
+
+        Raises:
+            ValueError: `devices` are not the space's strategy's.
+        """
+        own = planned_devices(space)
+        if space.strategy is not None:
+            if own != list(devices):
+                raise ValueError(
+                    f"devices={list(devices)!r}: the plan's {self.named} is "
+                    f"built on {own!r}; pass those, or None"
+                )
+            return self._accumulate(space.strategy)
         mesh = MeshStrategy(
             list(devices),
             data=self.data,
@@ -94,15 +186,27 @@ class Candidate(NamedTuple):
             min_size=space.min_size,
             offload=self.offload,
         )
+        return self._accumulate(mesh)
+
+    def _accumulate(self, strategy: Strategy) -> Strategy:
         if self.microbatches == 1:
-            return mesh
-        return AccumulatingStrategy(mesh, microbatches=self.microbatches)
+            return strategy
+        return AccumulatingStrategy(strategy, microbatches=self.microbatches)
+
+    @property
+    def sizes(self) -> str:
+        """The layout as the table's first column shows it: the mesh's
+        ``data·fsdp·context·tensor``, or the strategy's name."""
+        return self.named or f"{self.data}·{self.fsdp}·{self.context}·{self.tensor}"
 
     def describe(self) -> str:
         """E.g. ``"data=2 fsdp=4 tensor=1, 2 microbatches, remat=True"``
-        (``context=K`` before ``tensor`` where it splits sequences)."""
+        (``context=K`` before ``tensor`` where it splits sequences; a
+        strategy planned as it is by its name)."""
         context = f"context={self.context} " if self.context > 1 else ""
-        text = f"data={self.data} fsdp={self.fsdp} {context}tensor={self.tensor}"
+        text = self.named or (
+            f"data={self.data} fsdp={self.fsdp} {context}tensor={self.tensor}"
+        )
         if self.microbatches > 1:
             text += f", {self.microbatches} microbatches"
         if self.remat is not None:
@@ -129,6 +233,8 @@ def mesh_splits(devices: int, space: PlanSpace) -> list[tuple[int, int, int]]:
         ValueError: ``context`` does not divide `devices`, or a mesh of the
             space's does not multiply to what it leaves.
     """
+    if space.strategy is not None:  # its own layout, on its own devices
+        return [planned_sizes(space.strategy)]
     context = space.context
     if not is_int(context) or context < 1 or devices % context:
         raise ValueError(
@@ -163,7 +269,10 @@ def mesh_splits(devices: int, space: PlanSpace) -> list[tuple[int, int, int]]:
 
 
 def microbatch_counts(per_device: int, space: PlanSpace) -> list[int]:
-    """The microbatch counts to try for `per_device` examples a device."""
+    """The microbatch counts to try for `per_device` examples a device (1
+    alone for a space's strategy that cannot accumulate)."""
+    if space.strategy is not None and space.strategy.per_device_reduce() is None:
+        return [1]
     if space.microbatches is not None:
         counts = sorted(set(space.microbatches))
     else:

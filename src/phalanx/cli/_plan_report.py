@@ -12,7 +12,7 @@ import numpy as np
 from .._checks._device_note import devices_said
 from .._plan._devices import budget_bytes, device_spec
 from .._trainer import DataParallelTrainer
-from ..strategies import ShardingStrategy
+from ..strategies import MeshStrategy
 from ._args import PlanArgs, UsageError
 from ._datasets import Split
 from ._train import make_model, make_optimizer, start_notes
@@ -35,11 +35,11 @@ def plan_and_report(
         raise UsageError(_as_flags(str(error))) from None
     x, y = train
     model, _ = make_model(run, x, y)
-    # The trainer's own layout does not matter: the plan weighs each.
+    # A mesh strategy's plan weighs every split of the devices.
     trainer = DataParallelTrainer(
         model,
         make_optimizer(run, run.lr),
-        strategy=ShardingStrategy(devices),
+        strategy=MeshStrategy(devices),
         seed=run.seed,
         precision=run.precision,
         progress=False,
