@@ -6,15 +6,18 @@
 # (benchmarks/tpu.py says what each part measures); attention alone, the
 # splash kernel against XLA's at 4k-16k tokens (benchmarks/attention.py);
 # and a ~19 M decoder trained at 16k, 32k and 64k tokens on the one chip,
-# and against XLA's attention at 4k (examples/long_sequence.py). Each part
+# and against XLA's attention at 4k (examples/long_sequence.py); the
+# planner's predicted peak and step time against the device's, for the MLP
+# and the tests' transformer (plan) and GPT-2 small (plan125), each
+# configuration in a process of its own (benchmarks/plan_accuracy.py). Each part
 # has its own time limit, so one that hangs costs only its share, and writes
 # its JSON into $OUT as it goes; the log is $OUT/log.txt.
 #
-#     bash benchmarks/tpu.sh [PART ...]   # cells lm steps nan attention long
+#     bash benchmarks/tpu.sh [PART ...]   # cells lm steps nan attention long plan plan125
 #
 # runs the parts named (all without one). Their limits add up to more than
 # the 10 minutes a device call may take: run "cells lm steps nan" in one
-# call and "attention long" in another.
+# call, "attention long" in another, and "plan" and "plan125" one a call.
 # `python scripts/tpu_results.py DIR [DIR ...]` then writes
 # benchmarks/results/tpu-v5e.json (the parts found there; the others kept)
 # and the table in docs/guides/speed.md.
@@ -42,8 +45,8 @@ cd "$(dirname "$0")/.."
 # Whether part $1 runs: named on the command line, or none named.
 for name in "$@"; do
     case $name in
-        cells | lm | steps | nan | attention | long) ;;
-        *) echo "unknown part $name: cells lm steps nan attention long" >&2; exit 2 ;;
+        cells | lm | steps | nan | attention | long | plan | plan125) ;;
+        *) echo "unknown part $name: cells lm steps nan attention long plan plan125" >&2; exit 2 ;;
     esac
 done
 PARTS=" $* "
@@ -70,10 +73,12 @@ if [ "$(python3 -c 'import jax; print(jax.default_backend())')" = tpu ]; then
     ATTENTION=(--seq 4096,8192,16384 --batch 4)
     LONG=(--seq 16384,32768,65536)
     COMPARE=(--compare-xla 4096)
+    TINY=()
 else
     ATTENTION=(--seq 256,512 --batch 1)
     LONG=(--seq 256,512 --layers 1 --width 64)
     COMPARE=(--compare-xla 256 --layers 1 --width 64)
+    TINY=(--tiny)
 fi
 # ROUNDS (3) and LM_STEPS (20) trade precision for device time.
 bench() {
@@ -112,6 +117,16 @@ bench() {
         part "the same decoder at 4,096 tokens, 20 steps, fp32: the kernel's loss and XLA's"
         timeout -k 10 90 python3 examples/long_sequence.py "${COMPARE[@]}" --steps 20 \
             --precision fp32 --highest --out "$OUT/long_xla.json"
+    fi
+    if wanted plan; then
+        part "the plan's peak and step against the device's: the MLP, the tests' transformer"
+        timeout -k 10 540 python3 benchmarks/plan_accuracy.py --models mlp,transformer \
+            "${TINY[@]}" --out "$OUT"
+    fi
+    if wanted plan125; then
+        part "the plan's peak and step against the device's: GPT-2 small, and its whole plan"
+        timeout -k 10 560 python3 benchmarks/plan_accuracy.py --models decoder \
+            "${TINY[@]}" --out "$OUT"
     fi
     part "done"
 } 2>&1 | grep -v -i "hugepages\|warnings.warn(" | tee "$OUT/log.txt"

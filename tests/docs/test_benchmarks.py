@@ -197,3 +197,31 @@ def test_the_speed_guide_shows_the_committed_tpu_results():
     record = json.loads(script["RESULTS"].read_text())
     assert len(record["commit"]) == 40 and record["device"].startswith("TPU")
     assert script["table"](record) in script["GUIDE"].read_text()
+
+
+@pytest.mark.slow
+def test_the_plan_accuracy_harness_runs_without_a_tpu(tmp_path):
+    # Issue 57, acceptance 1's harness (the chip's run: benchmarks/tpu.sh
+    # plan, plan125), on the tiny MLP: each configuration planned and
+    # trained in a process of its own, then the plan of its whole grid.
+    script = str(ROOT / "benchmarks" / "plan_accuracy.py")
+    command = [sys.executable, script, "--models", "mlp", "--tiny", "--steps", "1"]
+    result = forkserver.run(
+        [*command, "--out", str(tmp_path)], **SUBPROCESS, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = json.loads((tmp_path / "plan_accuracy_mlp.json").read_text())
+    rows = record["rows"]
+    assert [(r["precision"], r["microbatches"]) for r in rows] == [
+        ("fp32", 1),
+        ("bf16", 1),
+        ("fp32", 2),
+    ]
+    for row in rows:
+        assert row["status"] == "fits", row
+        assert row["predicted"]["peak"] > 0 and row["measured_seconds"] > 0
+        # The trainer's own step compiles to the memory the plan compiled.
+        memory = row["predicted"]["memory"]
+        assert row["trainer_memory"]["arguments"] == memory["arguments"]
+    assert record["summary"]["configurations"] == 3
+    assert record["whole_plan"]["chosen"]["microbatches"] in (1, 2)

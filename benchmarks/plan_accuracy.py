@@ -1,0 +1,361 @@
+"""The planner's predictions against what the device measures (issue 57,
+acceptance 1): for each configuration of a grid over three models, the
+plan's predicted peak and step time (a plan of that one candidate, the
+cost model calibrated on the device: `px.calibrate`, cached) beside the
+device's `peak_bytes_in_use` and the step time measured training it; then
+the plan of the largest model over its whole grid, its time and compiles,
+and whether its choice is within 5% of the best measured.
+
+The models: the wide MLP of `benchmarks/tpu.py`'s cells (1024-4096×3-10,
+batch 4096), the tests' `Stacked` transformer (19.2 M, 512 tokens, batch
+32) and `examples/language_model.py`'s decoder at GPT-2 small (124 M, 1,024
+tokens, batch 8); each in fp32 or bf16, `Stacked` remat off or on, 1, 2 or
+4 microbatches, on one device (`ShardingStrategy`, planned as it is).
+
+Each configuration runs in a process of its own: `peak_bytes_in_use` is a
+process's high-water mark, so one process a configuration is the only way
+each peak is its own. A child writes one JSON line: the plan's row (its
+compiled memory as `memory_analysis` says it, the peak and step it
+predicts), the trainer's own step's `memory_analysis` (the same program?),
+the device's memory statistics after training, and the measured step: the
+median of three slopes of a fit's time over its steps (a fit of
+``1 + --steps`` batches less a fit of one, over ``--steps``), so that what
+a fit call costs once cancels.
+
+Off an accelerator (no memory statistics) the peaks are "n/a" and the
+grid is tiny (``--tiny``): the harness's smoke test.
+
+Run: ``python benchmarks/plan_accuracy.py [--models mlp,transformer,decoder]
+[--tiny] [--steps 6] [--out DIR]`` (``bash benchmarks/tpu.sh plan`` and
+``plan125`` on the lent TPU).
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "examples")]
+
+# (model, precision, remat, microbatches): 14 on the chip.
+GRID = {
+    "mlp": [("fp32", None, 1), ("bf16", None, 1), ("fp32", None, 2)],
+    "transformer": [
+        ("fp32", False, 1),
+        ("fp32", True, 1),
+        ("fp32", False, 2),
+        ("bf16", False, 1),
+        ("bf16", True, 4),
+    ],
+    "decoder": [
+        ("bf16", False, 1),
+        ("bf16", True, 1),
+        ("bf16", False, 2),
+        ("bf16", True, 2),
+        ("bf16", True, 4),
+        ("fp32", True, 1),
+    ],
+}
+# Each model's batch, at full size and tiny (--tiny, off an accelerator).
+BATCHES = {"mlp": (4096, 64), "transformer": (32, 8), "decoder": (8, 4)}
+# A child's limit: its imports, two compiles and the timed fits.
+CHILD_SECONDS = 240
+
+
+def build(name: str, tiny: bool) -> tuple[Any, Any, Any]:
+    """Model `name`'s factory, its loss and one batch (numpy) of it."""
+    import equinox as eqx
+    import jax
+    import numpy as np
+    import optax
+
+    rng = np.random.default_rng(0)
+    batch = BATCHES[name][int(tiny)]
+    if name == "mlp":
+        width, depth = (64, 2) if tiny else (4096, 3)
+        features = 32 if tiny else 1024
+
+        def make() -> Any:
+            return eqx.nn.MLP(features, 10, width, depth, key=jax.random.key(0))
+
+        def loss(logits: Any, labels: Any) -> Any:
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+        x = rng.standard_normal((batch, features)).astype(np.float32)
+        return make, loss, (x, rng.integers(0, 10, batch).astype(np.int32))
+    if name == "transformer":
+        from stacked_transformer import Transformer
+
+        width, layers, heads, seq = (32, 2, 2, 16) if tiny else (512, 6, 8, 512)
+
+        def make() -> Any:
+            return Transformer(
+                vocab=256, width=width, layers=layers, heads=heads,
+                key=jax.random.key(0),
+            )  # fmt: skip
+    else:
+        import language_model as example
+
+        size = dict(example.SIZES["tiny" if tiny else "gpt2"])
+        seq = 32 if tiny else size["seq"]
+
+        def make() -> Any:
+            return example.Decoder(**size, key=jax.random.key(0))
+
+    def tokens_loss(logits: Any, targets: Any) -> Any:
+        per_token = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+        return per_token.mean(-1)
+
+    tokens = rng.integers(0, 256, (batch, seq + 1)).astype(np.int32)
+    return make, tokens_loss, (tokens[:, :-1], tokens[:, 1:])
+
+
+def one(config: dict[str, Any]) -> dict[str, Any]:
+    """One configuration planned, then trained: the child's record."""
+    import jax
+    import optax
+
+    import phalanx as px
+    from phalanx._engine.program._summary import StepMemory
+
+    make, loss, batch = build(config["model"], config["tiny"])
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
+    device = jax.devices()[0]
+    stats = device.memory_stats() or {}
+    budget = stats.get("bytes_limit", 2**40)
+    remat = config["remat"]
+    space = px.PlanSpace(
+        remat=None if remat is None else (remat,),
+        microbatches=(config["microbatches"],),
+    )
+    kwargs = {"loss": loss, "precision": config["precision"], "metrics": ()}
+    began = time.perf_counter()
+    plan = px.plan(
+        make, optax.adamw(3e-4), shapes, budget=budget, margin=0.0, space=space,
+        strategy=px.ShardingStrategy(jax.devices()[:1]), progress=False, **kwargs,
+    )  # fmt: skip
+    record: dict[str, Any] = {"plan_seconds": time.perf_counter() - began}
+    [row] = plan.rows
+    record |= {"status": row.status, "why": row.why}
+    if row.measured is not None:
+        m = row.measured
+        record["predicted"] = {
+            "peak": m.peak,
+            "memory": dataclasses.asdict(m.memory),
+            "seconds": m.seconds,
+            "compute": m.compute,
+            "traffic": m.traffic,
+            "communication": m.communication,
+            "flops": m.flops,
+            "accessed": m.accessed,
+        }
+    record["device_spec"] = str(plan.device)
+    if plan.choice is None:
+        return record
+    trainer = px.DataParallelTrainer(
+        plan.model(make()), optax.adamw(3e-4), progress=False,
+        **plan.trainer_kwargs(), **kwargs,
+    )  # fmt: skip
+    own = StepMemory.of(trainer.lower(batch).compile())
+    record["trainer_memory"] = None if own is None else dataclasses.asdict(own)
+    placed = jax.device_put(batch, trainer.strategy.batch_sharding)
+    record["state_in_use"] = (device.memory_stats() or {}).get("bytes_in_use")
+    trainer.fit([placed] * 2)  # compile and warm up
+    slopes = []
+    for _ in range(3):
+        start = time.perf_counter()
+        trainer.fit([placed])
+        once = time.perf_counter() - start
+        start = time.perf_counter()
+        trainer.fit([placed] * (1 + config["steps"]))
+        many = time.perf_counter() - start
+        slopes.append((many - once) / config["steps"])
+    jax.block_until_ready(trainer.state)
+    record["measured_seconds"] = statistics.median(slopes)
+    record["memory_stats"] = device.memory_stats()
+    return record
+
+
+def child(config: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """`one(config)` in a process of its own (its peak its own)."""
+    command = [sys.executable, __file__, "--one", json.dumps(config)]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=CHILD_SECONDS, env=env
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"over {CHILD_SECONDS} s"}
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        return {"error": (done.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    return json.loads(lines[-1])
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The errors over the configurations that ran: peak (predicted ÷ the
+    device's, less 1) and step time (predicted ÷ measured, less 1)."""
+    peaks, times = [], []
+    for row in rows:
+        predicted = row.get("predicted") or {}
+        device = (row.get("memory_stats") or {}).get("peak_bytes_in_use")
+        if device and predicted.get("peak"):
+            peaks.append(predicted["peak"] / device - 1)
+        if row.get("measured_seconds") and predicted.get("seconds"):
+            times.append(predicted["seconds"] / row["measured_seconds"] - 1)
+    out: dict[str, Any] = {"configurations": len(rows)}
+    if peaks:
+        out["peak_error"] = {
+            "worst": max(peaks, key=abs),
+            "under_by_most": min(peaks),
+            "within_5_percent": sum(abs(e) <= 0.05 for e in peaks),
+        }
+    if times:
+        absolute = [abs(e) for e in times]
+        out["time_error"] = {
+            "median": statistics.median(absolute),
+            "worst": max(absolute),
+        }
+    return out
+
+
+def whole_plan(name: str, tiny: bool) -> dict[str, Any]:
+    """The plan of model `name` over its grid's remat and microbatches, in
+    its precision of the grid's first: its time, compiles and choice."""
+    import jax
+    import optax
+
+    import phalanx as px
+
+    make, loss, batch = build(name, tiny)
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
+    stats = jax.devices()[0].memory_stats() or {}
+    precision = GRID[name][0][0]
+    remats = sorted({r for p, r, _ in GRID[name] if p == precision and r is not None})
+    space = px.PlanSpace(
+        remat=tuple(remats) or None,
+        microbatches=tuple(sorted({k for p, _, k in GRID[name] if p == precision})),
+    )
+    began = time.perf_counter()
+    plan = px.plan(
+        make, optax.adamw(3e-4), shapes, budget=stats.get("bytes_limit", 2**40),
+        space=space, strategy=px.ShardingStrategy(jax.devices()[:1]),
+        progress=False, loss=loss, precision=precision, metrics=(),
+    )  # fmt: skip
+    seconds = time.perf_counter() - began
+    print(plan, file=sys.stderr)
+    chosen = plan.choice
+    return {
+        "seconds": seconds,
+        "compiled": plan.compiled,
+        "reused": plan.reused,
+        "precision": precision,
+        "chosen": None
+        if chosen is None
+        else {
+            "remat": chosen.candidate.remat,
+            "microbatches": chosen.candidate.microbatches,
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--whole", help=argparse.SUPPRESS)
+    parser.add_argument("--models", default="mlp,transformer,decoder")
+    parser.add_argument("--tiny", action="store_true", help="tiny models (CPU)")
+    parser.add_argument("--steps", type=int, default=6, help="timed steps a slope")
+    parser.add_argument("--out", default="/tmp/phalanx-tpu")
+    args = parser.parse_args()
+    if args.one is not None:
+        print(json.dumps(one(json.loads(args.one)), default=str))
+        return
+    if args.whole is not None:
+        print(json.dumps(whole_plan(args.whole, args.tiny), default=str))
+        return
+    env = dict(os.environ)
+    # The trainer's step compiles what its plan compiled: the second from
+    # the persistent cache where it is the same program.
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", "/tmp/phalanx-plan-accuracy-cache")
+    models = args.models.split(",")
+    rows = []
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {}
+    for name in models:
+        for precision, remat, microbatches in GRID[name]:
+            config = {
+                "model": name, "precision": precision, "remat": remat,
+                "microbatches": microbatches, "tiny": args.tiny, "steps": args.steps,
+            }  # fmt: skip
+            began = time.perf_counter()
+            record = config | child(config, env)
+            record["wall_seconds"] = time.perf_counter() - began
+            rows.append(record)
+            print(json.dumps(_brief(record)), flush=True)
+            result = {"rows": rows, "summary": summary(rows)}
+            (out / f"plan_accuracy_{'_'.join(models)}.json").write_text(
+                json.dumps(result, indent=1, default=str)
+            )
+    last = models[-1]
+    command = [sys.executable, __file__, "--whole", last]
+    done = subprocess.run(
+        command + (["--tiny"] if args.tiny else []),
+        capture_output=True, text=True, timeout=CHILD_SECONDS, env=env,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    result["whole_plan"] = (
+        json.loads(lines[-1]) if lines else {"error": done.stderr[-300:]}
+    )
+    result["whole_plan"]["model"] = last
+    measured = [
+        (r["measured_seconds"], r["remat"], r["microbatches"])
+        for r in rows
+        if r["model"] == last
+        and r.get("measured_seconds")
+        and r["precision"] == result["whole_plan"].get("precision")
+    ]
+    chosen = result["whole_plan"].get("chosen")
+    if measured and chosen:
+        best = min(measured)[0]
+        picked = [
+            s
+            for s, r, k in measured
+            if (r, k) == (chosen["remat"], chosen["microbatches"])
+        ]
+        if picked:
+            result["whole_plan"]["chosen_over_best"] = picked[0] / best
+    result["summary"] = summary(rows)
+    print(
+        json.dumps({"summary": result["summary"], "whole_plan": result["whole_plan"]})
+    )
+    (out / f"plan_accuracy_{'_'.join(models)}.json").write_text(
+        json.dumps(result, indent=1, default=str)
+    )
+
+
+def _brief(record: dict[str, Any]) -> dict[str, Any]:
+    """A configuration's line: what it was, predicted and measured."""
+    predicted = record.get("predicted") or {}
+    device = (record.get("memory_stats") or {}).get("peak_bytes_in_use")
+    return {
+        key: record.get(key)
+        for key in ("model", "precision", "remat", "microbatches", "status", "error")
+    } | {
+        "peak": predicted.get("peak"),
+        "device_peak": device,
+        "step": predicted.get("seconds"),
+        "measured": record.get("measured_seconds"),
+    }
+
+
+if __name__ == "__main__":
+    main()
