@@ -47,7 +47,10 @@ def test_a_fully_sharded_trainer_plans_its_microbatches_and_remat():
     assert {row.candidate.remat for row in roomy.rows} == {False, True}
     assert roomy.choice is not None and roomy.choice.measured is not None
     assert roomy.strategy() is fsdp
-    assert "strategy" in str(roomy) and "FullyShardedStrategy" in str(roomy)
+    said = str(roomy)
+    assert "strategy" in said and "FullyShardedStrategy" in said
+    # Which peak the table gives (issue 57, item 1): XLA's plan of the step.
+    assert "peak: the compiled step's as XLA plans it" in said
     # The chosen state bytes are what a trainer allocates under it.
     assert roomy.choice.bounds is not None
     allocated = held_bytes(trainer_of(roomy.strategy()))

@@ -272,3 +272,21 @@ def test_kernel_blocks_in_bf16_train_as_float32_does(kernel_blocks):
         losses[precision] = np.asarray(trainer.history["loss"], float)
     assert kernel_blocks
     np.testing.assert_allclose(losses["bf16"], losses["fp32"], rtol=0.02)
+
+
+def test_non_causal_all_gather_by_the_kernel_makes_one_devices_update(
+    kernel_blocks,
+):
+    # Issue 56: not causal, the all-gather is one kernel call a device, its
+    # chunk of queries (256 / 2 = 128) against every key (256), the padding
+    # mask the gathered one.
+    px.testing.assert_equivalent(
+        trainer_for(LM(causal=False, implementation="all_gather", layers=1)),
+        batches(n=2, examples=2, seq=256),
+        strategies=[px.MeshStrategy(4, data=2, context=2, sequence_dims=DIMS)],
+        steps=2,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    queries, keys = (HEADS, 128, WIDTH // HEADS), (HEADS, 256, WIDTH // HEADS)
+    assert set(kernel_blocks) == {(queries, keys, False)}

@@ -30,7 +30,7 @@ from ._measure import Builder, bounds, lint, measure
 from ._options import Settings
 from ._progress import MARK, PlanProgress
 from ._result import Plan, PlanRow
-from ._space import Candidate, mesh_splits, microbatch_counts
+from ._space import Candidate, PlanSpace, mesh_splits, microbatch_counts
 from ._timing import STEPS, step_seconds
 
 
@@ -264,7 +264,7 @@ class _Search:
             compiled = self.compiles.last
             ok = measured.peak <= settings.usable
             why = "" if ok else "its peak exceeds the budget"
-            warnings = lint(pair.layout, space.min_size)
+            warnings = lint(pair.layout, _min_size(space))
             row = PlanRow(
                 candidate, "fits" if ok else "too big", why, own, measured, warnings
             )
@@ -289,6 +289,13 @@ def _fitting(rows: Sequence[PlanRow]) -> list[tuple[float, PlanRow]]:
 def _every(pair: Pair) -> list[Candidate]:
     """Every candidate of `pair` (each microbatch count)."""
     return [pair.first._replace(microbatches=k) for k in pair.counts] or [pair.first]
+
+
+def _min_size(space: PlanSpace) -> int:
+    """The ``min_size`` the layout lint reads: a strategy planned as it is
+    splits by its own (where it splits state by size)."""
+    own = None if space.strategy is None else space.strategy.split_min_size()
+    return space.min_size if own is None else own
 
 
 def _first_line(error: BaseException) -> str:

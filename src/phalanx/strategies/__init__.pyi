@@ -8,4 +8,8 @@ from ._fully_sharded import FullyShardedStrategy as FullyShardedStrategy
 from ._mesh_strategy import MeshStrategy as MeshStrategy
 from ._pmap import PmapStrategy as PmapStrategy
 from ._sharding import ShardingStrategy as ShardingStrategy
-from ._strategy import PerDeviceStrategy as PerDeviceStrategy, Strategy as Strategy
+from ._strategy import (
+    MeshSettings as MeshSettings,
+    PerDeviceStrategy as PerDeviceStrategy,
+    Strategy as Strategy,
+)

@@ -214,8 +214,10 @@ class Strategy(eqx.Module):
         ``context`` axis and its sequences, offload).
 
         None (the default): the strategy has no such settings. The planner
-        (`px.plan`, `DataParallelTrainer.plan`) keeps them in every layout
-        of its default `px.PlanSpace` (it weighs offload itself), and the
+        (`px.plan`, `DataParallelTrainer.plan`) weighs the mesh splits of a
+        strategy that declares them, keeping them in every layout of its
+        default `px.PlanSpace` (it weighs offload itself), and plans one
+        that declares none as it is (its microbatches and remat); the
         strategy's name shows the offload. A wrapper answers for the
         strategy it wraps. Callers ask this method, never the class.
         """
