@@ -59,6 +59,7 @@ def main() -> None:
     import numpy as np
     import optax
 
+    from phalanx._plan._space import with_remat
     from stacked_transformer import RULES, Transformer
 
     def make() -> Transformer:
@@ -98,10 +99,13 @@ def main() -> None:
     def run(candidate) -> tuple[float, float, int | None]:
         """Train `candidate` for a few steps: its state bytes on the fullest
         device, its step time (the median of three slopes: a fit of 1 +
-        steps less a fit of one, over steps), the device's peak bytes."""
+        steps less a fit of one, over steps), the device's peak bytes so far
+        (the process' high-water mark: this run's or an earlier one's;
+        `plan_accuracy.py` measures each peak in a process of its own)."""
         strategy = candidate.strategy(space, jax.devices()[: plan.devices])
+        # The candidate's own remat (the model's default is not it).
         trainer = px.DataParallelTrainer(
-            make(), optax.adam(1e-3), loss=loss,
+            with_remat(make(), candidate.remat), optax.adam(1e-3), loss=loss,
             strategy=strategy, progress=False,
         )  # fmt: skip
         held: dict = {}
@@ -176,7 +180,7 @@ def main() -> None:
                 "measured_s": seconds,
                 "plan_measured_s": row.timed,
                 "predicted_peak": row.measured.peak,
-                "measured_peak": device_peak,
+                "measured_peak_so_far": device_peak,
             }
         )
         by_plan = "" if row.timed is None else f" (the plan's {row.timed:.4g})"
@@ -186,7 +190,7 @@ def main() -> None:
             + (
                 ""
                 if device_peak is None
-                else f", peak {device_peak} vs {row.measured.peak} bytes"
+                else f", peak so far {device_peak} vs {row.measured.peak} bytes"
             )
         )
     results["compared"] = compared

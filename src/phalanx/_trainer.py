@@ -439,10 +439,8 @@ class DataParallelTrainer(Generic[_Model]):
         return flops_for(self._parts, batch)
 
     def plan(self, batch: PyTree, **options: Any) -> Plan:
-        """The fastest layout that fits (a `px.Plan`), this step compiled for
-        batches like `batch` under each candidate (the guide "Planning a
-        fit"): the mesh splits of the devices under a `MeshStrategy`; under
-        any other, its own layout with each microbatch count and remat."""
+        """The fastest layout that fits (a `px.Plan`): this step compiled for
+        batches like `batch` under each of its strategy's candidates."""
         return plan_trainer(self._parts, batch, **options)
 
     def lower(self, batch: PyTree) -> jax.stages.Lowered:

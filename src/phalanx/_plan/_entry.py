@@ -21,7 +21,7 @@ from ._measure import Builder
 from ._options import PlanOptions, Settings
 from ._result import Plan
 from ._search import search
-from ._space import PlanSpace, has_stack, mesh_fields, mesh_splits, planned_devices
+from ._space import PlanSpace, has_stack, mesh_fields, mesh_splits
 
 
 @validates_own_arguments
@@ -32,7 +32,7 @@ def plan_trainer(parts: TrainerParts, batch: Any, **options: Any) -> Plan:
     built = parts.programs.parts
     step = built.step
     space = _space_of(asked.space, step.strategy)
-    chosen = _devices(asked.devices, planned_devices(space))
+    chosen = _devices(asked.devices, space.own_devices)
     margin = asked.margin
     if not is_real(margin):
         raise TypeError(

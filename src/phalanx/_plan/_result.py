@@ -13,7 +13,7 @@ from ..strategies import Strategy
 from ._choice import TIE, choose
 from ._command import train_command
 from ._devices import DeviceSpec
-from ._space import Candidate, PlanSpace, planned_devices, remat_name, with_remat
+from ._space import Candidate, PlanSpace, remat_name, with_remat
 
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ class Plan:
 
         chosen = self._chosen()
         if devices is None:
-            devices = planned_devices(self.space) or jax.devices()[: self.devices]
+            devices = self.space.own_devices or jax.devices()[: self.devices]
         return chosen.strategy(self.space, devices)
 
     def trainer_kwargs(self) -> dict[str, Any]:

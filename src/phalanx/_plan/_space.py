@@ -81,6 +81,14 @@ class PlanSpace:
         if self.strategy is not None:
             _check_planned(self)
 
+    @property
+    def own_devices(self) -> list[Any] | None:
+        """The devices of the space's `strategy` (None: it has none, the
+        mesh splits are on the devices planned for)."""
+        if self.strategy is None:
+            return None
+        return list(self.strategy.mesh.devices.flat)
+
 
 def _check_planned(space: PlanSpace) -> None:
     """A space's `strategy` is one a plan can weigh the options of, and the
@@ -125,14 +133,6 @@ def mesh_fields(space: PlanSpace) -> dict[str, Any]:
     return {name: value for name, value in fields.items() if value is not None}
 
 
-def planned_devices(space: PlanSpace) -> list[Any] | None:
-    """The devices of the space's `strategy` (None: it has none, the mesh
-    splits are on the devices planned for)."""
-    if space.strategy is None:
-        return None
-    return list(space.strategy.mesh.devices.flat)
-
-
 def planned_sizes(strategy: Strategy) -> tuple[int, int, int]:
     """``(data, fsdp, tensor)`` as `strategy` splits its devices: a mesh's
     own axes; else its batch's split (`batch_multiple`), over fsdp where
@@ -167,7 +167,7 @@ class Candidate(NamedTuple):
         Raises:
             ValueError: `devices` are not the space's strategy's.
         """
-        own = planned_devices(space)
+        own = space.own_devices
         if space.strategy is not None:
             if own != list(devices):
                 raise ValueError(
