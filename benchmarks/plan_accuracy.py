@@ -129,8 +129,7 @@ def one(config: dict[str, Any]) -> dict[str, Any]:
     make, loss, batch = build(config["model"], config["tiny"])
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
     device = jax.devices()[0]
-    stats = device.memory_stats() or {}
-    budget = stats.get("bytes_limit", 2**40)
+    budget = (device.memory_stats() or {}).get("bytes_limit", 2**40)
     remat = config["remat"]
     space = px.PlanSpace(
         remat=None if remat is None else (remat,),
@@ -164,8 +163,15 @@ def one(config: dict[str, Any]) -> dict[str, Any]:
         plan.model(make()), optax.adamw(3e-4), progress=False,
         **plan.trainer_kwargs(), **kwargs,
     )  # fmt: skip
-    own = StepMemory.of(trainer.lower(batch).compile())
+    compiled = trainer.lower(batch).compile()
+    own = StepMemory.of(compiled)
     record["trainer_memory"] = None if own is None else dataclasses.asdict(own)
+    # Every figure XLA gives, its heap simulation's peak among them (on a
+    # CPU it leaves the temporaries out: arguments + outputs - aliased).
+    stats = compiled.memory_analysis()
+    record["memory_analysis"] = {
+        name: getattr(stats, name) for name in dir(stats) if name.endswith("_in_bytes")
+    }
     placed = jax.device_put(batch, trainer.strategy.batch_sharding)
     record["state_in_use"] = (device.memory_stats() or {}).get("bytes_in_use")
     trainer.fit([placed] * 2)  # compile and warm up

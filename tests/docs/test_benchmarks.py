@@ -223,5 +223,6 @@ def test_the_plan_accuracy_harness_runs_without_a_tpu(tmp_path):
         # The trainer's own step compiles to the memory the plan compiled.
         memory = row["predicted"]["memory"]
         assert row["trainer_memory"]["arguments"] == memory["arguments"]
+        assert row["memory_analysis"]["peak_memory_in_bytes"] > 0
     assert record["summary"]["configurations"] == 3
     assert record["whole_plan"]["chosen"]["microbatches"] in (1, 2)
