@@ -44,6 +44,20 @@ def test_a_plan_prints_its_table_and_the_command_that_trains_with_it(tmp_path):
     assert not list(tmp_path.iterdir())  # a plan writes nothing
 
 
+def test_a_strategy_given_is_planned_as_it_is(tmp_path):
+    # Issue 57, item 4: --strategy fsdp --shard optimizer plans that
+    # strategy's microbatches and remat; its command keeps the strategy.
+    args = ("--budget", "1MiB", "--batch-size", "32", "--strategy", "fsdp")
+    result = plan(tmp_path, *args, "--shard", "optimizer")
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    rows = [line for line in lines if line.startswith("│")]
+    assert rows and all("FullyShardedStrategy" in row for row in rows)
+    command = shlex.split(lines[-1].removeprefix("train with it: "))
+    trained = build_parser().parse_args(command[1:])
+    assert (trained.strategy, trained.shard) == ("fsdp", "optimizer")
+
+
 def test_nothing_fitting_is_one_line_with_exit_code_1(tmp_path):
     result = plan(tmp_path, "--budget", "20KiB")
     assert result.returncode == 1, result.stdout + result.stderr
@@ -59,7 +73,15 @@ def test_nothing_fitting_is_one_line_with_exit_code_1(tmp_path):
         ([], ["--budget is needed here", "e.g. --budget 16GiB"]),
         (["--budget", "lots"], ["--budget", "'lots' is not a positive size"]),
         (["--budget", "1GiB", "--margin", "1"], ["--margin", "below 1"]),
-        (["--budget", "1GiB", "--mesh", "data=2"], ["--mesh", "chooses", "drop"]),
+        (["--budget", "1GiB", "--microbatches", "2"], ["--microbatches", "chooses"]),
+        (
+            ["--budget", "1GiB", "--mesh", "data=2"],
+            ["--mesh data=2", "--strategy mesh"],
+        ),
+        (
+            ["--budget", "1GiB", "--strategy", "fsdp", "--mesh", "data=2"],
+            ["--mesh data=2", "not of --strategy fsdp"],
+        ),
         (["--budget", "1GiB", "--device", "abacus"], ["--device 'abacus'", "h100"]),
     ],
 )

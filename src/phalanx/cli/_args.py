@@ -239,6 +239,9 @@ class PlanArgs:
     train_flags: tuple[str, ...] = ()
     # How many of the fastest predicted that fit are run and timed.
     measure: int = 0
+    # Whether --strategy was given: that strategy is planned as it is (a
+    # mesh with --mesh sizes too); else every mesh split of the devices.
+    strategy_given: bool = False
 
 
 # Fields never written to a config file: the per-command options, and what is

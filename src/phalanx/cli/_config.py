@@ -88,12 +88,13 @@ def resolve_find_lr(argv: Sequence[str], namespace: argparse.Namespace) -> FindL
 # plan's own options.
 _PLAN_ONLY = ("budget", "margin", "device", "measure")
 # train's options that plan chooses itself.
-PLAN_CHOOSES = ("strategy", "mesh", "shard", "microbatches")
+PLAN_CHOOSES = ("microbatches",)
 
 
 def resolve_plan(argv: Sequence[str], namespace: argparse.Namespace) -> PlanArgs:
     """The plan's options: its run is train's defaults, then the flags
-    given (which plan shares with train).
+    given (which plan shares with train). A --strategy given is the one
+    planned (with its --shard or --mesh); none, every mesh split.
 
     Raises:
         UsageError: an option that plan chooses itself was given.
@@ -103,8 +104,8 @@ def resolve_plan(argv: Sequence[str], namespace: argparse.Namespace) -> PlanArgs
     if chosen:
         flags = ", ".join(f"--{name}" for name in chosen)
         raise UsageError(
-            f"{flags}: phalanx plan chooses the strategy, mesh and microbatches "
-            "itself (that is its answer); drop them"
+            f"{flags}: phalanx plan chooses the microbatches itself (that is its "
+            "answer); drop them"
         )
     run, flags = _run_and_flags(argv, namespace, _PLAN_ONLY)
     return PlanArgs(
@@ -114,6 +115,7 @@ def resolve_plan(argv: Sequence[str], namespace: argparse.Namespace) -> PlanArgs
         namespace.device,
         flags,
         measure=namespace.measure,
+        strategy_given="strategy" in given,
     )
 
 

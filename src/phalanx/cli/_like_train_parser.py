@@ -113,8 +113,10 @@ LIKE_TRAIN = (
             "(data x fsdp), Stacked remat setting and microbatch count, and the "
             "fastest predicted that fits --budget chosen. Prints the table of "
             "candidates and the phalanx train command that trains with the "
-            "choice; exits 1, with one line, where nothing fits. phalanx plan "
-            "chooses --strategy, --mesh, --shard and --microbatches itself."
+            "choice; exits 1, with one line, where nothing fits. With --strategy "
+            "(and its --shard or --mesh) it plans that strategy as it is: its "
+            "microbatch counts and remat settings. It chooses --microbatches "
+            "itself."
         ),
         add_options=_add_plan_options,
     ),

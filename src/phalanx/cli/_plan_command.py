@@ -3,6 +3,7 @@ the data loaded and the devices chosen as ``phalanx train`` would, then
 the plan made and reported (`cli/_plan_report.py`, which starts JAX)."""
 
 from ._args import PlanArgs, UsageError
+from ._strategy_options import check_strategy_options, check_tensor_axis
 
 
 def check_plan(args: PlanArgs) -> None:
@@ -12,6 +13,10 @@ def check_plan(args: PlanArgs) -> None:
             "phalanx plan runs in one process, on its devices (--devices N); run "
             "it without phalanx launch"
         )
+    run = args.run
+    check_strategy_options(run.strategy, {"shard": run.shard, "mesh": run.mesh})
+    if run.mesh is not None:
+        check_tensor_axis(run.mesh)
 
 
 def run_plan(args: PlanArgs) -> int:

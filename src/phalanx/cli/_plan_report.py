@@ -11,11 +11,12 @@ import numpy as np
 
 from .._checks._device_note import devices_said
 from .._plan._devices import budget_bytes, device_spec
+from .._plan._space import PlanSpace
 from .._trainer import DataParallelTrainer
-from ..strategies import MeshStrategy
+from ..strategies import MeshStrategy, Strategy
 from ._args import PlanArgs, UsageError
 from ._datasets import Split
-from ._train import make_model, make_optimizer, start_notes
+from ._train import make_model, make_optimizer, make_strategy, start_notes
 
 
 # The exit code of a plan in which nothing fits.
@@ -35,11 +36,11 @@ def plan_and_report(
         raise UsageError(_as_flags(str(error))) from None
     x, y = train
     model, _ = make_model(run, x, y)
-    # A mesh strategy's plan weighs every split of the devices.
+    strategy, space = _planned(args, devices)
     trainer = DataParallelTrainer(
         model,
         make_optimizer(run, run.lr),
-        strategy=MeshStrategy(devices),
+        strategy=strategy,
         seed=run.seed,
         precision=run.precision,
         progress=False,
@@ -50,6 +51,7 @@ def plan_and_report(
     batch = (x[: run.batch_size], y[: run.batch_size])
     plan = trainer.plan(
         batch,
+        space=space,
         budget=budget,
         margin=args.margin,
         device=args.device,
@@ -62,6 +64,18 @@ def plan_and_report(
     print(plan)
     print(f"train with it: {plan.command(args.train_flags)}")
     return 0
+
+
+def _planned(args: PlanArgs, devices: list[Any]) -> tuple[Strategy, PlanSpace | None]:
+    """The strategy planned and its space: without --strategy a mesh, whose
+    plan weighs every split of the devices; with one, that strategy as it
+    is (its microbatches and remat weighed), a mesh with --mesh sizes too."""
+    if not args.strategy_given:
+        return MeshStrategy(devices), None
+    strategy = make_strategy(args.run, devices)
+    if isinstance(strategy, MeshStrategy) and args.run.mesh is not None:
+        return strategy, PlanSpace(strategy=strategy)
+    return strategy, None
 
 
 def _as_flags(message: str) -> str:
