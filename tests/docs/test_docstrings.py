@@ -79,7 +79,7 @@ BertClassifier = eqx.Module  # the class of Equinox's BERT example's model
 """
 
 FRESH = """
-data = train = loader = px.data.ArrayLoader((x, y), batch_size=32)  # 16 batches
+data = train = loader = px.data.ArrayLoader((x, y), batch_size=128)  # 4 batches
 test = val = [(x_test, y_test)]
 trainer = px.DataParallelTrainer(model, optax.adam(1e-3))
 logger = px.callbacks.CSVLogger("log.csv")
