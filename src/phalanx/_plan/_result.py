@@ -148,13 +148,24 @@ class Plan:
                 f"nothing fits: no candidate was compiled, the smallest state is "
                 f"{format_bytes(least.bounds.state)} per device "
                 f"({least.candidate.describe()}), over the budget of {usable}; "
-                "add devices or shrink the model"
+                f"add devices or shrink the model{self._or_meshes()}"
             )
         return (
             f"nothing fits: the smallest peak found is "
             f"{format_bytes(smallest.measured.peak)} per device "
             f"({smallest.candidate.describe()}), over the budget of {usable}; "
-            "add devices, shrink the batch, or allow more microbatches"
+            f"add devices, shrink the batch, or allow more microbatches"
+            f"{self._or_meshes()}"
+        )
+
+    def _or_meshes(self) -> str:
+        """Where a strategy was planned as it is: the mesh splits, which
+        may split what it does not."""
+        if self.space.strategy is None:
+            return ""
+        return (
+            ", or weigh the mesh splits, which can split the state (px.plan "
+            "without a strategy, or a MeshStrategy trainer)"
         )
 
     def _chosen(self) -> Candidate:
