@@ -105,11 +105,13 @@ def _check_planned(space: PlanSpace) -> None:
             f"strategy={strategy!r} is not a phalanx Strategy; pass one, e.g. "
             "strategy=px.FullyShardedStrategy(), or None for the mesh splits"
         )
-    for name, value in mesh_fields(space).items():
+    given = mesh_fields(space)
+    if given:
+        name, value = next(iter(given.items()))
         raise ValueError(
-            f"{name}={value!r} sets a mesh split, but the "
-            f"space plans strategy={strategy_name(strategy)} as it is; drop "
-            f"{name}, or strategy to weigh the mesh splits"
+            f"{name}={value!r} sets a mesh split, but the space plans "
+            f"strategy={strategy_name(strategy)} as it is; drop {name}, or "
+            "strategy to weigh the mesh splits"
         )
     if space.microbatches is not None and strategy.per_device_reduce() is None:
         if any(k > 1 for k in space.microbatches):
