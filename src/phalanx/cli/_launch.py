@@ -30,7 +30,7 @@ import tempfile
 import time
 
 from .._env import HANG_EXIT_CODE, HANG_TIMEOUT, RESTART_COUNT
-from ._ranks import LaunchArgs, LaunchError, Ranks, free_port
+from ._ranks import SETTLE, LaunchArgs, LaunchError, Ranks, free_port
 
 
 # After a process fails (or a signal arrives), the others get SIGTERM, then
@@ -149,7 +149,10 @@ def _supervise(
     while failure is None and ranks.running():
         failure = ranks.first_failure()
         if failure is not None:
-            seen = time.monotonic()
+            # The exits that come with it, before any signal of ours: a
+            # rank killed by a signal is the one to blame (`first_failure`).
+            time.sleep(SETTLE)
+            failure, seen = ranks.first_failure(), time.monotonic()
             ranks.stop(grace)
         elif len(received) > 1:
             ranks.stop(0.0)  # a second signal: stop now

@@ -39,6 +39,8 @@ class LaunchError(Exception):
 
 # prctl(2) option: the signal a process gets when its parent thread exits.
 _PR_SET_PDEATHSIG = 1
+# Seconds a failure's peers may take to fail after it (`first_failure`).
+SETTLE = 0.2
 
 
 def die_with_parent() -> Callable[[], None] | None:
@@ -102,7 +104,8 @@ class Ranks:
         self.processes: list[subprocess.Popen[str]] = []
         self.copiers: list[threading.Thread] = []
         self.waiters: list[threading.Thread] = []
-        self.exits: list[tuple[int, int]] = []  # (rank, code) in exit order
+        # (rank, code, when its waiter saw it: time.monotonic) in exit order
+        self.exits: list[tuple[int, int, float]] = []
         self._lock = threading.Lock()
         # Every process first, then the threads: die_with_parent's preexec_fn
         # is only safe while this process has no other thread.
@@ -149,7 +152,7 @@ class Ranks:
     def _wait(self, rank: int, process: subprocess.Popen[str]) -> None:
         code = process.wait()
         with self._lock:
-            self.exits.append((rank, code))
+            self.exits.append((rank, code, time.monotonic()))
 
     def _copy(self, rank: int, stream: IO[str], out: IO[str]) -> None:
         gloo = GlooNotes()
@@ -172,9 +175,22 @@ class Ranks:
                     pass
 
     def first_failure(self) -> tuple[int, int] | None:
-        """(rank, exit code) of the first process to have failed."""
+        """(rank, exit code) of the process to blame: the first to fail,
+        unless one killed by SIGKILL failed within `SETTLE` seconds of it.
+        Nothing in a run sends SIGKILL (the OOM killer does, or a user's
+        ``kill -9``), and a rank's peers fail soon after it on the broken
+        connection (an error, or JAX's coordination service's SIGABRT): the
+        waiters' threads may see a peer's exit first, the kill's a moment
+        later."""
         with self._lock:
-            return next(((r, c) for r, c in self.exits if c != 0), None)
+            failed = [(r, c, when) for r, c, when in self.exits if c != 0]
+        if not failed:
+            return None
+        first, kill = failed[0][2], -signal.SIGKILL
+        killed = [
+            (r, c) for r, c, when in failed if c == kill and when - first <= SETTLE
+        ]
+        return killed[0] if killed else failed[0][:2]
 
     def running(self) -> bool:
         return any(process.poll() is None for process in self.processes)
