@@ -5,6 +5,7 @@ It asserts that every case ran and produced numbers, nothing about speed
 """
 
 import json
+import math
 import os
 import pathlib
 import runpy
@@ -219,7 +220,9 @@ def test_the_plan_accuracy_harness_runs_without_a_tpu(tmp_path):
     ]
     for row in rows:
         assert row["status"] == "fits", row
-        assert row["predicted"]["peak"] > 0 and row["measured_seconds"] > 0
+        # A slope of fit times: on a loaded CPU, for the tiny MLP's 0.3 ms
+        # step, within the noise of a fit's fixed cost (even below 0).
+        assert row["predicted"]["peak"] > 0 and math.isfinite(row["measured_seconds"])
         # The trainer's own step compiles to the memory the plan compiled.
         memory = row["predicted"]["memory"]
         assert row["trainer_memory"]["arguments"] == memory["arguments"]
