@@ -150,7 +150,7 @@ def _supervise(
         failure = ranks.first_failure()
         if failure is not None:
             # The exits that come with it, before any signal of ours: a
-            # rank killed by a signal is the one to blame (`first_failure`).
+            # rank killed by SIGKILL is the one to blame (`first_failure`).
             time.sleep(SETTLE)
             failure, seen = ranks.first_failure(), time.monotonic()
             ranks.stop(grace)
