@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..strategies._placement import put_as
+from ..strategies._placement import put_state
 
 
 # Steps run before the timed ones: the first call of an executable pays for
@@ -55,7 +55,8 @@ def _array(struct: jax.ShapeDtypeStruct) -> jax.Array:
     dtype = struct.dtype
     if jnp.issubdtype(dtype, jax.dtypes.prng_key):
         keys = jax.random.split(jax.random.key(0), struct.shape)
-        return put_as(keys, struct.sharding)
+        [placed] = put_state([keys], [struct.sharding])
+        return placed
     fill = 0.01 if jnp.issubdtype(dtype, jnp.inexact) else 0
     return jax.make_array_from_callback(
         struct.shape, struct.sharding, lambda index: _filled(struct, index, fill)

@@ -149,12 +149,6 @@ def on_device(tree: PyTree, device: Any) -> PyTree:
     return jax.device_put(tree, device)
 
 
-def put_as(x: Any, sharding: Sharding) -> jax.Array:
-    """`x` laid out as `sharding` says: an argument of a compiled step
-    the planner times, as it was compiled for."""
-    return jax.device_put(x, sharding)
-
-
 def put_batch(
     leaves: Sequence[np.ndarray | jax.Array],
     sharding: Sharding | Sequence[Sharding],
