@@ -117,6 +117,18 @@ def build(name: str, tiny: bool) -> tuple[Any, Any, Any]:
     return make, tokens_loss, (tokens[:, :-1], tokens[:, 1:])
 
 
+def planned(name: str, tiny: bool) -> tuple[Any, Any, Any, Any, int]:
+    """Model `name`'s factory, loss and batch (`build`), the batch's shapes,
+    and the budget a plan of it gets: the first device's memory (where JAX
+    reports it; else 1 TiB, on a CPU)."""
+    import jax
+
+    make, loss, batch = build(name, tiny)
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
+    stats = jax.devices()[0].memory_stats() or {}
+    return make, loss, batch, shapes, stats.get("bytes_limit", 2**40)
+
+
 def one(config: dict[str, Any]) -> dict[str, Any]:
     """One configuration planned, then trained: the child's record."""
     import jax
@@ -125,10 +137,8 @@ def one(config: dict[str, Any]) -> dict[str, Any]:
     import phalanx as px
     from phalanx._engine.program._summary import StepMemory
 
-    make, loss, batch = build(config["model"], config["tiny"])
-    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
+    make, loss, batch, shapes, budget = planned(config["model"], config["tiny"])
     device = jax.devices()[0]
-    budget = (device.memory_stats() or {}).get("bytes_limit", 2**40)
     remat = config["remat"]
     space = px.PlanSpace(
         remat=None if remat is None else (remat,),
@@ -189,9 +199,11 @@ def one(config: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def child(config: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """`one(config)` in a process of its own (its peak its own)."""
-    command = [sys.executable, __file__, "--one", json.dumps(config)]
+def child(arguments: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """This script with `arguments` (``--one CONFIG``: `one`, its peak its
+    own; ``--whole MODEL``: `whole_plan`) in a process of its own: the JSON
+    line it prints last, or the error that stopped it."""
+    command = [sys.executable, __file__, *arguments]
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=CHILD_SECONDS, env=env
@@ -239,9 +251,7 @@ def whole_plan(name: str, tiny: bool) -> dict[str, Any]:
 
     import phalanx as px
 
-    make, loss, batch = build(name, tiny)
-    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batch)
-    stats = jax.devices()[0].memory_stats() or {}
+    make, loss, _, shapes, budget = planned(name, tiny)
     precision = GRID[name][0][0]
     remats = sorted({r for p, r, _ in GRID[name] if p == precision and r is not None})
     space = px.PlanSpace(
@@ -250,8 +260,8 @@ def whole_plan(name: str, tiny: bool) -> dict[str, Any]:
     )
     began = time.perf_counter()
     plan = px.plan(
-        make, optax.adamw(3e-4), shapes, budget=stats.get("bytes_limit", 2**40),
-        space=space, strategy=px.ShardingStrategy(jax.devices()[:1]),
+        make, optax.adamw(3e-4), shapes, budget=budget, space=space,
+        strategy=px.ShardingStrategy(jax.devices()[:1]),
         progress=False, loss=loss, precision=precision, metrics=(),
     )  # fmt: skip
     seconds = time.perf_counter() - began
@@ -294,6 +304,7 @@ def main() -> None:
     rows = []
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    path = out / f"plan_accuracy_{'_'.join(models)}.json"
     result: dict[str, Any] = {}
     for name in models:
         for precision, remat, microbatches in GRID[name]:
@@ -302,25 +313,15 @@ def main() -> None:
                 "microbatches": microbatches, "tiny": args.tiny, "steps": args.steps,
             }  # fmt: skip
             began = time.perf_counter()
-            record = config | child(config, env)
+            record = config | child(["--one", json.dumps(config)], env)
             record["wall_seconds"] = time.perf_counter() - began
             rows.append(record)
             print(json.dumps(_brief(record)), flush=True)
             result = {"rows": rows, "summary": summary(rows)}
-            (out / f"plan_accuracy_{'_'.join(models)}.json").write_text(
-                json.dumps(result, indent=1, default=str)
-            )
+            path.write_text(json.dumps(result, indent=1, default=str))
     last = models[-1]
-    command = [sys.executable, __file__, "--whole", last]
-    done = subprocess.run(
-        command + (["--tiny"] if args.tiny else []),
-        capture_output=True, text=True, timeout=CHILD_SECONDS, env=env,
-    )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    result["whole_plan"] = (
-        json.loads(lines[-1]) if lines else {"error": done.stderr[-300:]}
-    )
-    result["whole_plan"]["model"] = last
+    whole = ["--whole", last, *(["--tiny"] if args.tiny else [])]
+    result["whole_plan"] = child(whole, env) | {"model": last}
     measured = [
         (r["measured_seconds"], r["remat"], r["microbatches"])
         for r in rows
@@ -338,13 +339,10 @@ def main() -> None:
         ]
         if picked:
             result["whole_plan"]["chosen_over_best"] = picked[0] / best
-    result["summary"] = summary(rows)
     print(
         json.dumps({"summary": result["summary"], "whole_plan": result["whole_plan"]})
     )
-    (out / f"plan_accuracy_{'_'.join(models)}.json").write_text(
-        json.dumps(result, indent=1, default=str)
-    )
+    path.write_text(json.dumps(result, indent=1, default=str))
 
 
 def _brief(record: dict[str, Any]) -> dict[str, Any]:
