@@ -9,7 +9,6 @@ strategy's, is one line."""
 
 import re
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
@@ -17,7 +16,7 @@ import pytest
 
 import phalanx as px
 from phalanx._plan._space import PlanSpace
-from test_plan import BATCH, loss, make
+from test_plan import BATCH, held_bytes, loss, make
 
 
 LONG = (jax.ShapeDtypeStruct((32, 64), jnp.int32),) * 2
@@ -27,15 +26,6 @@ def trainer_of(strategy: px.Strategy) -> px.DataParallelTrainer:
     return px.DataParallelTrainer(
         make(), optax.adam(1e-3), loss=loss, progress=False, strategy=strategy
     )
-
-
-def held_bytes(trainer: px.DataParallelTrainer) -> int:
-    """The state's bytes on the trainer's fullest device."""
-    held: dict[object, int] = {}
-    for leaf in jax.tree.leaves(eqx.filter(trainer.state, eqx.is_array)):
-        for shard in leaf.addressable_shards:
-            held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
-    return max(held.values())
 
 
 def test_a_fully_sharded_trainer_plans_its_microbatches_and_remat():
