@@ -2,7 +2,8 @@
 acceptance 1): for each configuration of a grid over three models, the
 plan's predicted peak and step time (a plan of that one candidate, the
 cost model calibrated on the device: `px.calibrate`, cached) beside the
-device's `peak_bytes_in_use` and the step time measured training it; then
+device memory the steps held (`footprint`) and the step time measured
+training it; then
 the plan of the largest model over its whole grid, its time and compiles,
 and whether its choice is within 5% of the best measured.
 
@@ -16,11 +17,12 @@ Each configuration runs in a process of its own: `peak_bytes_in_use` is a
 process's high-water mark, so one process a configuration is the only way
 each peak is its own. A child writes one JSON line: the plan's row (its
 compiled memory as `memory_analysis` says it, the peak and step it
-predicts), the trainer's own step's `memory_analysis` (the same program?),
-the device's memory statistics after training, and the measured step: the
-median of three slopes of a fit's time over its steps (a fit of
-``1 + --steps`` batches less a fit of one, over ``--steps``), so that what
-a fit call costs once cancels.
+predicts; on the v5e the trainer's own step compiled to the same figures
+in every configuration), the device's memory statistics before and after
+the steps and the footprint they give, and the measured step: the median
+of three slopes of a fit's time over its steps (a fit of ``1 + --steps``
+batches less a fit of one, over ``--steps``), so that what a fit call
+costs once cancels.
 
 Off an accelerator (no memory statistics) the peaks are "n/a" and the
 grid is tiny (``--tiny``): the harness's smoke test.
@@ -135,7 +137,6 @@ def one(config: dict[str, Any]) -> dict[str, Any]:
     import optax
 
     import phalanx as px
-    from phalanx._engine.program._summary import StepMemory
 
     make, loss, batch, shapes, budget = planned(config["model"], config["tiny"])
     device = jax.devices()[0]
@@ -172,17 +173,10 @@ def one(config: dict[str, Any]) -> dict[str, Any]:
         plan.model(make()), optax.adamw(3e-4), progress=False,
         **plan.trainer_kwargs(), **kwargs,
     )  # fmt: skip
-    compiled = trainer.lower(batch).compile()
-    own = StepMemory.of(compiled)
-    record["trainer_memory"] = None if own is None else dataclasses.asdict(own)
-    # Every figure XLA gives, its heap simulation's peak among them (on a
-    # CPU it leaves the temporaries out: arguments + outputs - aliased).
-    stats = compiled.memory_analysis()
-    record["memory_analysis"] = {
-        name: getattr(stats, name) for name in dir(stats) if name.endswith("_in_bytes")
-    }
     placed = jax.device_put(batch, trainer.strategy.batch_sharding)
-    record["state_in_use"] = (device.memory_stats() or {}).get("bytes_in_use")
+    # Before any step: what the state and batch hold, and the high-water
+    # mark of building them (the trainer's placement copies included).
+    record["before_steps"] = device.memory_stats()
     trainer.fit([placed] * 2)  # compile and warm up
     slopes = []
     for _ in range(3):
@@ -196,7 +190,30 @@ def one(config: dict[str, Any]) -> dict[str, Any]:
     jax.block_until_ready(trainer.state)
     record["measured_seconds"] = statistics.median(slopes)
     record["memory_stats"] = device.memory_stats()
+    record["device_peak"] = footprint(record["before_steps"], record["memory_stats"])
     return record
+
+
+def footprint(
+    before: dict[str, int] | None, after: dict[str, int] | None
+) -> int | None:
+    """The device memory the training steps held at most: the buffers in
+    use (the state, the batch) at their fullest during the steps, plus the
+    region a TPU reserves for its executables' temporaries.
+
+    On the TPU, ``peak_bytes_in_use`` leaves a step's temporaries out: they
+    live in ``bytes_reserved`` (measured on a v5e: ``peak_bytes_reserved``
+    within 1-5% of the step's `temp_size_in_bytes`, and no allocation as
+    large as it). And its high-water mark is the process's: building the
+    trainer may set it (its placement's copies), before any step. So: the
+    in-use bytes when the steps began, or the high-water mark where the
+    steps raised it, plus the reserved region's peak. None off an
+    accelerator (no memory statistics)."""
+    if not before or not after or "peak_bytes_in_use" not in after:
+        return None
+    raised = after["peak_bytes_in_use"] > before["peak_bytes_in_use"]
+    in_use = after["peak_bytes_in_use"] if raised else before["bytes_in_use"]
+    return in_use + after.get("peak_bytes_reserved", 0)
 
 
 def child(arguments: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -222,7 +239,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     peaks, times = [], []
     for row in rows:
         predicted = row.get("predicted") or {}
-        device = (row.get("memory_stats") or {}).get("peak_bytes_in_use")
+        device = row.get("device_peak")
         if device and predicted.get("peak"):
             peaks.append(predicted["peak"] / device - 1)
         if row.get("measured_seconds") and predicted.get("seconds"):
@@ -348,7 +365,7 @@ def main() -> None:
 def _brief(record: dict[str, Any]) -> dict[str, Any]:
     """A configuration's line: what it was, predicted and measured."""
     predicted = record.get("predicted") or {}
-    device = (record.get("memory_stats") or {}).get("peak_bytes_in_use")
+    device = record.get("device_peak")
     return {
         key: record.get(key)
         for key in ("model", "precision", "remat", "microbatches", "status", "error")

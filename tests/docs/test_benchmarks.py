@@ -223,9 +223,7 @@ def test_the_plan_accuracy_harness_runs_without_a_tpu(tmp_path):
         # A slope of fit times: on a loaded CPU, for the tiny MLP's 0.3 ms
         # step, within the noise of a fit's fixed cost (even below 0).
         assert row["predicted"]["peak"] > 0 and math.isfinite(row["measured_seconds"])
-        # The trainer's own step compiles to the memory the plan compiled.
-        memory = row["predicted"]["memory"]
-        assert row["trainer_memory"]["arguments"] == memory["arguments"]
-        assert row["memory_analysis"]["peak_memory_in_bytes"] > 0
+        # No device memory statistics on a CPU: no footprint to compare.
+        assert row["device_peak"] is None
     assert record["summary"]["configurations"] == 3
     assert record["whole_plan"]["chosen"]["microbatches"] in (1, 2)

@@ -29,7 +29,6 @@ def test_the_choice_is_the_best_of_an_exhaustive_grid():
     builder = Builder(
         trainer._parts.programs.parts.step,
         trainer._parts.layout,
-        model_state=None,
         traced_checks=True,
         spec=plan_spec(trainer),
         size=16,

@@ -92,7 +92,6 @@ def test_no_candidate_holds_much_less_than_its_floor():
     builder = Builder(
         trainer._parts.programs.parts.step,
         trainer._parts.layout,
-        model_state=None,
         traced_checks=True,
         spec=_spec(trainer._parts, BATCH)[0],
         size=32,

@@ -5,6 +5,7 @@ size is a new program."""
 
 import traceback
 
+import equinox as eqx
 import jax
 import optax
 import pytest
@@ -102,3 +103,23 @@ def test_summary_reads_the_fits_program():
     after = trainer.summary((x, y)).step  # the fit's program's own
     assert before is not None and after is not None and after == before
     assert after.arguments == program.memory.argument_size_in_bytes
+
+
+def test_a_trainer_keeps_no_copy_of_the_model_it_started_from():
+    """Its programs keep the model's shapes alone (to explain a first batch
+    that does not fit): once the caller lets the model go, the device holds
+    the state's arrays and nothing else (the state's are copies, so a
+    parameter's worth of memory a trainer held for nothing; on a v5e, 77 MB
+    for the tests' 19 M transformer)."""
+    import gc
+
+    model = make_model()
+    trainer = px.DataParallelTrainer(
+        model, optax.adam(1e-2), loss="mse", progress=False
+    )
+    del model
+    gc.collect()
+    held = sum(
+        leaf.nbytes for leaf in jax.tree.leaves(trainer.state) if eqx.is_array(leaf)
+    )
+    assert sum(array.nbytes for array in jax.live_arrays()) == held

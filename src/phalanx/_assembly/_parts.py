@@ -200,8 +200,6 @@ def assemble(
         ProgramParts(
             parts,
             layout,
-            model,
-            model_state,
             traced_checks=checks == "on",
             steps_per_call=trainer.steps_per_call,
         )

@@ -32,6 +32,8 @@ import math
 import re
 from typing import NamedTuple
 
+import numpy as np
+
 from ._hlo import _OP, _bytes, _computations, _entry, _group_size
 
 
@@ -63,7 +65,8 @@ _BRANCHES = re.compile(
 )
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _CONTRACTING = re.compile(r"\blhs_contracting_dims=\{([0-9,]*)\}")
-_LABELS = re.compile(r"\bdim_labels=\w+_\w+->(\w+)")
+_LABELS = re.compile(r"\bdim_labels=(\w+)_(\w+)->(\w+)")
+_WINDOW = re.compile(r"\bwindow=\{([^}]*)\}")
 _DIMS = re.compile(r"\[([0-9,]*)\]")
 # Instructions that move no data of their own (a while, call or
 # conditional is its computations' work; an async pair's is its start's).
@@ -230,15 +233,87 @@ def _flops(i: _Instruction, known: dict[str, str]) -> float:
             else []
         )
         return 2.0 * output * math.prod(lhs[a] for a in axes if a < len(lhs))
-    kernel = math.prod(_dims(known.get(i.operands[1], "")))
+    return _convolution_flops(i, known)
+
+
+def _convolution_flops(i: _Instruction, known: dict[str, str]) -> float:
+    """A ``convolution``'s FLOPs: 2 per multiply-add that meets an input
+    element, not padding nor a dilation's hole. XLA:TPU writes a batched
+    matrix multiply as one: its batch axes spatial, each window tap but
+    one falling in a hole (``window={size=8 stride=7 lhs_dilate=8}``), so
+    counting every tap would count the batch twice."""
     labels = _LABELS.search(i.attributes)
+    lhs = _dims(known.get(i.operands[0], ""))
+    kernel = _dims(known.get(i.operands[1], ""))
     out = _dims(i.type)
-    features = (
-        out[labels.group(1).index("f")]
-        if labels and "f" in labels.group(1) and len(out) == len(labels.group(1))
-        else 1
+    if labels is None or not (
+        len(labels.group(1)) == len(lhs)
+        and len(labels.group(2)) == len(kernel)
+        and len(labels.group(3)) == len(out)
+    ):
+        return 0.0  # unread: the traced count stands (`_measure.measure`)
+    lhs_labels, kernel_labels, out_labels = labels.groups()
+    window = _window(i.attributes, sum(c.isdigit() for c in out_labels))
+    taps = 1.0
+    for axis, (width, stride, low, lhs_dilate, rhs_dilate) in enumerate(window):
+        spatial = str(axis)
+        taps *= _mean_taps(
+            out[out_labels.index(spatial)],
+            lhs[lhs_labels.index(spatial)],
+            width, stride, low, lhs_dilate, rhs_dilate,
+        )  # fmt: skip
+    return 2.0 * math.prod(out) * kernel[kernel_labels.index("i")] * taps
+
+
+def _window(attributes: str, spatial: int) -> list[tuple[int, int, int, int, int]]:
+    """Each spatial axis's window: its size, stride, low padding and lhs
+    and rhs dilations (XLA's defaults where the text leaves them out)."""
+    fields = dict.fromkeys(
+        ("size", "stride", "lhs_dilate", "rhs_dilate"), [1] * spatial
     )
-    return 2.0 * output * kernel / max(features, 1)
+    low = [0] * spatial
+    found = _WINDOW.search(attributes)
+    for item in found.group(1).split() if found else []:
+        key, _, value = item.partition("=")
+        if key in fields:
+            fields[key] = [int(v) for v in value.split("x")]
+        elif key == "pad":
+            low = [int(pair.split("_")[0]) for pair in value.split("x")]
+    return list(
+        zip(
+            fields["size"],
+            fields["stride"],
+            low,
+            fields["lhs_dilate"],
+            fields["rhs_dilate"],
+            strict=True,
+        )  # fmt: skip
+    )
+
+
+def _mean_taps(
+    out: int, size: int, window: int, stride: int, low: int, lhs: int, rhs: int
+) -> float:
+    """The window taps per output position, on one spatial axis, that land
+    on an input element: position ``o·stride + k·rhs − low`` of the input
+    dilated by `lhs` (an element where it is a multiple of `lhs` within
+    ``[0, (size − 1)·lhs]``), over the `out` positions."""
+    o = np.arange(out, dtype=np.int64)
+    start = o * stride - low  # tap k's position: start + k·rhs
+    # The taps within the input's span: k in [first, last].
+    first = np.maximum(0, -(start // rhs))
+    last = np.minimum(window - 1, ((size - 1) * lhs - start) // rhs)
+    if lhs == 1:
+        return float(np.maximum(last - first + 1, 0).sum()) / max(out, 1)
+    # Of those, the taps on an element: start + k·rhs ≡ 0 (mod lhs).
+    common = math.gcd(rhs, lhs)
+    period = lhs // common
+    solvable = start % common == 0
+    inverse = pow(rhs // common, -1, period) if period > 1 else 0
+    residue = ((-start // common) * inverse) % period if period > 1 else 0 * start
+    lowest = first + (residue - first) % period  # the first such k >= first
+    counted = np.where(solvable & (lowest <= last), (last - lowest) // period + 1, 0)
+    return float(counted.sum()) / max(out, 1)
 
 
 def _unfused_bytes(i: _Instruction, known: dict[str, str]) -> float:

@@ -58,7 +58,6 @@ def plan_trainer(parts: TrainerParts, batch: Any, **options: Any) -> Plan:
     builder = Builder(
         step,
         parts.layout,
-        model_state=built.model_state,
         traced_checks=built.traced_checks,
         spec=spec,
         size=size,

@@ -101,14 +101,12 @@ class Builder:
         step: StepParts,
         layout: StateLayout,
         *,
-        model_state: Any,
         traced_checks: bool,
         spec: BatchSpec,
         size: int,
     ):
         self._step = step
         self._state = eqx.filter_eval_shape(layout.unflatten, layout.structs)
-        self._model_state = model_state
         self._checks = traced_checks
         self.spec = spec
         self.size = size
@@ -141,19 +139,11 @@ class Builder:
             ProgramParts(
                 self._step._replace(strategy=strategy),
                 layout,
-                _model_of(layout),
-                self._model_state,
                 self._checks,
             )
         )
         program = programs.build(self.spec, self.size, compile=False)
         return program, programs.flops(program, self.size).per_device
-
-
-def _model_of(layout: StateLayout) -> Any:
-    """The abstract model of `layout`'s state (to explain a batch that
-    does not fit it)."""
-    return eqx.filter_eval_shape(layout.unflatten, layout.structs).model
 
 
 def state_bytes(layout: StateLayout, *, host: bool = False) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 
@@ -32,7 +33,8 @@ def first_batch_hint(
     size: int,
 ) -> str:
     """What to fix, for a first batch of `spec` (a step of `size` examples)
-    that the model and loss failed on."""
+    that the model and loss failed on (`model` and `model_state` may be
+    shapes alone: `jax.ShapeDtypeStruct` leaves)."""
     structs = [
         jax.ShapeDtypeStruct((size, *shape), dtype)
         for shape, dtype in zip(spec.shapes, spec.dtypes, strict=True)
@@ -42,10 +44,10 @@ def first_batch_hint(
     keys = jax.ShapeDtypeStruct((size,), jax.eval_shape(lambda: jr.key(0)).dtype)
 
     def outputs_of(x: Any) -> Any:
-        return jax.eval_shape(
-            lambda x, k: forward(
-                model, x, state=model_state, keys=k, pass_key=pass_key
-            )[0],
+        return eqx.filter_eval_shape(
+            lambda m, s, x, k: forward(m, x, state=s, keys=k, pass_key=pass_key)[0],
+            model,
+            model_state,
             x,
             keys,
         )
@@ -107,7 +109,10 @@ def _cast_hint(model: Any, inputs: Any, outputs_of: Callable[[Any], Any]) -> str
     cast to its own floating dtype: the dtype is then the cause (token ids
     into an embedding fail for another reason, and get no such advice)."""
     floats = {
-        leaf.dtype for leaf in jax.tree.leaves(eqx.filter(model, eqx.is_inexact_array))
+        leaf.dtype
+        for leaf in jax.tree.leaves(model)
+        if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct)
+        and jnp.issubdtype(leaf.dtype, jnp.inexact)
     }
     leaves = jax.tree.leaves(inputs)
     if not (floats and leaves and all(np.dtype(x.dtype).kind in "biu" for x in leaves)):
@@ -148,7 +153,7 @@ def _positional_parameters(model: Any) -> tuple[int | float, int]:
 
 def _runs_on_whole_batch(model: Any, inputs: Any) -> bool:
     try:
-        jax.eval_shape(model, inputs)
+        eqx.filter_eval_shape(lambda m, x: m(x), model, inputs)
     except Exception:
         return False
     return True

@@ -37,17 +37,15 @@ class ProgramParts(NamedTuple):
 
     Attributes:
         step: the step's parts (hooks, optimizer, strategy, precision).
-        layout: how the state travels (structure, shardings, shapes).
-        model, model_state: the model (and its state) the run started from,
-            to explain a first batch that does not fit.
+        layout: how the state travels (structure, shardings, shapes; the
+            model's shapes alone explain a first batch that does not fit:
+            no copy of the model's arrays is kept beside the state's).
         traced_checks: check each batch's shapes inside the step too.
         steps_per_call: the steps of one compiled `Program.train_many` call.
     """
 
     step: StepParts
     layout: StateLayout
-    model: eqx.Module
-    model_state: eqx.nn.State | None
     traced_checks: bool
     steps_per_call: int = 1
 
@@ -164,8 +162,9 @@ def build_program(
         raise  # not the batch's fault: its own message names the hook
     except (TypeError, ValueError, IndexError) as error:
         kind = TypeError if isinstance(error, TypeError) else ValueError
+        started = eqx.filter_eval_shape(layout.unflatten, layout.structs)
         fix = first_batch_hint(
-            spec, parts.model, parts.model_state, pass_key=step.pass_key, size=size
+            spec, started.model, started.model_state, pass_key=step.pass_key, size=size
         )
         # The model's own error first: the hint is a guess at its cause.
         raise kind(
