@@ -80,7 +80,8 @@ else
     COMPARE=(--compare-xla 256 --layers 1 --width 64)
     TINY=(--tiny)
 fi
-# ROUNDS (3) and LM_STEPS (20) trade precision for device time.
+# ROUNDS (3) and LM_STEPS (20) trade precision for device time;
+# PLAN_MODELS (mlp,transformer) picks the plan part's models, in order.
 bench() {
     timeout -k 10 "$1" python3 benchmarks/tpu.py "${@:2}" --rounds "${ROUNDS:-3}" \
         --out "$OUT"
@@ -120,7 +121,8 @@ bench() {
     fi
     if wanted plan; then
         part "the plan's peak and step against the device's: the MLP, the tests' transformer"
-        timeout -k 10 540 python3 benchmarks/plan_accuracy.py --models mlp,transformer \
+        timeout -k 10 540 python3 benchmarks/plan_accuracy.py \
+            --models "${PLAN_MODELS:-mlp,transformer}" \
             "${TINY[@]}" --out "$OUT"
     fi
     if wanted plan125; then

@@ -22,6 +22,10 @@ _OP = re.compile(
 _ARRAY = re.compile(
     r"\b(pred|s4|s8|s16|s32|s64|u4|u8|u16|u32|u64|f8\w*|bf16|f16|f32|f64|c64|c128)\[([0-9,]*)\]"
 )
+# An array's layout, where the text gives one: ``{1,0:T(8,128)S(1)}``, its
+# memory space after ``S`` (0, the device's memory, where it says none).
+_LAYOUT = re.compile(r"\{[^{}]*\}")
+_SPACE = re.compile(r"S\((\d+)\)")
 _BITS = {"pred": 8, "c64": 64, "c128": 128, "bf16": 16}
 _CALLED = re.compile(
     r"\b(?:body|calls|to_apply|true_computation|false_computation)=%?([\w.\-]+)"
@@ -102,8 +106,26 @@ def _group_size(line: str, devices: int) -> int:
 
 
 def _bytes(shape_text: str) -> int:
+    """The bytes of the arrays of `shape_text` (one array's, or a tuple's)."""
+    return _sum_bytes(shape_text, device_memory_only=False)
+
+
+def hbm_bytes(shape_text: str) -> int:
+    """The bytes of those arrays of `shape_text` in the device's main
+    memory: XLA:TPU places some in on-chip memory (``S(1)`` in their
+    layout, its vector memory), which costs no memory traffic."""
+    return _sum_bytes(shape_text, device_memory_only=True)
+
+
+def _sum_bytes(shape_text: str, *, device_memory_only: bool) -> int:
     total = 0
-    for dtype, dims in _ARRAY.findall(shape_text):
+    for found in _ARRAY.finditer(shape_text):
+        dtype, dims = found.groups()
+        if device_memory_only:
+            layout = _LAYOUT.match(shape_text, found.end())
+            space = _SPACE.search(layout.group()) if layout else None
+            if space is not None and space.group(1) != "0":
+                continue
         bits = _BITS.get(dtype) or int(re.sub(r"\D", "", dtype.split("e")[0]) or 8)
         size = math.prod(int(d) for d in dims.split(",") if d)
         total += size * bits // 8

@@ -3,9 +3,9 @@ and bytes per device (known without compiling, the plan's memory bound),
 its FLOPs (from a trace, the plan's time bound), then, compiled ahead of
 time, its memory, its collectives' bytes and its predicted step time: the
 compiled program's own work (`_cost.step_work`: its FLOPs, the bytes its
-kernels move and its collectives, loop by loop, XLA's cost analysis the
-floor) priced at the `DeviceSpec`'s rates, measured on the device where a
-plan calibrated it. Nothing is placed or run: every argument is a
+kernels move and its collectives, loop by loop, each kernel timed) priced
+at the `DeviceSpec`'s rates, measured on the device where a plan
+calibrated it. Nothing is placed or run: every argument is a
 `jax.ShapeDtypeStruct`.
 """
 
@@ -67,6 +67,8 @@ class Measured:
             its FLOPs, its memory traffic, its collectives (their bytes at
             the link's bandwidth, plus the link's latency once each) and its
             offloaded state's trips between host and device.
+        kernels: its kernels' seconds, each at the pace of the slower of its
+            FLOPs and its traffic (`_cost.step_work`).
         flops: the matrix FLOPs costed: the compiled program's, or the
             traced count where that is more.
         accessed: the bytes its kernels read and write, as costed.
@@ -83,13 +85,17 @@ class Measured:
     flops: float = 0.0
     accessed: float = 0.0
     collective_ops: int = 0
+    kernels: float = 0.0
 
     @property
     def seconds(self) -> float:
-        """The predicted step time: compute and memory traffic overlap (the
-        slower sets the pace), collectives and host transfers do not (a
-        conservative model)."""
-        return max(self.compute, self.traffic) + self.communication + self.host
+        """The predicted step time: the kernels', each as fast as the slower
+        of its compute and its memory traffic allows, one after another (or
+        the step's FLOPs or bytes at the device's rates, where a floor
+        makes those more); collectives and host transfers do not overlap
+        them (a conservative model)."""
+        pace = max(self.kernels, self.compute, self.traffic)
+        return pace + self.communication + self.host
 
 
 class Builder:
@@ -197,8 +203,8 @@ def measure(
     What it costs, per device: its matrix FLOPs (those of the compiled
     program, loops' trips counted, or the traced count where that is
     more, so that no prediction is under its `bound`), the bytes its
-    kernels read and write (the compiled program's, or XLA's cost
-    analysis', or the state read and written once, whichever is most),
+    kernels read and write (the compiled program's, or the state read and
+    written once, whichever is more), each kernel's time at those rates,
     and each collective's bytes and one link latency (`Measured`)."""
     del candidate  # the compiled program's loops say its microbatches
     compiled = compile(program.traced.lower(*program.arguments))
@@ -208,9 +214,9 @@ def measure(
         raise RuntimeError("the backend reports no memory analysis to plan with")
     text = compiled.as_text() or ""
     sent = collective_bytes(text, len(devices))
-    work = step_work(text, len(devices))
+    work = step_work(text, len(devices), (device.flops, device.memory_bandwidth))
     flops = max(bound.flops, work.flops)
-    accessed = max(work.bytes, _xla_bytes(compiled), 2.0 * bound.state)
+    accessed = max(work.bytes, 2.0 * bound.state)
     # Offloaded state in the arguments, its donated outputs aliased: +host
     # in the peak, where the backend does not count host memory apart.
     apart = int(getattr(stats, "host_argument_size_in_bytes", 0) or 0) > 0
@@ -226,14 +232,5 @@ def measure(
         flops=flops,
         accessed=accessed,
         collective_ops=work.collectives,
+        kernels=work.seconds,
     )
-
-
-def _xla_bytes(compiled: Any) -> float:
-    """The bytes XLA's cost analysis says the program accesses (its loops'
-    bodies once: a floor). JAX 0.10 returns one dict; earlier versions a
-    list of one per program; a backend may return none."""
-    found = compiled.cost_analysis()
-    if isinstance(found, list | tuple):
-        found = found[0] if found else None
-    return float((found or {}).get("bytes accessed", 0.0) or 0.0)
