@@ -162,6 +162,7 @@ def one(config: dict[str, Any]) -> dict[str, Any]:
             "seconds": m.seconds,
             "compute": m.compute,
             "traffic": m.traffic,
+            "kernels": m.kernels,
             "communication": m.communication,
             "flops": m.flops,
             "accessed": m.accessed,
