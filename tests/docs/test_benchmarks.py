@@ -207,8 +207,10 @@ def test_the_plan_accuracy_harness_runs_without_a_tpu(tmp_path):
     # trained in a process of its own, then the plan of its whole grid.
     script = str(ROOT / "benchmarks" / "plan_accuracy.py")
     command = [sys.executable, script, "--models", "mlp", "--tiny", "--steps", "1"]
+    # Its calibration (a process of its own, first) cached in tmp_path.
+    env = SUBPROCESS["env"] | {"PHALANX_CACHE": str(tmp_path / "cache")}
     result = forkserver.run(
-        [*command, "--out", str(tmp_path)], **SUBPROCESS, cwd=tmp_path
+        [*command, "--out", str(tmp_path)], **(SUBPROCESS | {"env": env}), cwd=tmp_path
     )
     assert result.returncode == 0, result.stdout + result.stderr
     record = json.loads((tmp_path / "plan_accuracy_mlp.json").read_text())
@@ -226,4 +228,5 @@ def test_the_plan_accuracy_harness_runs_without_a_tpu(tmp_path):
         # No device memory statistics on a CPU: no footprint to compare.
         assert row["device_peak"] is None
     assert record["summary"]["configurations"] == 3
+    assert "calibrated=True" in record["calibration"]["device"]
     assert record["whole_plan"]["chosen"]["microbatches"] in (1, 2)

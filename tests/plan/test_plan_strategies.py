@@ -126,3 +126,21 @@ def test_bad_spaces_and_devices_are_one_line():
     message = re.escape("devices=8: the strategy planned is built on its own 4")
     with pytest.raises(ValueError, match=message):
         trainer.plan(BATCH, budget="64MiB", devices=8)
+
+
+def test_the_held_guards_spare_state_is_in_the_peak(monkeypatch):
+    """Under the held non-finite guard (a TPU's default, for a big enough
+    gradient: ``_held.py``) a fit keeps a spare state beside the state; a
+    plan's peak counts it (measured on a v5e: the tests' transformer held
+    the state and 230 MB more while it trained)."""
+    from phalanx._engine.step import _held
+
+    trainer = trainer_of(px.ShardingStrategy(jax.devices()[:1]))
+    space = PlanSpace(remat=(False,), microbatches=(1,))
+    peaks = {}
+    for held in (False, True):
+        monkeypatch.setattr(_held, "HOLD", held)
+        [row] = trainer.plan(BATCH, budget="1GiB", space=space).rows
+        assert row.measured is not None and row.bounds is not None
+        peaks[held] = row.measured.peak
+    assert peaks[True] - peaks[False] == row.bounds.state

@@ -27,8 +27,9 @@ PROGRAMS = json.loads(pathlib.Path(__file__).with_name("tpu_v5e_hlo.json").read_
 def test_a_tpu_programs_flops_are_its_multiply_adds(name):
     """Batched matrix multiplies (attention's two), a plain one, one's
     gradient, a padded and a strided convolution with its gradients
-    (padding, lhs and rhs dilation), and one reading a prefetched layer:
-    each multiply-add that meets an input element, twice."""
+    (padding, lhs and rhs dilation), one reading a prefetched layer, and a
+    `lax.scan` of 4 (XLA:TPU prints no trip count: its condition's ``i <
+    4`` says it): each multiply-add that meets an input element, twice."""
     program = PROGRAMS[name]
     assert step_work(program["hlo"], 1).flops == program["flops"]
 

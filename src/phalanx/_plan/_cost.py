@@ -39,7 +39,15 @@ XLA knows none), a ``conditional``'s dearest branch.
 import re
 from typing import NamedTuple
 
-from ._hlo import _OP, _bytes, _computations, _entry, _group_size, hbm_bytes
+from ._hlo import (
+    _OP,
+    _bytes,
+    _computations,
+    _entry,
+    _group_size,
+    hbm_bytes,
+    loop_trips,
+)
 from ._hlo_flops import instruction_flops
 
 
@@ -73,7 +81,6 @@ _CONDITION = re.compile(r"\bcondition=%?([\w.\-]+)")
 _BRANCHES = re.compile(
     r"\b(?:branch_computations=\{([^}]*)\}|(?:true|false)_computation=%?([\w.\-]+))"
 )
-_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 # Instructions that move no data of their own (a while, call or
 # conditional is its computations' work; an async pair's is its start's).
 _FREE = {
@@ -107,10 +114,8 @@ def step_work(
         seconds = max(flops / flop_rate, moved / byte_rate)
         return StepWork(flops, moved, int(sends), seconds)
 
-    bodies = {
-        name: [_parse(line) for line in lines]
-        for name, lines in _computations(hlo).items()
-    }
+    texts = _computations(hlo)
+    bodies = {name: [_parse(line) for line in lines] for name, lines in texts.items()}
     parsed = {
         name: [i for i in found if i is not None] for name, found in bodies.items()
     }
@@ -141,8 +146,7 @@ def step_work(
 
     def one(i: _Instruction, known: dict[str, str]) -> StepWork:
         if i.op == "while":
-            trips = _TRIPS.search(i.attributes)
-            times = int(trips.group(1)) if trips else 1
+            times = loop_trips(i.line, texts)
             body = _BODY.search(i.attributes)
             condition = _CONDITION.search(i.attributes)
             work = _add(

@@ -50,14 +50,20 @@ def collective_bytes(hlo: str, devices: int) -> float:
         if name not in memo:
             memo[name] = 0.0  # a computation never calls itself; guards a cycle
             memo[name] = sum(
-                _line_bytes(line, devices, total) for line in bodies.get(name, [])
+                _line_bytes(line, devices, total, bodies)
+                for line in bodies.get(name, [])
             )
         return memo[name]
 
     return total(entry) if entry else 0.0
 
 
-def _line_bytes(line: str, devices: int, total: Callable[[str], float]) -> float:
+def _line_bytes(
+    line: str,
+    devices: int,
+    total: Callable[[str], float],
+    bodies: dict[str, list[str]],
+) -> float:
     """The bytes `line` sends, and those of the computations it calls."""
     sent = 0.0
     op = _OP.search(line)
@@ -74,8 +80,7 @@ def _line_bytes(line: str, devices: int, total: Callable[[str], float]) -> float
                 "collective-permute": 1.0,
             }[kind]
             sent += b * factor
-    trips = _TRIPS.search(line)
-    times = int(trips.group(1)) if trips and " while(" in line else 1
+    times = loop_trips(line, bodies) if " while(" in line else 1
     called = [c for c in _CALLED.findall(line) if op is None]
     branches = _BRANCHES.search(line)
     if branches is not None:
@@ -85,6 +90,46 @@ def _line_bytes(line: str, devices: int, total: Callable[[str], float]) -> float
         sent += max((total(n) for n in names), default=0.0)
     sent += times * sum(total(c) for c in called)
     return sent
+
+
+_CONDITION = re.compile(r"\bcondition=%?([\w.\-]+)")
+_COMPARE = re.compile(
+    r"^ROOT\s+%?[\w.\-]+\s*=\s*pred\[\]\S*\s+compare\(%?([\w.\-]+),\s*%?([\w.\-]+)\)"
+    r".*\bdirection=(LT|LE|GT|GE)\b"
+)
+_DEFINITION = re.compile(r"^%?([\w.\-]+)\s*=\s*\S+\s+([a-z][\w\-]*)\((.*?)\)")
+
+
+def loop_trips(line: str, bodies: dict[str, list[str]]) -> int:
+    """How many times the ``while`` of `line` runs its body: XLA's
+    ``known_trip_count`` where it gives one (XLA:CPU, XLA:GPU); else, read
+    from its condition (XLA:TPU prints none), a counter against a constant
+    (``i < N``, as JAX's scans and fori_loops write them: from 0, by 1);
+    else once."""
+    known = _TRIPS.search(line)
+    if known is not None:
+        return int(known.group(1))
+    condition = _CONDITION.search(line)
+    lines = bodies.get(condition.group(1), []) if condition else []
+    root = next((_COMPARE.match(x) for x in lines if x.startswith("ROOT")), None)
+    if root is None:
+        return 1
+    defined = {d.group(1): d for d in map(_DEFINITION.match, lines) if d}
+    left, right, direction = root.groups()
+
+    def constant(name: str) -> int | None:
+        found = defined.get(name)
+        if found is None or found.group(2) != "constant":
+            return None
+        value = found.group(3).strip()
+        return int(value) if re.fullmatch(r"-?\d+", value) else None
+
+    bound = constant(right)
+    if bound is None:  # N > i: the same loop
+        bound, direction = constant(left), {"GT": "LT", "GE": "LE"}.get(direction)
+    if bound is None or direction not in ("LT", "LE"):
+        return 1
+    return max(bound + (direction == "LE"), 1)
 
 
 def _group_size(line: str, devices: int) -> int:

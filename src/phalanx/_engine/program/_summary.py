@@ -57,19 +57,26 @@ class StepMemory:
             state, donated).
         temporaries: the bytes it allocates while it runs: activations,
             gradients and, where the parameters are split, the gathered ones.
+        code: the bytes of its compiled code where the device holds them
+            (an accelerator's: XLA:TPU loads a program into the device's
+            memory, 67 MB for the tests' 19 M transformer's step on a v5e);
+            0 where the host does (a CPU), or where not asked.
     """
 
     arguments: int
     outputs: int
     aliased: int
     temporaries: int
+    code: int = 0
 
     @property
     def peak(self) -> int:
-        """The most a step holds at once on a device: inputs, temporaries
-        and the outputs that do not reuse an input's buffer (an upper
-        bound: XLA may free an input before the last temporary is made)."""
-        return self.arguments + self.outputs - self.aliased + self.temporaries
+        """The most a step holds at once on a device: inputs, temporaries,
+        the outputs that do not reuse an input's buffer and its code (an
+        upper bound: XLA may free an input before the last temporary is
+        made)."""
+        held = self.arguments + self.outputs - self.aliased
+        return held + self.temporaries + self.code
 
     @classmethod
     def of(cls, compiled: jax.stages.Compiled) -> "StepMemory | None":
@@ -77,9 +84,9 @@ class StepMemory:
         return cls.of_stats(compiled.memory_analysis())
 
     @classmethod
-    def of_stats(cls, stats: Any) -> "StepMemory | None":
+    def of_stats(cls, stats: Any, *, code: bool = False) -> "StepMemory | None":
         """The memory a compiled step's `memory_analysis()` says (None where
-        the backend does not say)."""
+        the backend does not say), its `code` counted if asked."""
         if stats is None:
             return None
         return cls(
@@ -87,6 +94,7 @@ class StepMemory:
             outputs=int(stats.output_size_in_bytes),
             aliased=int(stats.alias_size_in_bytes),
             temporaries=int(stats.temp_size_in_bytes),
+            code=int(stats.generated_code_size_in_bytes) if code else 0,
         )
 
 
