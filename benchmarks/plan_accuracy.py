@@ -305,6 +305,18 @@ def main() -> None:
     parser.add_argument("--whole", help=argparse.SUPPRESS)
     parser.add_argument("--calibrate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--models", default="mlp,transformer,decoder")
+    parser.add_argument(
+        "--whole-of",
+        help="the model whose whole grid is planned (default: the last of "
+        "--models; none: no whole plan)",
+    )
+    parser.add_argument(
+        "--measured",
+        action="append",
+        default=[],
+        help="an earlier run's JSON whose measured rows the whole plan's "
+        "choice is compared with too (a device call each part)",
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny models (CPU)")
     parser.add_argument("--steps", type=int, default=6, help="timed steps a slope")
     parser.add_argument("--out", default="/tmp/phalanx-tpu")
@@ -324,11 +336,13 @@ def main() -> None:
     # The trainer's step compiles what its plan compiled: the second from
     # the persistent cache where it is the same program.
     env.setdefault("JAX_COMPILATION_CACHE_DIR", "/tmp/phalanx-plan-accuracy-cache")
-    models = args.models.split(",")
+    models = [name for name in args.models.split(",") if name]
+    last = args.whole_of or (models[-1] if models else "none")
     rows = []
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"plan_accuracy_{'_'.join(models)}.json"
+    named = "_".join(models) or f"whole_{last}"
+    path = out / f"plan_accuracy_{named}.json"
     # Calibrated (and cached) in a process of its own first: its matmuls'
     # buffers would otherwise set the first configuration's high-water mark.
     result: dict[str, Any] = {"calibration": child(["--calibrate"], env)}
@@ -345,12 +359,20 @@ def main() -> None:
             print(json.dumps(_brief(record)), flush=True)
             result |= {"rows": rows, "summary": summary(rows)}
             path.write_text(json.dumps(result, indent=1, default=str))
-    last = models[-1]
+    result.setdefault("summary", summary(rows))
+    if last == "none":
+        path.write_text(json.dumps(result, indent=1, default=str))
+        return
     whole = ["--whole", last, *(["--tiny"] if args.tiny else [])]
     result["whole_plan"] = child(whole, env) | {"model": last}
+    earlier = [
+        row
+        for file in args.measured
+        for row in json.loads(pathlib.Path(file).read_text()).get("rows", [])
+    ]
     measured = [
         (r["measured_seconds"], r["remat"], r["microbatches"])
-        for r in rows
+        for r in rows + earlier
         if r["model"] == last
         and r.get("measured_seconds")
         and r["precision"] == result["whole_plan"].get("precision")

@@ -80,8 +80,13 @@ else
     COMPARE=(--compare-xla 256 --layers 1 --width 64)
     TINY=(--tiny)
 fi
-# ROUNDS (3) and LM_STEPS (20) trade precision for device time;
-# PLAN_MODELS (mlp,transformer) picks the plan part's models, in order.
+# ROUNDS (3) and LM_STEPS (20) trade precision for device time.
+# PLAN_ARGS (--models mlp,transformer) are the plan part's arguments to
+# benchmarks/plan_accuracy.py: each configuration takes a process and 35 s
+# (the MLP) to 100 s (the transformer) on the v5e, so a call holds about
+# five of the transformer's; GPT-2 small's whole plan goes in a call of its
+# own, e.g. PLAN_ARGS="--models mlp --whole-of decoder --measured
+# scratch/plan_accuracy_decoder.json" with plan125's JSON carried there.
 bench() {
     timeout -k 10 "$1" python3 benchmarks/tpu.py "${@:2}" --rounds "${ROUNDS:-3}" \
         --out "$OUT"
@@ -121,14 +126,14 @@ bench() {
     fi
     if wanted plan; then
         part "the plan's peak and step against the device's: the MLP, the tests' transformer"
+        # shellcheck disable=SC2086  # PLAN_ARGS: several arguments
         timeout -k 10 540 python3 benchmarks/plan_accuracy.py \
-            --models "${PLAN_MODELS:-mlp,transformer}" \
-            "${TINY[@]}" --out "$OUT"
+            ${PLAN_ARGS:---models mlp,transformer} "${TINY[@]}" --out "$OUT"
     fi
     if wanted plan125; then
         part "the plan's peak and step against the device's: GPT-2 small, and its whole plan"
         timeout -k 10 560 python3 benchmarks/plan_accuracy.py --models decoder \
-            "${TINY[@]}" --out "$OUT"
+            --whole-of none "${TINY[@]}" --out "$OUT"
     fi
     part "done"
 } 2>&1 | grep -v -i "hugepages\|warnings.warn(" | tee "$OUT/log.txt"
