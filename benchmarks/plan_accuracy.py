@@ -205,11 +205,12 @@ def footprint(
     On the TPU, ``peak_bytes_in_use`` leaves a step's temporaries out: they
     live in ``bytes_reserved`` (measured on a v5e: ``peak_bytes_reserved``
     1-5% under the step's `temp_size_in_bytes` for the tests' transformer,
-    up to 21% under for the MLP, and no allocation as large as it). And its high-water mark is the process's: building the
-    trainer may set it (its placement's copies), before any step. So: the
-    in-use bytes when the steps began, or the high-water mark where the
-    steps raised it, plus the reserved region's peak. None off an
-    accelerator (no memory statistics)."""
+    up to 21% under for the MLP, and no allocation as large as it). And
+    its high-water mark is the process's: what ran before the steps (the
+    plan, building the trainer) may have set it. So: the in-use bytes when
+    the steps began, or the high-water mark where the steps raised it, plus
+    the reserved region's peak. None off an accelerator (no memory
+    statistics)."""
     if not before or not after or "peak_bytes_in_use" not in after:
         return None
     raised = after["peak_bytes_in_use"] > before["peak_bytes_in_use"]
