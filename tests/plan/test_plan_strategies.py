@@ -144,3 +144,7 @@ def test_the_held_guards_spare_state_is_in_the_peak(monkeypatch):
         assert row.measured is not None and row.bounds is not None
         peaks[held] = row.measured.peak
     assert peaks[True] - peaks[False] == row.bounds.state
+    # A budget the state fits in once but not twice: pruned, uncompiled.
+    budget = int(1.5 * row.bounds.state)
+    [row] = trainer.plan(BATCH, budget=budget, margin=0.0, space=space).rows
+    assert row.status == "pruned" and "spare" in row.why, row

@@ -28,7 +28,8 @@ class PlanRow:
         candidate: its mesh split, microbatches and remat setting.
         status: ``"fits"`` (compiled; its peak within the budget less the
             margin), ``"too big"`` (compiled; it is not), ``"pruned"`` (not
-            compiled: its state alone exceeds that), ``"bounded"`` (not
+            compiled: its state alone exceeds that, or twice it where a fit
+            keeps a spare: the held guard), ``"bounded"`` (not
             compiled: its time bound is no faster than a candidate that
             fits, or the least peak of its kind does not fit),
             ``"failed"`` (XLA refused it), ``"skipped"`` (the batch does

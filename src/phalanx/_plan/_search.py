@@ -97,7 +97,8 @@ class _Search:
     def pairs(self, remats: Sequence[Any]) -> list[Pair]:
         """The space's pairs traced and bounded: rows for those skipped
         (the batch does not split over them) or pruned (their state alone
-        is over the budget), the others returned."""
+        is over the budget, or with the held guard's spare), the others
+        returned."""
         settings, n = self.settings, self.builder.size
         devices, space = settings.devices, settings.space
         offloads = space.offload
@@ -132,8 +133,14 @@ class _Search:
             program, flops = self.builder.program(strategy, layout)
             bound = bounds(layout, flops, settings.device)
             pair = Pair(first, each, bound, layout, program, flops)
-            if bound.state > settings.usable:
-                why = "the state alone exceeds the budget"
+            # Under the held guard a fit keeps a spare state beside it.
+            held = program.spare is not None
+            if bound.state * (2 if held else 1) > settings.usable:
+                why = (
+                    "the state and the spare the held guard keeps exceed the budget"
+                    if held
+                    else "the state alone exceeds the budget"
+                )
                 self._settle(_every(pair), PlanRow(first, "pruned", why, bound))
                 continue
             pairs.append(pair)
