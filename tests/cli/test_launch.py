@@ -150,6 +150,36 @@ def test_the_rank_killed_by_a_signal_is_named(tmp_path):
     assert "rank 1 was killed by SIGKILL" in done.stderr
 
 
+def test_a_hung_rank_is_named_over_the_peer_its_exit_aborted(tmp_path):
+    # Rank 0 hangs: its watchdog dumps and exits (75); JAX's coordination
+    # service, which it hosted, aborts rank 1 at once (SIGABRT), and a
+    # large process takes a while to end, so rank 1's death may be seen
+    # first (500 ms here: past SETTLE, within HANG_SETTLE, and after the
+    # launcher's SIGTERM, which a process already exiting no longer heeds:
+    # rank 0 ignores it). The launcher names the hung rank, not the peer
+    # its exit aborted.
+    marker = tmp_path / "aborted"
+    done = launch(
+        "--nproc",
+        "2",
+        script=f"""
+        import os, signal, sys, time
+        marker = {str(marker)!r}
+        if os.environ["JAX_PROCESS_ID"] == "1":
+            time.sleep(0.5)
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGABRT)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while not os.path.exists(marker):
+            time.sleep(0.001)
+        time.sleep(0.5)
+        os._exit(75)
+        """,
+    )
+    assert done.returncode == 75, done.stderr
+    assert "rank 0 was ended by its hang watchdog" in done.stderr
+
+
 def test_max_restarts_starts_every_rank_again_after_a_failure():
     # Rank 1 fails in the first two starts (exit 3, then as the hang
     # watchdog exits), rank 0 waits; the third start ends well.

@@ -152,8 +152,11 @@ def _supervise(
             # The exits that come with it, before any signal of ours: a
             # rank killed by SIGKILL is the one to blame (`first_failure`).
             time.sleep(SETTLE)
-            failure, seen = ranks.first_failure(), time.monotonic()
+            seen = time.monotonic()
             ranks.stop(grace)
+            # A hung rank's watchdog exit may come after: it is to blame (a
+            # stop sends no exit code of the watchdog's).
+            failure = ranks.first_failure()
         elif len(received) > 1:
             ranks.stop(0.0)  # a second signal: stop now
         time.sleep(0.05)

@@ -15,7 +15,13 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from .._env import COORDINATOR, LAUNCH_STAMP, NUM_PROCESSES, PROCESS_ID
+from .._env import (
+    COORDINATOR,
+    HANG_EXIT_CODE,
+    LAUNCH_STAMP,
+    NUM_PROCESSES,
+    PROCESS_ID,
+)
 from ._gloo_notes import GlooNotes
 
 
@@ -41,6 +47,11 @@ class LaunchError(Exception):
 _PR_SET_PDEATHSIG = 1
 # Seconds a failure's peers may take to fail after it (`first_failure`).
 SETTLE = 0.2
+# Seconds a hung rank's watchdog exit may be seen after a peer's failure
+# (`first_failure`): the peers that saw its dump exit 1 s after it, but the
+# coordination service it hosted may abort them at once, and a large
+# process takes a while to end.
+HANG_SETTLE = 2.0
 
 
 def die_with_parent() -> Callable[[], None] | None:
@@ -176,21 +187,25 @@ class Ranks:
 
     def first_failure(self) -> tuple[int, int] | None:
         """(rank, exit code) of the process to blame: the first to fail,
-        unless one killed by SIGKILL failed within `SETTLE` seconds of it.
-        Nothing in a run sends SIGKILL (the OOM killer does, or a user's
-        ``kill -9``), and a rank's peers fail soon after it on the broken
-        connection (an error, or JAX's coordination service's SIGABRT): the
-        waiters' threads may see a peer's exit first, the kill's a moment
-        later."""
+        unless one that failed soon after it was a cause of its own: killed
+        by SIGKILL within `SETTLE` s (nothing in a run sends it: the OOM
+        killer does, or a user's ``kill -9``), or ended by its hang
+        watchdog within `HANG_SETTLE` s. A rank's peers fail soon after it
+        on the broken connection (an error, or JAX's coordination service's
+        SIGABRT the moment a watchdog's exit closes the service), and the
+        waiters' threads may see a peer's exit first."""
         with self._lock:
             failed = [(r, c, when) for r, c, when in self.exits if c != 0]
         if not failed:
             return None
-        first, kill = failed[0][2], -signal.SIGKILL
-        killed = [
-            (r, c) for r, c, when in failed if c == kill and when - first <= SETTLE
+        first = failed[0][2]
+        windows = {-signal.SIGKILL: SETTLE, HANG_EXIT_CODE: HANG_SETTLE}
+        own = [
+            (r, c)
+            for r, c, when in failed
+            if c in windows and when - first <= windows[c]
         ]
-        return killed[0] if killed else failed[0][:2]
+        return own[0] if own else failed[0][:2]
 
     def running(self) -> bool:
         return any(process.poll() is None for process in self.processes)
