@@ -124,11 +124,38 @@ def test_a_dead_rank_stops_the_others():
     assert lines_of(done.stdout, 0) == lines_of(done.stdout, 2) == ["waiting"]
 
 
-def test_the_rank_killed_by_a_signal_is_named(tmp_path):
-    # Rank 0 fails as a peer does on the broken connection, and its exit is
-    # seen even before rank 1's death by SIGKILL (50 ms later here; the
-    # waiters' threads may see them in either order): the launcher names
-    # the rank SIGKILL killed, within SETTLE of the first failure.
+@pytest.mark.parametrize(
+    "dies, then, code, named",
+    [
+        # Rank 0 fails as a peer does on the broken connection, and its exit
+        # is seen even before rank 1's death by SIGKILL (50 ms later here;
+        # the waiters' threads may see them in either order): the launcher
+        # names the rank SIGKILL killed, within SETTLE of the first failure.
+        (
+            "time.sleep(0.05); os.kill(os.getpid(), signal.SIGKILL)",
+            "os._exit(1)",
+            128 + 9,
+            "rank 1 was killed by SIGKILL",
+        ),
+        # Rank 0 hangs: its watchdog dumps and exits (75); JAX's coordination
+        # service, which it hosted, aborts rank 1 at once (SIGABRT), and a
+        # large process takes a while to end, so rank 1's death may be seen
+        # first (500 ms here: past SETTLE, within HANG_SETTLE, and after the
+        # launcher's SIGTERM, which a process already exiting no longer
+        # heeds: rank 0 ignores it). The launcher names the hung rank, not
+        # the peer its exit aborted.
+        (
+            "os.kill(os.getpid(), signal.SIGABRT)",
+            "time.sleep(0.5); os._exit(75)",
+            75,
+            "rank 0 was ended by its hang watchdog",
+        ),
+    ],
+    ids=["killed", "hung"],
+)
+def test_the_rank_to_blame_is_named_not_the_peers_it_ended(
+    tmp_path, dies, then, code, named
+):
     marker = tmp_path / "dead"
     done = launch(
         "--nproc",
@@ -139,45 +166,15 @@ def test_the_rank_killed_by_a_signal_is_named(tmp_path):
         if os.environ["JAX_PROCESS_ID"] == "1":
             time.sleep(0.5)
             open(marker, "w").close()
-            time.sleep(0.05)
-            os.kill(os.getpid(), signal.SIGKILL)
-        while not os.path.exists(marker):
-            time.sleep(0.001)
-        os._exit(1)
-        """,
-    )
-    assert done.returncode == 128 + 9, done.stderr
-    assert "rank 1 was killed by SIGKILL" in done.stderr
-
-
-def test_a_hung_rank_is_named_over_the_peer_its_exit_aborted(tmp_path):
-    # Rank 0 hangs: its watchdog dumps and exits (75); JAX's coordination
-    # service, which it hosted, aborts rank 1 at once (SIGABRT), and a
-    # large process takes a while to end, so rank 1's death may be seen
-    # first (500 ms here: past SETTLE, within HANG_SETTLE, and after the
-    # launcher's SIGTERM, which a process already exiting no longer heeds:
-    # rank 0 ignores it). The launcher names the hung rank, not the peer
-    # its exit aborted.
-    marker = tmp_path / "aborted"
-    done = launch(
-        "--nproc",
-        "2",
-        script=f"""
-        import os, signal, sys, time
-        marker = {str(marker)!r}
-        if os.environ["JAX_PROCESS_ID"] == "1":
-            time.sleep(0.5)
-            open(marker, "w").close()
-            os.kill(os.getpid(), signal.SIGABRT)
+            {dies}
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         while not os.path.exists(marker):
             time.sleep(0.001)
-        time.sleep(0.5)
-        os._exit(75)
+        {then}
         """,
     )
-    assert done.returncode == 75, done.stderr
-    assert "rank 0 was ended by its hang watchdog" in done.stderr
+    assert done.returncode == code, done.stderr
+    assert named in done.stderr
 
 
 def test_max_restarts_starts_every_rank_again_after_a_failure():
