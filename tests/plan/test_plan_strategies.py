@@ -128,23 +128,47 @@ def test_bad_spaces_and_devices_are_one_line():
         trainer.plan(BATCH, budget="64MiB", devices=8)
 
 
-def test_the_held_guards_spare_state_is_in_the_peak(monkeypatch):
-    """Under the held non-finite guard (a TPU's default, for a big enough
-    gradient: ``_held.py``) a fit keeps a spare state beside the state; a
-    plan's peak counts it (measured on a v5e: the tests' transformer held
-    the state and 230 MB more while it trained)."""
+def test_a_plan_compiles_the_fits_own_step_held_or_not(monkeypatch):
+    """A plan compiles the call its fit makes first, the held guard's
+    (a TPU's default for a big enough gradient: ``_held.py``) where the fit
+    holds one: so its peak counts the spare state a fit keeps beside the
+    state (measured on a v5e: the tests' transformer held the state and 230
+    MB more while it trained), ``measure=`` times that step, and the fit's
+    compile is the very program the plan compiled (the persistent
+    compilation cache serves it)."""
     from phalanx._engine.step import _held
 
+    texts: list[str] = []
+    compile = jax.stages.Lowered.compile
+
+    def recorded(lowered: jax.stages.Lowered, *args, **kwargs):
+        texts.append(lowered.as_text())
+        return compile(lowered, *args, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", recorded)
     trainer = trainer_of(px.ShardingStrategy(jax.devices()[:1]))
     space = PlanSpace(remat=(False,), microbatches=(1,))
-    peaks = {}
+    rows = {}
     for held in (False, True):
         monkeypatch.setattr(_held, "HOLD", held)
-        [row] = trainer.plan(BATCH, budget="1GiB", space=space).rows
-        assert row.measured is not None and row.bounds is not None
-        peaks[held] = row.measured.peak
-    assert peaks[True] - peaks[False] == row.bounds.state
+        texts.clear()
+        plan = trainer.plan(BATCH, budget="1GiB", space=space, measure=1)
+        [rows[held]] = plan.rows
+        planned = set(texts)
+        texts.clear()
+        fitted = px.DataParallelTrainer(
+            make(), optax.adam(1e-3), loss=loss, progress=False,
+            **plan.trainer_kwargs(),
+        )  # fmt: skip
+        tokens = jnp.zeros(BATCH[0].shape, BATCH[0].dtype)
+        fitted.fit([(tokens, tokens)])
+        assert texts and set(texts) <= planned, held
+    state = rows[True].bounds.state
+    plain, spared = rows[False].measured, rows[True].measured
+    assert spared.memory.arguments - plain.memory.arguments == state
+    assert spared.peak - plain.peak >= state
+    assert rows[True].timed is not None and rows[True].timed > 0
     # A budget the state fits in once but not twice: pruned, uncompiled.
-    budget = int(1.5 * row.bounds.state)
+    budget = int(1.5 * state)
     [row] = trainer.plan(BATCH, budget=budget, margin=0.0, space=space).rows
     assert row.status == "pruned" and "spare" in row.why, row

@@ -60,10 +60,10 @@ class Measured:
     Attributes:
         memory: the compiled step's memory, as XLA reports it.
         peak: what the step holds at most in device memory: the memory's
-            peak (its code in it on an accelerator), plus the spare state a
-            fit holds beside the state under the held guard (``_held.py``),
-            less the offloaded state where the backend counts host memory as
-            the device's (XLA:CPU).
+            peak (its code in it on an accelerator; under the held guard,
+            ``_held.py``, the spare state a fit holds beside the state, an
+            argument of the step compiled), less the offloaded state where
+            the backend counts host memory as the device's (XLA:CPU).
         collectives: the bytes it sends to other devices in one step.
         compute, traffic, communication, host: the cost model's seconds for
             its FLOPs, its memory traffic, its collectives (their bytes at
@@ -209,7 +209,7 @@ def measure(
     written once, whichever is more), each kernel's time at those rates,
     and each collective's bytes and one link latency (`Measured`)."""
     del candidate  # the compiled program's loops say its microbatches
-    compiled = compile(program.traced.lower(*program.arguments))
+    compiled = compile(program.lower_first())
     stats = compiled.memory_analysis()
     memory = StepMemory.of_stats(stats, code=devices[0].platform != "cpu")
     if memory is None:  # every backend JAX 0.10 runs on reports it
@@ -222,10 +222,9 @@ def measure(
     # Offloaded state in the arguments, its donated outputs aliased: +host
     # in the peak, where the backend does not count host memory apart.
     apart = int(getattr(stats, "host_argument_size_in_bytes", 0) or 0) > 0
-    spare = 0 if program.spare is None else bound.state
     return Measured(
         memory=memory,
-        peak=memory.peak + spare - (0 if apart else bound.host),
+        peak=memory.peak - (0 if apart else bound.host),
         collectives=sent,
         compute=flops / device.flops,
         traffic=accessed / device.memory_bandwidth,

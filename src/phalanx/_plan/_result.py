@@ -282,7 +282,7 @@ class Plan:
         done = (
             "peak: the compiled step's as XLA plans it (memory_analysis: its "
             "arguments, outputs not donated, temporaries; its code on an "
-            "accelerator), and a fit's spare state where it holds one\n"
+            "accelerator; the spare state, where a fit holds one)\n"
             f"compiled {self.compiled}, reused {self.reused}, in {self.seconds:.1f} s"
         )
         if self.choice is not None and self.choice.warnings:

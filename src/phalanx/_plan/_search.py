@@ -178,10 +178,10 @@ class _Search:
         rows then hold their median step time); whether any was."""
         fitting = _fitting(self.rows)
         for _, row in fitting[: self.settings.measure]:
-            _, compiled, arguments = self._costed[row.candidate]
+            _, compiled, (arguments, held) = self._costed[row.candidate]
             self.progress.timing(row.candidate)
             try:
-                seconds = step_seconds(compiled, arguments, STEPS)
+                seconds = step_seconds(compiled, arguments, STEPS, held=held)
             except jax.errors.JaxRuntimeError as error:
                 said = _first_line(error)
                 status = "too big" if "RESOURCE_EXHAUSTED" in str(error) else "failed"
@@ -275,7 +275,11 @@ class _Search:
             row = PlanRow(
                 candidate, "fits" if ok else "too big", why, own, measured, warnings
             )
-        self._costed[candidate] = (row, compiled, program.arguments)
+        self._costed[candidate] = (
+            row,
+            compiled,
+            (program.first_arguments, program.held),
+        )
         self.rows.append(row)
         self.progress.costed(row, compiled is not None and self.compiles.last_reused)
         return row

@@ -26,22 +26,31 @@ WARMUP = 1
 STEPS = 5
 
 
-def step_seconds(compiled: jax.stages.Compiled, arguments: Any, steps: int) -> float:
+def step_seconds(
+    compiled: jax.stages.Compiled, arguments: Any, steps: int, *, held: bool = False
+) -> float:
     """The median seconds of `steps` steps of `compiled`, after `WARMUP`
     untimed ones, on arrays laid out as `arguments` (its abstract
     arguments) say. `compiled` is a train step ``(leaves, sums, flags,
     batch, weight, total) -> (leaves, (sums, flags), step_sums)`` donating
-    its state and sums: each step takes the state, sums and flags the one
-    before returned, as a fit's do; each is waited for before the next."""
-    leaves, sums, flags, batch, weight, total = _arrays(arguments)
+    its state and sums, or with `held` the held guard's (``_held.py``),
+    which takes the spare after the state and donates it instead: each
+    step takes the state, sums and flags the one before returned (held,
+    the state before it as the spare), as a fit's do; each is waited for
+    before the next."""
+    leaves, *rest = _arrays(arguments)
+    spare, (sums, flags, batch, weight, total) = (
+        (rest[0], rest[1:]) if held else ([], rest)
+    )
     times = []
     for step in range(WARMUP + steps):
         began = time.perf_counter()
-        out = compiled(leaves, sums, flags, batch, weight, total)
+        spares = (spare,) if held else ()
+        out = compiled(leaves, *spares, sums, flags, batch, weight, total)
         jax.block_until_ready(out)
         if step >= WARMUP:
             times.append(time.perf_counter() - began)
-        leaves, (sums, flags) = out[0], out[1]
+        spare, leaves, (sums, flags) = leaves, out[0], out[1]
     return statistics.median(times)
 
 

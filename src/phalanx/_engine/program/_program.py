@@ -122,6 +122,24 @@ class Program(NamedTuple):
         """Whether `train` is the held guard's step."""
         return self.spare is not None
 
+    def lower_first(self) -> jax.stages.Lowered:
+        """The call a fit makes first, lowered for its abstract arguments
+        (the spare's too, held) but not compiled: what `fit` compiles, so
+        that a plan compiling it compiles the fit's own program (and the
+        persistent compilation cache serves the fit). Only a program built
+        uncompiled (``compile=False``) has it to lower."""
+        if self.compiled:
+            raise ValueError("lower_first: the program is already compiled")
+        call = self.train if self.train_many is None else self.train_many
+        return call.lower(*self.first_arguments)  # pyright: ignore[reportFunctionMemberAccess]
+
+    @property
+    def first_arguments(self) -> tuple[Any, ...]:
+        """The abstract arguments of the call a fit makes first: `arguments`,
+        with the spare after the state under the held guard."""
+        arguments = self.arguments
+        return (arguments[0], *arguments) if self.held else arguments
+
     @property
     def kind(self) -> str:
         """What the program's first call runs, as compiles are named."""
