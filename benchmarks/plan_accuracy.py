@@ -152,6 +152,7 @@ def one(config: dict[str, Any]) -> dict[str, Any]:
         strategy=px.ShardingStrategy(jax.devices()[:1]), progress=False, **kwargs,
     )  # fmt: skip
     record: dict[str, Any] = {"plan_seconds": time.perf_counter() - began}
+    record["after_plan"] = device.memory_stats()
     [row] = plan.rows
     record |= {"status": row.status, "why": row.why}
     if row.measured is not None:
@@ -178,7 +179,8 @@ def one(config: dict[str, Any]) -> dict[str, Any]:
     # Before any step: what the state and batch hold, and the high-water
     # mark of building them (the trainer's placement copies included).
     record["before_steps"] = device.memory_stats()
-    trainer.fit([placed] * 2)  # compile and warm up
+    trainer.fit([placed] * 2)  # warm up (its step is the plan's executable)
+    record["after_first_fit"] = device.memory_stats()
     slopes = []
     for _ in range(3):
         start = time.perf_counter()
@@ -192,6 +194,12 @@ def one(config: dict[str, Any]) -> dict[str, Any]:
     record["measured_seconds"] = statistics.median(slopes)
     record["memory_stats"] = device.memory_stats()
     record["device_peak"] = footprint(record["before_steps"], record["memory_stats"])
+    live = sorted(jax.live_arrays(), key=lambda a: -a.nbytes)
+    record["live"] = {
+        "bytes": sum(a.nbytes for a in live),
+        "count": len(live),
+        "largest": [f"{a.dtype}{list(a.shape)}" for a in live[:6]],
+    }
     return record
 
 
@@ -289,6 +297,7 @@ def whole_plan(name: str, tiny: bool) -> dict[str, Any]:
     return {
         "seconds": seconds,
         "compiled": plan.compiled,
+        "from_cache": plan.from_cache,
         "reused": plan.reused,
         "precision": precision,
         "chosen": None
@@ -318,6 +327,12 @@ def main() -> None:
         help="an earlier run's JSON whose measured rows the whole plan's "
         "choice is compared with too (a device call each part)",
     )
+    parser.add_argument(
+        "--configs",
+        help="the configurations run, instead of the models' grids: "
+        "MODEL:PRECISION:REMAT:MICROBATCHES,... (REMAT on, off or -), e.g. "
+        "mlp:bf16:-:1,decoder:bf16:on:2",
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny models (CPU)")
     parser.add_argument("--steps", type=int, default=6, help="timed steps a slope")
     parser.add_argument("--out", default="/tmp/phalanx-tpu")
@@ -334,10 +349,14 @@ def main() -> None:
         print(json.dumps({"device": str(px.calibrate())}))
         return
     env = dict(os.environ)
-    # The trainer's step compiles what its plan compiled: the second from
-    # the persistent cache where it is the same program.
+    # A child's fit takes its plan's executable; the whole plan reads the
+    # configurations' programs from JAX's persistent cache (`from_cache`).
     env.setdefault("JAX_COMPILATION_CACHE_DIR", "/tmp/phalanx-plan-accuracy-cache")
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     models = [name for name in args.models.split(",") if name]
+    configs = _configs(args.configs, models)
+    if args.configs:
+        models = list(dict.fromkeys(config[0] for config in configs))
     last = args.whole_of or (models[-1] if models else "none")
     rows = []
     out = pathlib.Path(args.out)
@@ -347,19 +366,18 @@ def main() -> None:
     # Calibrated (and cached) in a process of its own first: its matmuls'
     # buffers would otherwise set the first configuration's high-water mark.
     result: dict[str, Any] = {"calibration": child(["--calibrate"], env)}
-    for name in models:
-        for precision, remat, microbatches in GRID[name]:
-            config = {
-                "model": name, "precision": precision, "remat": remat,
-                "microbatches": microbatches, "tiny": args.tiny, "steps": args.steps,
-            }  # fmt: skip
-            began = time.perf_counter()
-            record = config | child(["--one", json.dumps(config)], env)
-            record["wall_seconds"] = time.perf_counter() - began
-            rows.append(record)
-            print(json.dumps(_brief(record)), flush=True)
-            result |= {"rows": rows, "summary": summary(rows)}
-            path.write_text(json.dumps(result, indent=1, default=str))
+    for name, precision, remat, microbatches in configs:
+        config = {
+            "model": name, "precision": precision, "remat": remat,
+            "microbatches": microbatches, "tiny": args.tiny, "steps": args.steps,
+        }  # fmt: skip
+        began = time.perf_counter()
+        record = config | child(["--one", json.dumps(config)], env)
+        record["wall_seconds"] = time.perf_counter() - began
+        rows.append(record)
+        print(json.dumps(_brief(record)), flush=True)
+        result |= {"rows": rows, "summary": summary(rows)}
+        path.write_text(json.dumps(result, indent=1, default=str))
     result.setdefault("summary", summary(rows))
     if last == "none":
         path.write_text(json.dumps(result, indent=1, default=str))
@@ -392,6 +410,19 @@ def main() -> None:
         json.dumps({"summary": result["summary"], "whole_plan": result["whole_plan"]})
     )
     path.write_text(json.dumps(result, indent=1, default=str))
+
+
+def _configs(given: str | None, models: list[str]) -> list[tuple[Any, ...]]:
+    """The configurations run: `given` (``--configs``), else the grids of
+    `models`."""
+    if given is None:
+        return [(name, *config) for name in models for config in GRID[name]]
+    remats = {"on": True, "off": False, "-": None}
+    configs = []
+    for item in given.split(","):
+        name, precision, remat, microbatches = item.split(":")
+        configs.append((name, precision, remats[remat], int(microbatches)))
+    return configs
 
 
 def _brief(record: dict[str, Any]) -> dict[str, Any]:

@@ -134,8 +134,7 @@ def test_a_plan_compiles_the_fits_own_step_held_or_not(monkeypatch):
     holds one: so its peak counts the spare state a fit keeps beside the
     state (measured on a v5e: the tests' transformer held the state and 230
     MB more while it trained), ``measure=`` times that step, and the fit's
-    compile is the very program the plan compiled (the persistent
-    compilation cache serves it)."""
+    compile is the very program the plan compiled: it compiles nothing."""
     from phalanx._engine.step import _held
 
     texts: list[str] = []
@@ -154,7 +153,7 @@ def test_a_plan_compiles_the_fits_own_step_held_or_not(monkeypatch):
         texts.clear()
         plan = trainer.plan(BATCH, budget="1GiB", space=space, measure=1)
         [rows[held]] = plan.rows
-        planned = set(texts)
+        assert texts  # the candidate, and no other program
         texts.clear()
         fitted = px.DataParallelTrainer(
             make(), optax.adam(1e-3), loss=loss, progress=False,
@@ -162,7 +161,7 @@ def test_a_plan_compiles_the_fits_own_step_held_or_not(monkeypatch):
         )  # fmt: skip
         tokens = jnp.zeros(BATCH[0].shape, BATCH[0].dtype)
         fitted.fit([(tokens, tokens)])
-        assert texts and set(texts) <= planned, held
+        assert not texts, held
     state = rows[True].bounds.state
     plain, spared = rows[False].measured, rows[True].measured
     assert spared.memory.arguments - plain.memory.arguments == state

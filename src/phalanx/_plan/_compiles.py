@@ -1,30 +1,28 @@
-"""A plan's compiles, kept for the process: a candidate compiled by one plan
-is not compiled again by the next (the same trainer, batch and space
-planned twice, a tighter budget after a roomy one), nor twice in one.
+"""One plan's compiles, through the process' store of compiled train steps
+(``_engine/program/_executables.py``): each candidate's step compiled
+once a process (a later plan, or the fit of its choice, finds it), and
+counted as compiled or reused."""
 
-A compiled program is keyed by what determines it: the text of the
-lowered module (the step's computation with its shardings, donations and
-mesh, as XLA is given it) and the devices it runs on; the same text on the
-same devices compiles to the same executable in one process. Lowering is
-cheap beside compiling (a trace, not XLA's passes), and the key costs one
-hash of the text.
-"""
-
-import collections
-import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
+from .._engine.program import _executables as store
 
-# The compiled programs kept, the most recently used: a plan of ~30
-# candidates twice over; each holds its executable (on an accelerator, its
-# code loaded on the devices).
-KEPT = 64
-_STORE: collections.OrderedDict[tuple[Any, ...], jax.stages.Compiled] = (
-    collections.OrderedDict()
-)
+
+# JAX's event for a compile read from its persistent cache.
+_CACHE_HIT = "/jax/compilation_cache/cache_hits"
+_hits = [0]
+
+
+def _count(event: str, **kwargs: Any) -> None:
+    del kwargs
+    if event == _CACHE_HIT:
+        _hits[0] += 1
+
+
+jax.monitoring.register_event_listener(_count)
 
 
 class Compiles:
@@ -32,33 +30,53 @@ class Compiles:
 
     Attributes:
         fresh: the programs it compiled.
+        from_cache: of those, how many JAX read from its persistent
+            compilation cache.
         reused: those it found compiled (by an earlier plan, or earlier in
             this one).
-        last: the last program it compiled or found.
+        keys: the store's keys of every program it compiled or found.
+        last: the last program it compiled or found (an executable, or the
+            figures of one an earlier plan dropped), and `last_key` its key.
         last_reused: whether that one was found.
     """
 
-    def __init__(self, devices: Sequence[Any]):
-        self._devices = tuple((d.platform, d.id) for d in devices)
+    def __init__(self) -> None:
         self.fresh = 0
+        self.from_cache = 0
         self.reused = 0
-        self.last: jax.stages.Compiled | None = None
+        self.keys: set[tuple[Any, ...]] = set()
+        self.last: store.Kept | None = None
+        self.last_key: tuple[Any, ...] | None = None
         self.last_reused = False
 
-    def compile(self, lowered: jax.stages.Lowered) -> jax.stages.Compiled:
-        """`lowered` compiled, or found compiled in the store."""
-        text = lowered.as_text()
-        key = (self._devices, hashlib.sha256(text.encode()).hexdigest())
-        found = _STORE.get(key)
-        self.last_reused = found is not None
-        if found is None:
-            found = lowered.compile()  # XLA's refusal propagates, not kept
-            _STORE[key] = found
-            while len(_STORE) > KEPT:
-                _STORE.popitem(last=False)
-            self.fresh += 1
-        else:
-            _STORE.move_to_end(key)
+    def compile(
+        self, lowered: jax.stages.Lowered, arguments: tuple[Any, ...]
+    ) -> store.Kept:
+        """`lowered` (a train call lowered for `arguments`) compiled, or
+        found compiled in the store."""
+        key = store.key_of(lowered, arguments)
+        hits = _hits[0]
+        found, self.last_reused = store.compiled(key, lowered)
+        self.from_cache += _hits[0] > hits
+        if self.last_reused:
             self.reused += 1
-        self.last = found
+        else:
+            self.fresh += 1
+        self.keys.add(key)
+        self.last, self.last_key = found, key
         return found
+
+    def executable(
+        self, key: tuple[Any, ...], lower: Callable[[], jax.stages.Lowered]
+    ) -> jax.stages.Compiled:
+        """The executable of the program of `key` (this plan's), compiled
+        from `lower()` again (and counted) where an earlier plan kept only
+        its figures."""
+        if not store.has_executable(key):
+            self.fresh += 1
+        return store.executable(key, lower)
+
+    def keep_only(self, chosen: tuple[Any, ...] | None) -> None:
+        """The executables this plan compiled or found dropped, but that of
+        the key `chosen` (the others' figures kept for the next plan)."""
+        store.keep_only(self.keys, chosen)

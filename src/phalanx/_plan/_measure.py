@@ -195,12 +195,14 @@ def measure(
     devices: Sequence[Any],
     device: DeviceSpec,
     *,
-    compile: Callable[[jax.stages.Lowered], jax.stages.Compiled] = (
-        jax.stages.Lowered.compile
+    compile: Callable[[jax.stages.Lowered, tuple[Any, ...]], Any] = (
+        lambda lowered, _: lowered.compile()
     ),
 ) -> Measured:
-    """Compile `program`'s train step ahead of time (by `compile`, given
-    its lowering) and cost it at `device`'s rates.
+    """Compile the call a fit of `program` makes first ahead of time (by
+    `compile`, given its lowering and abstract arguments; it returns a
+    compiled program, or what a plan kept of one: its text and memory
+    analysis) and cost it at `device`'s rates.
 
     What it costs, per device: its matrix FLOPs (those of the compiled
     program, loops' trips counted, or the traced count where that is
@@ -209,7 +211,7 @@ def measure(
     written once, whichever is more), each kernel's time at those rates,
     and each collective's bytes and one link latency (`Measured`)."""
     del candidate  # the compiled program's loops say its microbatches
-    compiled = compile(program.lower_first())
+    compiled = compile(program.lower_first(), program.first_arguments)
     stats = compiled.memory_analysis()
     memory = StepMemory.of_stats(stats, code=devices[0].platform != "cpu")
     if memory is None:  # every backend JAX 0.10 runs on reports it

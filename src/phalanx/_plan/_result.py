@@ -91,6 +91,9 @@ class Plan:
             in this process, or earlier in this one), not compiled again.
         timed_steps: the steps timed of each candidate run (0: none was;
             the choice is by prediction).
+        from_cache: of those compiled, how many JAX read from its
+            persistent compilation cache (``jax_compilation_cache_dir``)
+            instead of compiling them.
     """
 
     rows: tuple[PlanRow, ...]
@@ -105,6 +108,7 @@ class Plan:
     space: PlanSpace
     reused: int = 0
     timed_steps: int = 0
+    from_cache: int = 0
 
     @classmethod
     def of(cls, rows: Sequence[PlanRow], **fields: Any) -> "Plan":
@@ -279,11 +283,13 @@ class Plan:
             model += " (measured on these devices)"
         if device.relative:
             model += " (nominal: times rank the candidates, they do not predict)"
+        cached = f" ({self.from_cache} from JAX's cache)" if self.from_cache else ""
         done = (
             "peak: the compiled step's as XLA plans it (memory_analysis: its "
             "arguments, outputs not donated, temporaries; its code on an "
             "accelerator; the spare state, where a fit holds one)\n"
-            f"compiled {self.compiled}, reused {self.reused}, in {self.seconds:.1f} s"
+            f"compiled {self.compiled}{cached}, reused {self.reused}, in "
+            f"{self.seconds:.1f} s"
         )
         if self.choice is not None and self.choice.warnings:
             said = self.choice.warnings

@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 
+from .._engine.program._program import Program
 from .._engine.program._summary import format_bytes
 from .._log import logger
 from ..strategies._names import strategy_name
@@ -65,7 +66,7 @@ def search(builder: Builder, remats: Sequence[Any], settings: Settings) -> Plan:
         for pair in sorted(pairs, key=lambda pair: pair.bound.seconds):
             run.weigh(pair)
         timed = run.time_fastest()
-    return Plan.of(
+    plan = Plan.of(
         run.rows,
         budget=settings.budget,
         margin=settings.margin,
@@ -76,8 +77,11 @@ def search(builder: Builder, remats: Sequence[Any], settings: Settings) -> Plan:
         seconds=time.perf_counter() - began,
         space=settings.space,
         reused=run.compiles.reused,
+        from_cache=run.compiles.from_cache,
         timed_steps=STEPS if timed else 0,
     )
+    run.keep_only(plan.choice)
+    return plan
 
 
 class _Search:
@@ -88,11 +92,12 @@ class _Search:
         self.builder = builder
         self.settings = settings
         self.progress = progress
-        self.compiles = Compiles(settings.devices)
+        self.compiles = Compiles()
         self.rows: list[PlanRow] = []
         self.floors = Floors([], ())
-        # Each candidate compiled: its row, its program and arguments.
-        self._costed: dict[Candidate, tuple[PlanRow, Any, Any]] = {}
+        # Each candidate costed: its row, its program and its compile's key
+        # in the store (None: XLA refused it).
+        self._costed: dict[Candidate, tuple[PlanRow, Program, Any]] = {}
 
     def pairs(self, remats: Sequence[Any]) -> list[Pair]:
         """The space's pairs traced and bounded: rows for those skipped
@@ -178,10 +183,13 @@ class _Search:
         rows then hold their median step time); whether any was."""
         fitting = _fitting(self.rows)
         for _, row in fitting[: self.settings.measure]:
-            _, compiled, (arguments, held) = self._costed[row.candidate]
+            _, program, key = self._costed[row.candidate]
             self.progress.timing(row.candidate)
             try:
-                seconds = step_seconds(compiled, arguments, STEPS, held=held)
+                compiled = self.compiles.executable(key, program.lower_first)
+                seconds = step_seconds(
+                    compiled, program.first_arguments, STEPS, held=program.held
+                )
             except jax.errors.JaxRuntimeError as error:
                 said = _first_line(error)
                 status = "too big" if "RESOURCE_EXHAUSTED" in str(error) else "failed"
@@ -194,6 +202,12 @@ class _Search:
                 self.progress.timed(row.candidate, seconds, "")
             self.rows[next(i for i, r in enumerate(self.rows) if r is row)] = timed
         return bool(fitting) and self.settings.measure > 0
+
+    def keep_only(self, choice: PlanRow | None) -> None:
+        """The executables of the candidates compiled dropped but the
+        choice's, which its fit then runs (see `_executables.py`)."""
+        chosen = None if choice is None else self._costed[choice.candidate][2]
+        self.compiles.keep_only(chosen)
 
     # --------------------------------------------------------------- private
 
@@ -258,7 +272,7 @@ class _Search:
             strategy = candidate.strategy(space, devices)
             program, flops = self.builder.program(strategy, pair.layout)
             own = bounds(pair.layout, flops, device)
-        self.compiles.last, compiled = None, None
+        self.compiles.last_key = key = None
         try:
             measured = measure(
                 program, candidate, own, devices, device, compile=self.compiles.compile
@@ -268,20 +282,16 @@ class _Search:
                 candidate, "failed", f"XLA refused it: {_first_line(error)}", own
             )
         else:
-            compiled = self.compiles.last
+            key = self.compiles.last_key
             ok = measured.peak <= settings.usable
             why = "" if ok else "its peak exceeds the budget"
             warnings = lint(pair.layout, _min_size(space))
             row = PlanRow(
                 candidate, "fits" if ok else "too big", why, own, measured, warnings
             )
-        self._costed[candidate] = (
-            row,
-            compiled,
-            (program.first_arguments, program.held),
-        )
+        self._costed[candidate] = (row, program, key)
         self.rows.append(row)
-        self.progress.costed(row, compiled is not None and self.compiles.last_reused)
+        self.progress.costed(row, key is not None and self.compiles.last_reused)
         return row
 
     def _settle(self, candidates: list[Candidate], row: PlanRow) -> None:

@@ -18,6 +18,7 @@ from ..step._layout import StateLayout, leaf_names
 from ..step._reduced import unreduced
 from ..step._step import StepParts
 from ..step._step_parts import plan_steps
+from ._executables import key_of, take
 from ._proofs import (
     by_leaf,
     constraint_mismatches,
@@ -46,7 +47,7 @@ def compile_proven(
     """
     traced = call.trace(*arguments)
     if not proofs:
-        return traced.lower().compile()
+        return _executable(traced, arguments)
     names = leaf_names(layout.treedef)
     plan = plan_steps(step, layout, treedef, None)
     raise_if(
@@ -65,7 +66,7 @@ def compile_proven(
             step.strategy.axis_name,
         )
     )
-    compiled = traced.lower().compile()
+    compiled = _executable(traced, arguments)
     # The state leaves as they came in (the step's own resharding, e.g.
     # ZeRO-2's gather of updated parameters, happens inside it).
     produced = compiled.output_shardings[0]
@@ -75,6 +76,13 @@ def compile_proven(
         )
     )
     return compiled
+
+
+def _executable(traced: jax.stages.Traced, arguments: tuple[Any, ...]) -> Any:
+    """`traced` lowered and compiled, or taken from the plan that compiled
+    it (``_executables.py``)."""
+    lowered = traced.lower()
+    return take(key_of(lowered, arguments)) or lowered.compile()
 
 
 def _gradient_names(layout: StateLayout, names: list[str]) -> list[str]:
