@@ -18,6 +18,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Bool, Float
 
 from .._log import logger
@@ -72,8 +73,20 @@ def splash_attention(
     keys."""
     scale = jnp.asarray(1 / math.sqrt(query.shape[-1]), query.dtype)
     q, k, v = (jnp.swapaxes(x, 0, 1) for x in (query * scale, key, value))
-    out, _ = _splash.attend(q, k, v, mask, causal, interpret)
-    return jnp.swapaxes(out, 0, 1).astype(query.dtype)
+
+    def attend(q: Array, k: Array, v: Array, mask: Array | None) -> Array:
+        return _splash.attend(q, k, v, mask, causal, interpret)[0]
+
+    auto = _automatic_axes()
+    if auto:
+        # Mosaic lowers a kernel only where every mesh axis is manual (a
+        # per-device step over some axes, e.g. accumulation's, leaves the
+        # others automatic): those left are of one device each here
+        # (`kernel_for`), so a shard_map over them changes no value.
+        attend = jax.shard_map(
+            attend, in_specs=P(), out_specs=P(), axis_names=set(auto), check_vma=False
+        )
+    return jnp.swapaxes(attend(q, k, v, mask), 0, 1).astype(query.dtype)
 
 
 def on_one_device() -> bool:
@@ -107,6 +120,15 @@ def _not_one_device() -> str | None:
         f"it is traced in a global view over {jax.device_count()} devices, not in "
         "one device's program (a per-device step, or a context split)"
     )
+
+
+def _automatic_axes() -> tuple[str, ...]:
+    """The mesh axes left automatic where attention is traced in a
+    per-device program (manual over others): none outside one."""
+    abstract = jax.sharding.get_abstract_mesh()
+    if abstract.empty or not abstract.manual_axes:
+        return ()
+    return tuple(n for n in abstract.axis_names if n not in abstract.manual_axes)
 
 
 def _refuse(line: str) -> None:
