@@ -18,7 +18,7 @@ from ..step._layout import StateLayout, leaf_names
 from ..step._reduced import unreduced
 from ..step._step import StepParts
 from ..step._step_parts import plan_steps
-from ._executables import key_of, take
+from ._executables import holding, key_of, take
 from ._proofs import (
     by_leaf,
     constraint_mismatches,
@@ -82,7 +82,8 @@ def _executable(traced: jax.stages.Traced, arguments: tuple[Any, ...]) -> Any:
     """`traced` lowered and compiled, or taken from the plan that compiled
     it (``_executables.py``)."""
     lowered = traced.lower()
-    return take(key_of(lowered, arguments)) or lowered.compile()
+    found = take(key_of(lowered, arguments)) if holding() else None
+    return found or lowered.compile()
 
 
 def _gradient_names(layout: StateLayout, names: list[str]) -> list[str]:

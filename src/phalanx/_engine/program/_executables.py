@@ -107,6 +107,12 @@ def take(key: tuple[Any, ...]) -> jax.stages.Compiled | None:
     return found
 
 
+def holding() -> bool:
+    """Whether any executable is kept (a fit looks for one only then: its
+    key hashes the program's whole text)."""
+    return any(isinstance(kept, jax.stages.Compiled) for kept in _STORE.values())
+
+
 def has_executable(key: tuple[Any, ...]) -> bool:
     """Whether the program of `key` is kept with its executable."""
     return isinstance(_STORE.get(key), jax.stages.Compiled)
