@@ -66,7 +66,8 @@ def test_a_roomy_budget_chooses_a_layout_that_fits(roomy: px.Plan):
     assert 0 < roomy.compiled + roomy.reused <= len(roomy.rows)
     said = str(roomy)
     assert "<- chosen" in said and "by predicted step time" in said
-    assert f"compiled {roomy.compiled}, reused {roomy.reused}, in " in said
+    cached = f" ({roomy.from_cache} from JAX's cache)" if roomy.from_cache else ""
+    assert f"compiled {roomy.compiled}{cached}, reused {roomy.reused}, in " in said
 
 
 def test_the_chosen_state_bytes_are_those_a_trainer_allocates(roomy: px.Plan):

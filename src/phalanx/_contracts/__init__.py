@@ -8,4 +8,4 @@ from ._sequence import (
     sequence_split as sequence_split,
     splitting_sequences as splitting_sequences,
 )
-from ._stacking import AbstractStacked as AbstractStacked
+from ._stacking import AbstractStacked as AbstractStacked, with_static as with_static

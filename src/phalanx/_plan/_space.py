@@ -4,7 +4,6 @@ strategy planned as it is), each `Stacked` remat setting, and a number of
 microbatches; and the strategy each stands for.
 """
 
-import copy
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -12,7 +11,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-from .._contracts import AbstractStacked
+from .._contracts import AbstractStacked, with_static
 from .._validate import is_int
 from ..strategies import AccumulatingStrategy, MeshStrategy, Strategy
 from ..strategies._names import strategy_name
@@ -301,10 +300,7 @@ def with_remat(tree: Any, remat: Remat | None) -> Any:
     def set_remat(node: Any) -> Any:
         if not isinstance(node, AbstractStacked) or not hasattr(node, "remat"):
             return node
-        changed = copy.copy(node)
-        # A static field of a frozen module, set on a copy (as each_layer).
-        object.__setattr__(changed, "remat", remat)
-        return changed
+        return with_static(node, remat=remat)
 
     return jax.tree.map(
         set_remat, tree, is_leaf=lambda x: isinstance(x, AbstractStacked)

@@ -7,7 +7,6 @@ parameters over devices, each layer is gathered inside the loop, so a step
 holds one layer gathered, not the model.
 """
 
-import copy
 import inspect
 from collections.abc import Callable
 from typing import Any, final
@@ -17,7 +16,7 @@ import jax
 import jax.random as jr
 from jaxtyping import Array, PRNGKeyArray, PyTree
 
-from .._contracts import AbstractStacked
+from .._contracts import AbstractStacked, with_static
 from .._keys import Builder, with_key
 from .._typing import validates_own_arguments
 from .._validate import is_int
@@ -125,11 +124,7 @@ class Stacked(AbstractStacked):
     ) -> "Stacked":
         """A copy that passes each layer's arrays through `use` inside the
         loop (see `AbstractStacked.each_layer`)."""
-        # Static fields of a frozen module, set on a copy (no __init__ runs).
-        stacked = copy.copy(self)
-        object.__setattr__(stacked, "use", use)
-        object.__setattr__(stacked, "again", again)
-        return stacked
+        return with_static(self, use=use, again=again)
 
     def __call__(self, x: PyTree[Array], *, key: PRNGKeyArray | None = None) -> Any:
         """The output of the last layer, for one input."""

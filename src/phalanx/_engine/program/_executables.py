@@ -53,12 +53,11 @@ _STORE: collections.OrderedDict[tuple[Any, ...], Kept] = collections.OrderedDict
 
 def key_of(lowered: jax.stages.Lowered, arguments: tuple[Any, ...]) -> tuple[Any, ...]:
     """The key of `lowered`, a train call lowered for `arguments` (its
-    abstract arguments, the state's leaves first, laid out by one mesh)."""
-    sharding = arguments[0][0].sharding
-    mesh = getattr(sharding, "mesh", None)
-    devices = (
-        list(mesh.devices.flat) if mesh is not None else sharding._device_assignment
-    )
+    abstract arguments, the state's leaves first, each laid out by a
+    `NamedSharding` on the step's mesh)."""
+    sharding = arguments[0][0].sharding  # a state leaf's: `state_layout`'s
+    assert isinstance(sharding, jax.sharding.NamedSharding), sharding
+    devices = list(sharding.mesh.devices.flat)  # pyright: ignore[reportOptionalMemberAccess]
     text = hashlib.sha256(lowered.as_text().encode()).hexdigest()
     return (tuple((d.platform, d.id) for d in devices), text)
 
