@@ -252,7 +252,9 @@ def test_the_compiled_kernel_is_traced_manual_over_every_mesh_axis(interpreted):
         return jnp.sum(out * weights[None])
 
     def ours(q, k, v, causal, mask):
-        made = _tpu_attention.manual_everywhere(lambda *x: kernel(*x, causal, mask))
+        made = _tpu_attention.manual_everywhere(
+            lambda q, k, v: kernel(q, k, v, causal, mask)
+        )
         return made(q, k, v)
 
     per_device = jax.shard_map(
