@@ -35,8 +35,7 @@ class Compiles:
         reused: those it found compiled (by an earlier plan, or earlier in
             this one).
         keys: the store's keys of every program it compiled or found.
-        last: the last program it compiled or found (an executable, or the
-            figures of one an earlier plan dropped), and `last_key` its key.
+        last_key: the key of the last program it compiled or found.
         last_reused: whether that one was found.
     """
 
@@ -45,7 +44,6 @@ class Compiles:
         self.from_cache = 0
         self.reused = 0
         self.keys: set[tuple[Any, ...]] = set()
-        self.last: store.Kept | None = None
         self.last_key: tuple[Any, ...] | None = None
         self.last_reused = False
 
@@ -63,7 +61,7 @@ class Compiles:
         else:
             self.fresh += 1
         self.keys.add(key)
-        self.last, self.last_key = found, key
+        self.last_key = key
         return found
 
     def executable(

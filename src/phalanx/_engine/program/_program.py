@@ -125,8 +125,8 @@ class Program(NamedTuple):
     def lower_first(self) -> jax.stages.Lowered:
         """The call a fit makes first, lowered for its abstract arguments
         (the spare's too, held) but not compiled: what `fit` compiles, so
-        that a plan compiling it compiles the fit's own program (and the
-        persistent compilation cache serves the fit). Only a program built
+        that a plan compiling it compiles the fit's own program (which the
+        fit then takes: ``_executables.py``). Only a program built
         uncompiled (``compile=False``) has it to lower."""
         if self.compiled:
             raise ValueError("lower_first: the program is already compiled")
@@ -137,8 +137,7 @@ class Program(NamedTuple):
     def first_arguments(self) -> tuple[Any, ...]:
         """The abstract arguments of the call a fit makes first: `arguments`,
         with the spare after the state under the held guard."""
-        arguments = self.arguments
-        return (arguments[0], *arguments) if self.held else arguments
+        return first_arguments(self.arguments, held=self.held)
 
     @property
     def kind(self) -> str:
@@ -203,7 +202,6 @@ def build_program(
     arguments = call_arguments(layout, shapes, size, packed, (leaves, split, rep), 1)
     k = parts.steps_per_call
     call = jitted  # what the fit calls first: one step, or k of them
-    compiling = arguments
     hold = holds(step, layout, k)
     if hold:  # the spare after the state, donated in its place
         call = jax.jit(
@@ -212,7 +210,6 @@ def build_program(
             in_shardings=(state, state, rep, rep, leaves, split, rep),
             out_shardings=(state, rep, rep),
         )
-        compiling = (arguments[0], *arguments)
     if k > 1:
         stack = stacked(split)
         stacks = [stacked(leaf) for leaf in leaves]
@@ -222,9 +219,10 @@ def build_program(
             in_shardings=(state, rep, rep, stacks, stack, rep),
             out_shardings=(state, rep, rep),
         )
-        arguments = compiling = call_arguments(
+        arguments = call_arguments(
             layout, shapes, size, packed, (stacks, stack, rep), k
         )
+    compiling = first_arguments(arguments, held=hold)
     compiled = (
         compile_proven(
             call, compiling, step, layout, spec.treedef, proofs=parts.traced_checks
@@ -262,6 +260,13 @@ def build_program(
         compiled=compiled is not None,
         spare=spare_for(state) if hold else None,
     )
+
+
+def first_arguments(arguments: tuple[Any, ...], *, held: bool) -> tuple[Any, ...]:
+    """The arguments of a train call (`arguments`, the state's first) as
+    the held guard's step takes them where `held`: the spare, laid out as
+    the state, after the state."""
+    return (arguments[0], *arguments) if held else arguments
 
 
 def _sums_apart(train: Any, spare: bool = False) -> Any:
